@@ -1,0 +1,3 @@
+from ucmctl.cli import main
+
+main()

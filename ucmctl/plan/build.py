@@ -1,0 +1,336 @@
+"""Topology -> Plan: a pure function (no I/O besides reading the packaged templates)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import posixpath
+from typing import Any
+
+from ucmctl.plan.layout import Server, is_external_dp, servers
+from ucmctl.plan.model import NodePlan, PlacedFile, Plan, Process
+from ucmctl.plan.render import render
+from ucmctl.topology.checks import DEVICE_VARIABLE
+from ucmctl.topology.model import Mode, Node, Platform, Side, Topology, Transport
+
+CONNECTOR_MODULE = "ucm_connector.connector"
+LOCAL_ADDRESS = "127.0.0.1"
+
+
+def build_plan(t: Topology) -> Plan:
+    """Every process of the deployment, its files, ports, health checks and start order."""
+    nodes = {name: _node_plan(t, name, node) for name, node in t.nodes.items()}
+    processes: list[Process] = []
+    master: Process | None = None
+    if t.mode is Mode.p2p and t.mooncake is not None:
+        master = _mooncake_master(t, nodes)
+        processes.append(master)
+    placed = servers(t)
+    for server in placed:
+        processes.append(_server(t, nodes, server, [master.name] if master else []))
+    if t.proxy is not None:
+        processes.append(_proxy(t, nodes, [p for p in processes if p.role != "mooncake"]))
+    return Plan(
+        deployment=t.name,
+        mode=t.mode.value,
+        engine=t.engine.value,
+        topology_digest=topology_digest(t),
+        nodes=nodes,
+        processes=processes,
+    )
+
+
+def topology_digest(t: Topology) -> str:
+    canonical = json.dumps(t.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _node_plan(t: Topology, name: str, node: Node) -> NodePlan:
+    workdir = node.workdir or f"/tmp/ucmctl-{node.user}"
+    return NodePlan(
+        name=name,
+        host=node.host,
+        transport=node.transport.value,
+        user=node.user,
+        ssh_port=node.port,
+        key=node.key,
+        platform=node.platform.value,
+        devices=node.devices,
+        python=_python(node),
+        run_dir=posixpath.join(workdir, t.name),
+    )
+
+
+def _python(node: Node) -> str:
+    return f"{node.venv}/bin/python" if node.venv else node.python
+
+
+def _tool(node: Node, name: str) -> str:
+    """A console script next to the node's Python (or on PATH when Python is a bare command)."""
+    if node.venv:
+        return f"{node.venv}/bin/{name}"
+    if node.python.startswith("/"):
+        return posixpath.join(posixpath.dirname(node.python), name)
+    return name
+
+
+def _address(node: Node) -> str:
+    return LOCAL_ADDRESS if node.transport is Transport.local else node.host
+
+
+def _bind(node: Node) -> str:
+    return LOCAL_ADDRESS if node.transport is Transport.local else "0.0.0.0"
+
+
+def _process(
+    t: Topology,
+    nodes: dict[str, NodePlan],
+    *,
+    name: str,
+    role: str,
+    node: str,
+    stage: int,
+    argv: list[str],
+    env: dict[str, str],
+    extra_files: dict[str, str],
+    **fields: Any,
+) -> Process:
+    work = posixpath.join(nodes[node].run_dir, name)
+    files = [PlacedFile(path=posixpath.join(work, f), content=c) for f, c in extra_files.items()]
+    launch = posixpath.join(work, "launch.sh")
+    script = render("launch.sh.j2", deployment=t.name, process=name, workdir=work, env=env, argv=argv)
+    files.append(PlacedFile(path=launch, content=script, mode=0o755))
+    return Process(
+        name=name,
+        role=role,
+        node=node,
+        stage=stage,
+        argv=argv,
+        env=env,
+        launch=launch,
+        files=files,
+        log=posixpath.join(work, "output.log"),
+        pidfile=posixpath.join(work, "pid"),
+        **fields,
+    )
+
+
+def _mooncake_master(t: Topology, nodes: dict[str, NodePlan]) -> Process:
+    mc = t.mooncake
+    assert mc is not None
+    node = t.nodes[mc.master_node]
+    argv = [
+        _tool(node, "mooncake_master"),
+        "--port", str(mc.port),
+        "--eviction_high_watermark_ratio", str(mc.eviction_high_watermark_ratio),
+        "--eviction_ratio", str(mc.eviction_ratio),
+        "--default_kv_lease_ttl", str(mc.default_kv_lease_ttl),
+        "--metrics_port", str(mc.metrics_port),
+    ]  # fmt: skip
+    base = f"http://{_address(node)}:{mc.metrics_port}"
+    return _process(
+        t, nodes, name="mooncake-master", role="mooncake", node=mc.master_node, stage=0,
+        argv=argv, env=dict(node.env), extra_files={},
+        ports={"master": mc.port, "metrics": mc.metrics_port},
+        url=base, health=[f"{base}/metrics"],
+    )  # fmt: skip
+
+
+def _side(t: Topology, name: str) -> Side:
+    side = getattr(t, name)
+    assert side is not None
+    return side
+
+
+def _server(t: Topology, nodes: dict[str, NodePlan], s: Server, deps: list[str]) -> Process:
+    side = _side(t, s.side)
+    node = t.nodes[s.node]
+    work = posixpath.join(nodes[s.node].run_dir, s.name)
+    files: dict[str, str] = {}
+    env: dict[str, str] = {"PYTHONHASHSEED": str(t.model.hash_seed)}
+    device_variable = DEVICE_VARIABLE[node.platform]
+    if device_variable:
+        env[device_variable] = ",".join(str(d) for d in s.devices)
+    env.update(_platform_env(node, nodes[s.node].run_dir))
+
+    ucm_config = None
+    if t.storage is not None and not (t.mode is Mode.p2p and s.side == "decode"):
+        ucm_config = posixpath.join(work, "ucm_config.yaml")
+        files["ucm_config.yaml"] = render(
+            "ucm_config.yaml.j2", deployment=t.name, storage=t.storage,
+            backends=":".join(t.storage.storage_backends),
+        )  # fmt: skip
+    if t.mode is Mode.p2p:
+        files["mooncake.json"] = _mooncake_json(t)
+        env["MOONCAKE_CONFIG_PATH"] = posixpath.join(work, "mooncake.json")
+    env.update(node.env)
+    env.update(side.env)
+
+    argv = [
+        _tool(node, "vllm"),
+        "serve",
+        t.model.path,
+        "--host",
+        _bind(node),
+        "--port",
+        str(s.port),
+    ]
+    if t.model.served_name:
+        argv += ["--served-model-name", t.model.served_name]
+    dtype = side.dtype or t.model.dtype
+    if dtype != "auto":
+        argv += ["--dtype", dtype]
+    argv += ["--data-parallel-size", str(s.dp_size)]
+    if is_external_dp(side):
+        argv += [
+            "--data-parallel-rank", str(s.dp_rank),
+            "--data-parallel-address", str(s.dp_address),
+            "--data-parallel-rpc-port", str(s.dp_rpc_port),
+        ]  # fmt: skip
+    argv += ["--tensor-parallel-size", str(s.tp_size)]
+    if side.expert_parallel:
+        argv.append("--enable-expert-parallel")
+    argv += _flags(side.flags)
+    kv_config = _kv_transfer_config(t, s, ucm_config)
+    if kv_config is not None:
+        argv += ["--kv-transfer-config", json.dumps(kv_config)]
+
+    base = f"http://{_address(node)}:{s.port}"
+    ports = {"http": s.port}
+    if s.kv_port:
+        ports["kv"] = s.kv_port
+    if s.dp_rank == 0 and s.dp_rpc_port:
+        ports["dp_rpc"] = s.dp_rpc_port
+    return _process(
+        t, nodes, name=s.name, role=s.side, node=s.node, stage=1, argv=argv, env=env,
+        extra_files=files, ports=ports, url=base, health=[f"{base}/health", f"{base}/v1/models"],
+        depends_on=deps, devices=list(s.devices), device_variable=device_variable,
+        dp_rank=s.dp_rank,
+    )  # fmt: skip
+
+
+def _platform_env(node: Node, run_dir: str) -> dict[str, str]:
+    """What the guides export for a platform, derived from the node's facts."""
+    env: dict[str, str] = {}
+    if node.platform is Platform.ascend:
+        if _is_ip(node.host):
+            env["HCCL_IF_IP"] = node.host
+        if node.nic:
+            for var in ("GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "HCCL_SOCKET_IFNAME"):
+                env[var] = node.nic
+    elif node.platform in (Platform.cuda, Platform.maca, Platform.musa):
+        if node.nic:
+            for var in ("GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+                env[var] = node.nic
+    elif node.platform is Platform.cpu:
+        env["VLLM_TARGET_DEVICE"] = "cpu"
+        # Otherwise vLLM keeps one core idle, halving prefill speed on small machines.
+        env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
+        env["VLLM_CACHE_ROOT"] = posixpath.join(run_dir, "vllm-cache")
+    return env
+
+
+def _is_ip(host: str) -> bool:
+    parts = host.split(".")
+    return len(parts) == 4 and all(p.isdigit() and int(p) < 256 for p in parts)
+
+
+def _flags(flags: dict[str, Any]) -> list[str]:
+    """YAML flags -> argv: true is a bare flag, false `--no-flag`, maps and lists are JSON."""
+    out: list[str] = []
+    for key, value in flags.items():
+        flag = "--" + key.removeprefix("--")
+        if value is True or value is None:
+            out.append(flag)
+        elif value is False:
+            out.append("--no-" + flag[2:])
+        elif isinstance(value, (dict, list)):
+            out += [flag, json.dumps(value, separators=(",", ":"))]
+        else:
+            out += [flag, str(value)]
+    return out
+
+
+def _ucm_connector(ucm_config: str) -> dict[str, Any]:
+    return {
+        "kv_connector": "UCMConnector",
+        "kv_role": "kv_both",
+        "kv_connector_module_path": CONNECTOR_MODULE,
+        "kv_connector_extra_config": {"UCM_CONFIG_FILE": ucm_config},
+    }
+
+
+def _kv_transfer_config(t: Topology, s: Server, ucm_config: str | None) -> dict[str, Any] | None:
+    if t.mode is not Mode.p2p:
+        if ucm_config is None:
+            return None
+        # A block the store cannot deliver is recomputed, never a failed request.
+        return {**_ucm_connector(ucm_config), "kv_load_failure_policy": "recompute"}
+    prefill, decode = _side(t, "prefill"), _side(t, "decode")
+    peer = (prefill if s.side == "decode" else decode).kv_peer
+    mc = t.mooncake
+    assert mc is not None
+    name = mc.connector or (
+        "MooncakeConnectorV1" if t.nodes[s.node].platform is Platform.ascend else "MooncakeConnector"
+    )
+    parallel = {
+        "prefill": {"dp_size": prefill.dp, "tp_size": prefill.tp},
+        "decode": {"dp_size": decode.dp, "tp_size": decode.tp},
+    }
+    if peer is not None:  # checks guarantee it equals the other side; written as the user wrote it
+        other = "decode" if s.side == "prefill" else "prefill"
+        parallel[other] = {"dp_size": peer.dp, "tp_size": peer.tp}
+    role = "kv_producer" if s.side == "prefill" else "kv_consumer"
+    mooncake = {
+        "kv_connector": name,
+        "kv_role": role,
+        "kv_port": s.kv_port,
+        "kv_connector_extra_config": parallel,
+    }
+    if s.side == "decode" or ucm_config is None:
+        return mooncake
+    return {
+        "kv_connector": "MultiConnector",
+        "kv_role": "kv_producer",
+        "kv_load_failure_policy": "recompute",
+        "kv_connector_extra_config": {"connectors": [mooncake, _ucm_connector(ucm_config)]},
+    }
+
+
+def _mooncake_json(t: Topology) -> str:
+    mc = t.mooncake
+    assert mc is not None
+    master = t.nodes[mc.master_node]
+    return render(
+        "mooncake.json.j2",
+        metadata_server="P2PHANDSHAKE",
+        protocol=mc.protocol,
+        device_name=mc.device_name,
+        master_server_address=f"{master.host}:{mc.port}",
+        global_segment_size=mc.global_segment_size,
+    )
+
+
+def _proxy(t: Topology, nodes: dict[str, NodePlan], upstream: list[Process]) -> Process:
+    proxy = t.proxy
+    assert proxy is not None
+    node = t.nodes[proxy.node]
+    argv = [_python(node), "-m", "ucmctl", "proxy", "--host", proxy.host, "--port", str(proxy.port)]
+    if t.mode is Mode.mixed:
+        argv += ["--mode", "mixed"]
+        for p in upstream:
+            argv += ["--instance", str(p.url)]
+    else:
+        argv += ["--mode", "pd"]
+        if t.mode is Mode.p2p:
+            argv.append("--p2p")
+        for p in upstream:
+            argv += ["--prefiller" if p.role == "prefill" else "--decoder", str(p.url)]
+    if proxy.routing == "prefix":
+        argv.append("--prefix-affinity")
+    base = f"http://{_address(node)}:{proxy.port}"
+    return _process(
+        t, nodes, name="proxy", role="proxy", node=proxy.node, stage=2, argv=argv,
+        env=dict(node.env), extra_files={}, ports={"http": proxy.port}, url=base,
+        health=[f"{base}/health"], depends_on=[p.name for p in upstream],
+    )  # fmt: skip

@@ -1,0 +1,64 @@
+"""Human-readable and JSON views of a Plan, and the on-disk bundle of its files."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+
+from ucmctl.plan.model import Plan
+
+
+def plan_json(plan: Plan) -> str:
+    return json.dumps(plan.model_dump(mode="json"), indent=2) + "\n"
+
+
+def print_plan(plan: Plan, console: Console) -> None:
+    console.print(
+        f"[bold]deployment {escape(plan.deployment)}[/] mode {plan.mode}, engine {plan.engine}, "
+        f"{len(plan.processes)} processes on {len(plan.nodes)} nodes "
+        f"(topology {plan.topology_digest[:12]})"
+    )
+    for node in plan.nodes.values():
+        procs = plan.on_node(node.name)
+        if not procs:
+            continue
+        console.print(
+            f"\n[bold cyan]node {escape(node.name)}[/] {escape(node.host)} ({node.transport}, "
+            f"{node.platform}, {node.devices} devices) run dir {escape(node.run_dir)}"
+        )
+        for p in procs:
+            ports = ", ".join(f"{k} {v}" for k, v in p.ports.items())
+            extra = f" devices {','.join(map(str, p.devices))}" if p.devices else ""
+            extra += f" dp_rank {p.dp_rank}" if p.dp_rank is not None else ""
+            console.print(f"  [bold]{escape(p.name)}[/] ({p.role}, stage {p.stage}) ports {ports}{extra}")
+            for key, value in p.env.items():
+                console.print(f"    env {key}={escape(shlex.quote(value))}", soft_wrap=True)
+            console.print(f"    cmd {escape(shlex.join(p.argv))}", soft_wrap=True)
+            if p.health:
+                console.print(f"    health {' then '.join(p.health)}")
+            for f in p.files:
+                console.print(f"    file {escape(f.path)}")
+            if p.depends_on:
+                console.print(f"    after {', '.join(p.depends_on)}")
+
+
+def write_bundle(plan: Plan, out: Path) -> list[Path]:
+    """Write every rendered file under out/<node>/<path on node>, plus out/plan.json."""
+    written: list[Path] = []
+    out.mkdir(parents=True, exist_ok=True)
+    for p in plan.processes:
+        for f in p.files:
+            target = out / p.node / f.path.lstrip("/")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(f.content, encoding="utf-8")
+            os.chmod(target, f.mode)
+            written.append(target)
+    summary = out / "plan.json"
+    summary.write_text(plan_json(plan), encoding="utf-8")
+    written.append(summary)
+    return written

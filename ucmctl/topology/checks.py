@@ -1,0 +1,392 @@
+"""The guides' pitfalls that can be seen in the YAML alone, checked before anything runs."""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from pathlib import Path
+
+from ucmctl.errors import Problem
+from ucmctl.topology.model import (
+    ENV_NAME_RE,
+    FLAG_NAME_RE,
+    NAME_RE,
+    DpMode,
+    Mode,
+    Platform,
+    Topology,
+    Transport,
+)
+from ucmctl.topology.source import KeyPath, Source
+
+# The variable that selects a node's cards, per platform (MetaX MACA follows CUDA's name).
+DEVICE_VARIABLE: dict[Platform, str | None] = {
+    Platform.cuda: "CUDA_VISIBLE_DEVICES",
+    Platform.ascend: "ASCEND_RT_VISIBLE_DEVICES",
+    Platform.musa: "MUSA_VISIBLE_DEVICES",
+    Platform.maca: "CUDA_VISIBLE_DEVICES",
+    Platform.cpu: None,
+}
+ALL_DEVICE_VARIABLES = {v for v in DEVICE_VARIABLE.values() if v} | {"HIP_VISIBLE_DEVICES"}
+
+# vLLM flags that ucmctl derives from the topology: the key to set instead.
+MANAGED_FLAGS = {
+    "host": "nodes.<name>.host (ucmctl binds every server itself)",
+    "port": "<side>.port",
+    "dtype": "model.dtype or <side>.dtype",
+    "tensor-parallel-size": "<side>.tp",
+    "data-parallel-size": "<side>.dp",
+    "data-parallel-rank": "<side>.dp (ranks are numbered node by node)",
+    "data-parallel-address": "<side>.nodes (the first node of a DP group is its master)",
+    "data-parallel-rpc-port": "<side>.dp_rpc_port",
+    "data-parallel-size-local": "<side>.servers_per_node",
+    "kv-transfer-config": "mode and storage (ucmctl writes the connector config)",
+    "served-model-name": "model.served_name",
+    "enable-expert-parallel": "<side>.expert_parallel",
+}
+STORE_TIERS = ("Cache|Posix", "Posix")
+UNSAFE_TEXT = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def check_topology(t: Topology, src: Source, base_dir: Path | None = None) -> list[Problem]:
+    """Every problem found, in file order; an empty list means the topology can be planned."""
+    problems: list[Problem] = []
+
+    def bad(path: KeyPath, message: str, fix: str | None = None) -> None:
+        problems.append(src.problem(path, message, fix))
+
+    _check_nodes(t, bad)
+    _check_sides(t, bad)
+    _check_services(t, bad)
+    _check_storage(t, bad)
+    _check_consistency(t, bad)
+    _check_env_and_flags(t, bad)
+    _check_paths(t, bad)
+    if not problems:  # placement needs valid node references
+        _check_placement(t, bad)
+    problems.sort(key=lambda p: p.line or 0)
+    return problems
+
+
+def _check_nodes(t: Topology, bad) -> None:
+    seen_hosts: dict[str, str] = {}
+    for name, node in t.nodes.items():
+        if not re.fullmatch(NAME_RE, name):
+            bad(
+                ("nodes", name),
+                f"node name '{name}' is not allowed",
+                "use lowercase letters, digits, '-', '_' or '.'",
+            )
+        if node.host in seen_hosts:
+            bad(
+                ("nodes", name, "host"),
+                f"host {node.host} is already node '{seen_hosts[node.host]}'",
+                "describe each machine once and place several servers on it",
+            )
+        seen_hosts.setdefault(node.host, name)
+        if node.transport is Transport.local and node.host not in ("localhost", "127.0.0.1", "::1"):
+            bad(("nodes", name, "host"), "a local node must have host localhost or 127.0.0.1")
+    local = [n for n, node in t.nodes.items() if node.transport is Transport.local]
+    if len(local) > 1:
+        bad(("nodes", local[1], "transport"), "only one node can be local (this machine)")
+
+
+def _check_sides(t: Topology, bad) -> None:
+    if t.mode is Mode.mixed:
+        if t.mixed is None:
+            bad(("mode",), "mode mixed needs a 'mixed' section", "add mixed: {nodes: [...], ...}")
+        for extra in ("prefill", "decode"):
+            if getattr(t, extra) is not None:
+                bad(
+                    (extra,),
+                    f"mode mixed has no '{extra}' side",
+                    "use 'mixed' or mode centralized/p2p",
+                )
+    else:
+        for needed in ("prefill", "decode"):
+            if getattr(t, needed) is None:
+                bad(("mode",), f"mode {t.mode.value} needs a '{needed}' section")
+        if t.mixed is not None:
+            bad(("mixed",), f"'mixed' is only used with mode mixed (mode is {t.mode.value})")
+    for side_name, side in t.sides():
+        seen: set[str] = set()
+        for i, node_name in enumerate(side.nodes):
+            if node_name not in t.nodes:
+                bad(
+                    (side_name, "nodes", i),
+                    f"unknown node '{node_name}'",
+                    f"defined nodes: {', '.join(t.nodes)}",
+                )
+            if node_name in seen:
+                bad(
+                    (side_name, "nodes", i),
+                    f"node '{node_name}' is listed twice",
+                    "use servers_per_node for several servers on one node",
+                )
+            seen.add(node_name)
+        if isinstance(side.servers_per_node, dict):
+            for node_name in side.servers_per_node:
+                if node_name not in side.nodes:
+                    bad(
+                        (side_name, "servers_per_node", node_name),
+                        f"'{node_name}' is not one of {side_name}.nodes",
+                        f"count servers only for {', '.join(side.nodes)}",
+                    )
+            for i, node_name in enumerate(side.nodes):
+                if node_name not in side.servers_per_node:
+                    bad((side_name, "nodes", i), f"no servers_per_node count for '{node_name}'")
+        servers = side.server_count()
+        if side.dp > 1 and side.dp_mode is DpMode.external and servers % side.dp:
+            bad(
+                (side_name, "dp"),
+                f"{servers} API servers on {len(side.nodes)} nodes cannot be split into "
+                f"DP groups of {side.dp}",
+                "make the number of servers a multiple of dp",
+            )
+        if side.dp > 1 and side.dp_mode is DpMode.internal and any(c != 1 for _, c in side.placement()):
+            bad(
+                (side_name, "servers_per_node"),
+                "internal DP runs every rank in one server per node",
+                "set servers_per_node: 1",
+            )
+        if side.kv_peer is not None and t.mode is not Mode.p2p:
+            bad((side_name, "kv_peer"), "kv_peer is only used in p2p mode")
+
+
+def _check_services(t: Topology, bad) -> None:
+    if t.mode is Mode.p2p and t.mooncake is None:
+        bad(("mode",), "p2p mode needs a 'mooncake' section", "add mooncake: {master_node: <node>}")
+    if t.mooncake is not None:
+        if t.mode is not Mode.p2p:
+            bad(("mooncake",), f"Mooncake is only used in p2p mode (mode is {t.mode.value})")
+        if t.mooncake.master_node not in t.nodes:
+            bad(
+                ("mooncake", "master_node"),
+                f"unknown node '{t.mooncake.master_node}'",
+                f"defined nodes: {', '.join(t.nodes)}",
+            )
+        elif t.mode is Mode.p2p and t.mooncake.protocol == "ascend":
+            for side_name, side in t.sides():
+                for i, n in enumerate(side.nodes):
+                    if n in t.nodes and t.nodes[n].platform is not Platform.ascend:
+                        bad(
+                            (side_name, "nodes", i),
+                            f"Mooncake protocol 'ascend' but node '{n}' is {t.nodes[n].platform.value}",
+                            "use protocol rdma or tcp",
+                        )
+    if t.proxy is None:
+        if t.mode is not Mode.mixed:
+            bad(
+                ("mode",),
+                "PD disaggregation needs a proxy to pair prefill and decode",
+                "add proxy: {node: <node>, port: <port>}",
+            )
+    elif t.proxy.node not in t.nodes:
+        bad(
+            ("proxy", "node"),
+            f"unknown node '{t.proxy.node}'",
+            f"defined nodes: {', '.join(t.nodes)}",
+        )
+
+
+def _check_storage(t: Topology, bad) -> None:
+    s = t.storage
+    if s is None:
+        return
+    if s.store_pipeline not in STORE_TIERS:
+        bad(
+            ("storage", "store_pipeline"),
+            f"unknown store pipeline '{s.store_pipeline}'",
+            f"valid: {', '.join(STORE_TIERS)}",
+        )
+    if "Cache" in s.store_pipeline and s.cache_buffer_capacity_gb <= 0:
+        bad(("storage", "cache_buffer_capacity_gb"), "the Cache tier needs a capacity above 0")
+    seen: set[str] = set()
+    for i, path in enumerate(s.storage_backends):
+        if not path.startswith("/"):
+            bad(
+                ("storage", "storage_backends", i),
+                f"storage backend '{path}' is not an absolute path",
+                "use the absolute path of the shared mount, e.g. /mnt/ucm",
+            )
+        elif UNSAFE_TEXT.search(path) or "/../" in f"{path}/":
+            bad(("storage", "storage_backends", i), f"storage backend {path!r} is not a plain path")
+        if path in seen:
+            bad(("storage", "storage_backends", i), f"storage backend '{path}' is listed twice")
+        seen.add(path)
+
+
+def _check_consistency(t: Topology, bad) -> None:
+    # dtype: every instance sharing KV must compute it in the same precision.
+    dtypes = {name: side.dtype or t.model.dtype for name, side in t.sides()}
+    if len(set(dtypes.values())) > 1:
+        first = next(iter(dtypes))
+        for name, dtype in dtypes.items():
+            if dtype != dtypes[first]:
+                bad(
+                    (name, "dtype"),
+                    f"dtype {dtype} differs from {first}'s {dtypes[first]}: KV bytes would not match",
+                    "use one dtype on every instance (set model.dtype, drop the side overrides)",
+                )
+    # PYTHONHASHSEED: block hashes must agree between every instance that shares the store.
+    wanted = str(t.model.hash_seed)
+    for name, node in t.nodes.items():
+        if "PYTHONHASHSEED" in node.env and node.env["PYTHONHASHSEED"] != wanted:
+            bad(
+                ("nodes", name, "env", "PYTHONHASHSEED"),
+                f"PYTHONHASHSEED {node.env['PYTHONHASHSEED']} differs from model.hash_seed {wanted}",
+                "set model.hash_seed only; every instance must hash blocks alike",
+            )
+    for side_name, side in t.sides():
+        if "PYTHONHASHSEED" in side.env and side.env["PYTHONHASHSEED"] != wanted:
+            bad(
+                (side_name, "env", "PYTHONHASHSEED"),
+                f"PYTHONHASHSEED {side.env['PYTHONHASHSEED']} differs from model.hash_seed {wanted}",
+                "set model.hash_seed only; every instance must hash blocks alike",
+            )
+    # Mooncake: the prefill config's decode section must be the decode side's parallelism.
+    if t.mode is Mode.p2p and t.prefill is not None and t.decode is not None:
+        for side_name, side, peer_name, peer in (
+            ("prefill", t.prefill, "decode", t.decode),
+            ("decode", t.decode, "prefill", t.prefill),
+        ):
+            if side.kv_peer and (side.kv_peer.dp, side.kv_peer.tp) != (peer.dp, peer.tp):
+                bad(
+                    (side_name, "kv_peer"),
+                    f"kv_peer says {peer_name} is DP{side.kv_peer.dp}xTP{side.kv_peer.tp} but the "
+                    f"{peer_name} side is DP{peer.dp}xTP{peer.tp}",
+                    f"the {peer_name} section of the Mooncake config must be the {peer_name} side's "
+                    "dp/tp; remove kv_peer to derive it",
+                )
+
+
+def _check_env_and_flags(t: Topology, bad) -> None:
+    def env_block(path: KeyPath, env: dict[str, str], platforms: set[Platform]) -> None:
+        for key, value in env.items():
+            if not ENV_NAME_RE.match(key):
+                bad((*path, key), f"'{key}' is not a valid environment variable name")
+            if UNSAFE_TEXT.search(value):
+                bad((*path, key), "environment values cannot hold control characters or newlines")
+            if key in ALL_DEVICE_VARIABLES:
+                right = {DEVICE_VARIABLE[p] for p in platforms} - {None}
+                if key not in right and right:
+                    names = " / ".join(sorted(p.value for p in platforms))
+                    bad(
+                        (*path, key),
+                        f"{names} uses {', '.join(sorted(r for r in right if r))}, not {key}",
+                        "remove it: ucmctl sets the right variable from the device allocation",
+                    )
+                else:
+                    bad(
+                        (*path, key),
+                        f"{key} is set by ucmctl from the device allocation",
+                        "remove it; choose cards with <side>.servers_per_node, tp and nodes.<n>.devices",
+                    )
+
+    for name, node in t.nodes.items():
+        env_block(("nodes", name, "env"), node.env, {node.platform})
+    for side_name, side in t.sides():
+        platforms = {t.nodes[n].platform for n in side.nodes if n in t.nodes}
+        env_block((side_name, "env"), side.env, platforms)
+        for flag, value in side.flags.items():
+            path = (side_name, "flags", flag)
+            bare = flag[2:] if flag.startswith("--") else flag
+            normal = bare.replace("_", "-")
+            if (flag.startswith("-") and not flag.startswith("--")) or not FLAG_NAME_RE.match(bare):
+                bad(
+                    path,
+                    f"'{flag}' is not a vLLM flag name",
+                    "write it without dashes, e.g. max-model-len",
+                )
+            elif normal in MANAGED_FLAGS:
+                bad(path, f"--{normal} is set by ucmctl", f"use {MANAGED_FLAGS[normal]}")
+            if isinstance(value, str) and UNSAFE_TEXT.search(value):
+                bad(path, "flag values cannot hold control characters or newlines")
+
+
+def _check_paths(t: Topology, bad) -> None:
+    local_only = all(n.transport is Transport.local for n in t.nodes.values())
+    path = t.model.path
+    if UNSAFE_TEXT.search(path) or not path:
+        bad(("model", "path"), "the model path must be plain text on one line")
+    elif path.startswith(("./", "../")) and not local_only:
+        bad(
+            ("model", "path"),
+            "a relative model path only works on a local topology",
+            "use the model's absolute path on the nodes",
+        )
+    for name, node in t.nodes.items():
+        for key in ("python", "venv", "workdir", "key"):
+            value = getattr(node, key)
+            if value is None:
+                continue
+            if UNSAFE_TEXT.search(value) or not value:
+                bad(("nodes", name, key), f"{key} must be plain text on one line")
+            elif key in ("venv", "workdir") and not value.startswith("/"):
+                bad(("nodes", name, key), f"{key} '{value}' is not an absolute path")
+            elif key == "python" and "/" in value and not value.startswith("/"):
+                bad(
+                    ("nodes", name, key),
+                    f"python '{value}' must be a command name or an absolute path",
+                )
+
+
+def _check_placement(t: Topology, bad) -> None:
+    from ucmctl.plan.layout import devices_per_server, servers  # layout needs valid references
+
+    placed = servers(t)
+    used: dict[str, int] = defaultdict(int)
+    first_side: dict[str, str] = {}
+    for server in placed:
+        used[server.node] += len(server.devices)
+        first_side.setdefault(server.node, server.side)
+    for node_name, count in used.items():
+        node = t.nodes[node_name]
+        if count > node.devices:
+            sides = [(n, s) for n, s in t.sides() if node_name in s.nodes]
+            detail = " + ".join(
+                f"{n} {dict(s.placement())[node_name]} x {devices_per_server(s)}" for n, s in sides
+            )
+            bad(
+                ("nodes", node_name, "devices"),
+                f"node '{node_name}' has {node.devices} devices but its servers need {count} ({detail})",
+                "lower servers_per_node or tp, or spread the side over more nodes",
+            )
+
+    ports: dict[str, dict[int, str]] = defaultdict(dict)
+
+    def claim(node: str, port: int, owner: str, path: KeyPath) -> None:
+        if port > 65535:
+            bad(path, f"{owner} would listen on port {port}, above 65535", "lower the base port")
+            return
+        holder = ports[node].get(port)
+        if holder is not None and holder != owner:
+            bad(
+                path,
+                f"port {port} on node '{node}' is used by both {holder} and {owner}",
+                "give each process its own port (servers on a node use port + i, "
+                "Mooncake kv_port + i*tp .. + tp-1)",
+            )
+        ports[node].setdefault(port, owner)
+
+    if t.mooncake is not None and t.mode is Mode.p2p:
+        claim(t.mooncake.master_node, t.mooncake.port, "mooncake master", ("mooncake", "port"))
+        claim(
+            t.mooncake.master_node,
+            t.mooncake.metrics_port,
+            "mooncake metrics",
+            ("mooncake", "metrics_port"),
+        )
+    for server in placed:
+        claim(server.node, server.port, f"{server.name} API", (server.side, "port"))
+        if server.dp_rank == 0 and server.dp_rpc_port:
+            claim(
+                server.node,
+                server.dp_rpc_port,
+                f"{server.name} DP rpc",
+                (server.side, "dp_rpc_port"),
+            )
+        for p in server.kv_ports:
+            claim(server.node, p, f"{server.name} Mooncake kv_port", (server.side, "kv_port"))
+    if t.proxy is not None:
+        claim(t.proxy.node, t.proxy.port, "proxy", ("proxy", "port"))

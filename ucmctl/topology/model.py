@@ -1,0 +1,203 @@
+"""The topology a user writes, as strict pydantic models (unknown keys are errors).
+
+A topology names its nodes, then one or two *sides*: `prefill` and `decode` for PD
+disaggregation, or `mixed` for one instance that does both phases. A side runs
+`servers_per_node` vLLM API servers on each of its nodes. With `dp: 1` each server is an
+independent instance; with `dp > 1` and `dp_mode: external` (the EP layout) each server is one
+DP rank with its own API server, ranks numbered node by node; with `dp_mode: internal` one
+server runs all `dp` ranks itself (the PD-mixed layout).
+"""
+
+from __future__ import annotations
+
+import re
+from enum import Enum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+
+NAME_RE = r"^[a-z0-9][a-z0-9_.-]{0,62}$"
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+FLAG_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _env_text(v: Any) -> Any:
+    """YAML turns `10` and `false` into numbers and booleans; environment values are text."""
+    if isinstance(v, dict):
+        return {
+            k: (str(x).lower() if isinstance(x, bool) else str(x) if isinstance(x, (int, float)) else x)
+            for k, x in v.items()
+        }
+    return v
+
+
+Env = Annotated[dict[str, str], BeforeValidator(_env_text)]
+
+
+class Mode(str, Enum):
+    centralized = "centralized"  # P writes KV to the shared store, D reads it as a prefix hit
+    p2p = "p2p"  # Mooncake moves KV P->D; UCM gives P a prefix cache
+    mixed = "mixed"  # one vLLM serves both phases, with UCM
+
+
+class Engine(str, Enum):
+    vllm = "vllm"
+
+
+class Platform(str, Enum):
+    cuda = "cuda"
+    ascend = "ascend"
+    musa = "musa"
+    maca = "maca"
+    cpu = "cpu"
+
+
+class Transport(str, Enum):
+    ssh = "ssh"
+    local = "local"
+
+
+class DpMode(str, Enum):
+    external = "external"  # one API server per DP rank (external load balancing)
+    internal = "internal"  # one API server runs every DP rank
+
+
+Port = Annotated[int, Field(ge=1, le=65535)]
+PositiveCount = Annotated[int, Field(ge=1, le=64)]
+FlagValue = str | int | float | bool | dict[str, Any] | list[Any]
+
+
+class Node(Strict):
+    """One machine."""
+
+    host: str = Field(description="address the control machine and the other nodes reach it at")
+    transport: Transport = Field(Transport.ssh, description="`local` runs on this machine without SSH")
+    user: str = Field("root", pattern=r"^[a-z_][a-z0-9_.-]{0,31}$", description="SSH user")
+    port: Port = Field(22, description="SSH port")
+    key: str | None = Field(None, description="SSH private key file (default: ~/.ssh/config and agent)")
+    platform: Platform = Platform.cuda
+    devices: int = Field(8, ge=0, le=64, description="accelerator cards on the node")
+    nic: str | None = Field(
+        None, pattern=r"^[A-Za-z0-9_.:-]{1,15}$", description="NIC for collective traffic"
+    )
+    python: str = Field("python3", description="Python that has vLLM and ucmctl installed")
+    venv: str | None = Field(None, description="virtual environment; overrides `python`")
+    workdir: str | None = Field(None, description="where run directories go (default /tmp/ucmctl-<user>)")
+    env: Env = Field(default_factory=dict, description="environment for every process")
+
+    @field_validator("host")
+    @classmethod
+    def _host(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9_.:-]{1,253}", v) or v.startswith("-"):
+            raise ValueError("must be a hostname or an IP address")
+        return v
+
+
+class Model(Strict):
+    path: str = Field(description="model directory (or hub id) passed to `vllm serve`")
+    served_name: str | None = Field(None, description="--served-model-name")
+    dtype: str = Field("auto", pattern=r"^[a-z0-9_]+$", description="--dtype of every instance")
+    hash_seed: int = Field(0, ge=0, le=4294967295, description="PYTHONHASHSEED, identical on every instance")
+
+
+class Storage(Strict):
+    """The UCM store (the guides' `ucm_connector_config`)."""
+
+    store_pipeline: str = "Cache|Posix"
+    storage_backends: list[str] = Field(
+        min_length=1, description="shared directories, the same filesystem on every node"
+    )
+    cache_buffer_capacity_gb: float = Field(64, ge=0)
+    posix_capacity_gb: float = Field(0, ge=0, description="0 = unlimited")
+    io_direct: bool = False
+    use_layerwise: bool = False
+    enable_event_sync: bool = True
+
+    @field_validator("storage_backends", mode="before")
+    @classmethod
+    def _split(cls, v: Any) -> Any:
+        return v.split(":") if isinstance(v, str) else v
+
+
+class Mooncake(Strict):
+    master_node: str
+    connector: str | None = Field(
+        None,
+        description="vLLM connector name (default: MooncakeConnectorV1 on ascend, else MooncakeConnector)",
+    )
+    port: Port = 50088
+    metrics_port: Port = 9003
+    protocol: Literal["ascend", "rdma", "tcp"] = "tcp"
+    device_name: str = ""
+    global_segment_size: str = Field("1GB", pattern=r"^[0-9]+(\.[0-9]+)?\s*[KMGT]?B$")
+    eviction_high_watermark_ratio: float = Field(0.9, gt=0, le=1)
+    eviction_ratio: float = Field(0.1, gt=0, le=1)
+    default_kv_lease_ttl: int = Field(11000, ge=1)
+
+
+class Proxy(Strict):
+    node: str
+    port: Port = 7802
+    host: str = "0.0.0.0"
+    routing: Literal["load", "prefix"] = "load"
+
+
+class PeerParallel(Strict):
+    """The other side's parallelism as written into a Mooncake connector config."""
+
+    dp: int = Field(ge=1)
+    tp: int = Field(ge=1)
+
+
+class Side(Strict):
+    """One role (prefill, decode or mixed): where its servers run and how."""
+
+    nodes: list[str] = Field(min_length=1)
+    servers_per_node: PositiveCount | dict[str, PositiveCount] = Field(
+        1, description="API servers on each node, or a count per node name"
+    )
+    dp: int = Field(1, ge=1, le=1024)
+    tp: int = Field(1, ge=1, le=64)
+    dp_mode: DpMode = DpMode.external
+    port: Port = Field(8000, description="port of a node's first API server; the next add 1 each")
+    dp_rpc_port: Port = 13395
+    kv_port: Port = Field(20001, description="Mooncake kv_port of a node's first server (+ i*tp)")
+    kv_peer: PeerParallel | None = Field(
+        None, description="the other side's dp/tp in the Mooncake config (default: derived)"
+    )
+    expert_parallel: bool = False
+    dtype: str | None = Field(None, pattern=r"^[a-z0-9_]+$", description="overrides model.dtype")
+    flags: dict[str, FlagValue | None] = Field(default_factory=dict, description="extra vLLM flags")
+    env: Env = Field(default_factory=dict)
+
+    def placement(self) -> list[tuple[str, int]]:
+        """(node, number of API servers) in rank order."""
+        if isinstance(self.servers_per_node, int):
+            return [(n, self.servers_per_node) for n in self.nodes]
+        return [(n, self.servers_per_node.get(n, 0)) for n in self.nodes]
+
+    def server_count(self) -> int:
+        return sum(count for _, count in self.placement())
+
+
+class Topology(Strict):
+    name: str = Field(pattern=NAME_RE, description="deployment name, unique per control machine")
+    mode: Mode
+    engine: Engine = Engine.vllm
+    model: Model
+    nodes: dict[str, Node] = Field(min_length=1)
+    storage: Storage | None = Field(None, description="UCM store; omit to run without UCM")
+    mooncake: Mooncake | None = None
+    proxy: Proxy | None = None
+    prefill: Side | None = None
+    decode: Side | None = None
+    mixed: Side | None = None
+
+    def sides(self) -> list[tuple[str, Side]]:
+        """The sides present, in start order."""
+        out = [(name, getattr(self, name)) for name in ("prefill", "decode", "mixed")]
+        return [(n, s) for n, s in out if s is not None]
