@@ -6,7 +6,6 @@ import sys
 from enum import Enum
 from pathlib import Path
 
-import click
 import typer
 from rich.console import Console
 from rich.markup import escape
@@ -82,11 +81,11 @@ def main() -> None:
         for problem in exc.problems:
             err.print(f"[red]error:[/] {escape(problem.render())}", soft_wrap=True)
         sys.exit(int(exc.status))
-    except click.exceptions.Exit as exc:
+    except typer.Exit as exc:
         sys.exit(exc.exit_code)
-    except click.ClickException as exc:
-        exc.show()
-        sys.exit(int(ExitStatus.BAD_INPUT))
-    except (click.exceptions.Abort, KeyboardInterrupt):
+    except (typer.Abort, KeyboardInterrupt):
         err.print("interrupted")
         sys.exit(int(ExitStatus.INTERRUPTED))
+    except typer.TyperException as exc:  # usage errors: unknown option, missing argument
+        exc.show()  # type: ignore[attr-defined]
+        sys.exit(int(ExitStatus.BAD_INPUT))

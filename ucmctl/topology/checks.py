@@ -354,13 +354,15 @@ def _check_placement(t: Topology, bad) -> None:
             )
 
     ports: dict[str, dict[int, str]] = defaultdict(dict)
+    reported: set[tuple[str, str, str]] = set()
 
     def claim(node: str, port: int, owner: str, path: KeyPath) -> None:
         if port > 65535:
             bad(path, f"{owner} would listen on port {port}, above 65535", "lower the base port")
             return
         holder = ports[node].get(port)
-        if holder is not None and holder != owner:
+        if holder is not None and holder != owner and (node, holder, owner) not in reported:
+            reported.add((node, holder, owner))  # one line per pair, not per port of a range
             bad(
                 path,
                 f"port {port} on node '{node}' is used by both {holder} and {owner}",

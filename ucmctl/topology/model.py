@@ -185,7 +185,7 @@ class Side(Strict):
 
 
 class Topology(Strict):
-    name: str = Field(pattern=NAME_RE, description="deployment name, unique per control machine")
+    name: str = Field(description="deployment name, unique per control machine")
     mode: Mode
     engine: Engine = Engine.vllm
     model: Model
@@ -196,6 +196,15 @@ class Topology(Strict):
     prefill: Side | None = None
     decode: Side | None = None
     mixed: Side | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not re.fullmatch(NAME_RE, v):
+            raise ValueError(
+                "use 1-63 lowercase letters, digits, '-', '_' or '.', starting with a letter or digit"
+            )
+        return v
 
     def sides(self) -> list[tuple[str, Side]]:
         """The sides present, in start order."""

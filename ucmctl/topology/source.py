@@ -69,6 +69,8 @@ def parse_yaml(text: str, name: str = "<string>") -> Source:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else None
         reason = exc.problem or exc.context or "invalid YAML"
+        if exc.context and exc.context_mark and exc.problem_mark:
+            reason += f" ({exc.context} that started on line {exc.context_mark.line + 1})"
         raise UcmctlError([Problem(f"YAML syntax error: {reason}", file=name, line=line)]) from None
     except yaml.YAMLError as exc:
         raise UcmctlError.one(f"YAML error: {exc}", file=name) from None
@@ -77,7 +79,9 @@ def parse_yaml(text: str, name: str = "<string>") -> Source:
     source = Source(name, None)
     source.data = _build(root, (), source)
     if not isinstance(source.data, dict):
-        raise UcmctlError.one("the top level must be a mapping of keys", file=name, line=1)
+        raise UcmctlError.one(
+            "the top level must be a mapping of keys", file=name, line=root.start_mark.line + 1
+        )
     return source
 
 
