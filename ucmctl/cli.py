@@ -12,6 +12,7 @@ from rich.markup import escape
 
 from ucmctl import __version__
 from ucmctl.errors import ExitStatus, UcmctlError
+from ucmctl.model.cli import app as model_app
 
 app = typer.Typer(
     name="ucmctl",
@@ -20,6 +21,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
+app.add_typer(model_app, name="model")
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False)
 
