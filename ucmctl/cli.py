@@ -13,6 +13,7 @@ from rich.markup import escape
 from ucmctl import __version__
 from ucmctl.errors import ExitStatus, UcmctlError
 from ucmctl.model.cli import app as model_app
+from ucmctl.sim.cli import app as sim_app
 
 app = typer.Typer(
     name="ucmctl",
@@ -22,6 +23,7 @@ app = typer.Typer(
     add_completion=False,
 )
 app.add_typer(model_app, name="model")
+app.add_typer(sim_app, name="sim")
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import posixpath
 from typing import Any
@@ -11,7 +10,7 @@ from ucmctl.plan.layout import Server, is_external_dp, servers
 from ucmctl.plan.model import NodePlan, PlacedFile, Plan, Process
 from ucmctl.plan.render import render
 from ucmctl.topology.checks import DEVICE_VARIABLE
-from ucmctl.topology.model import Mode, Node, Platform, Side, Topology, Transport
+from ucmctl.topology.model import Engine, Mode, Node, Platform, Side, Topology, Transport
 
 CONNECTOR_MODULE = "ucm_connector.connector"
 LOCAL_ADDRESS = "127.0.0.1"
@@ -34,15 +33,10 @@ def build_plan(t: Topology) -> Plan:
         deployment=t.name,
         mode=t.mode.value,
         engine=t.engine.value,
-        topology_digest=topology_digest(t),
+        topology_digest=t.digest(),
         nodes=nodes,
         processes=processes,
     )
-
-
-def topology_digest(t: Topology) -> str:
-    canonical = json.dumps(t.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def _node_plan(t: Topology, name: str, node: Node) -> NodePlan:
@@ -166,15 +160,11 @@ def _server(t: Topology, nodes: dict[str, NodePlan], s: Server, deps: list[str])
     env.update(node.env)
     env.update(side.env)
 
-    argv = [
-        _tool(node, "vllm"),
-        "serve",
-        t.model.path,
-        "--host",
-        _bind(node),
-        "--port",
-        str(s.port),
-    ]
+    if t.engine is Engine.sim:  # the only difference an engine makes: the executable
+        serve = [_python(node), "-m", "ucmctl", "sim", "serve"]
+    else:
+        serve = [_tool(node, "vllm"), "serve"]
+    argv = [*serve, t.model.path, "--host", _bind(node), "--port", str(s.port)]
     if t.model.served_name:
         argv += ["--served-model-name", t.model.served_name]
     dtype = side.dtype or t.model.dtype

@@ -29,7 +29,9 @@ def topology_from_source(source: Source, base_dir: Path | None = None) -> Topolo
     if problems:
         raise UcmctlError(problems)
     if base_dir is not None:
+        digest = topology.digest()
         topology = _resolve_local_paths(topology, base_dir)
+        topology._written_digest = digest
     return topology
 
 

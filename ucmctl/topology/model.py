@@ -10,11 +10,13 @@ server runs all `dp` ranks itself (the PD-mixed layout).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from enum import Enum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, field_validator
 
 NAME_RE = r"^[a-z0-9][a-z0-9_.-]{0,62}$"
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -46,6 +48,7 @@ class Mode(str, Enum):
 
 class Engine(str, Enum):
     vllm = "vllm"
+    sim = "sim"  # ucmctl's simulator: same command line, no accelerator needed
 
 
 class Platform(str, Enum):
@@ -196,6 +199,15 @@ class Topology(Strict):
     prefill: Side | None = None
     decode: Side | None = None
     mixed: Side | None = None
+    # Digest of the topology as written: set by the loader before it resolves relative paths,
+    # so the same file gives the same digest in every checkout.
+    _written_digest: str | None = PrivateAttr(None)
+
+    def digest(self) -> str:
+        if self._written_digest:
+            return self._written_digest
+        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()
 
     @field_validator("name")
     @classmethod

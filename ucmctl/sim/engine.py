@@ -1,0 +1,237 @@
+"""A step scheduler with vLLM's shape: running decodes first, then chunked prefill in budget.
+
+Each step's compute time comes from the Profile and is slept on a fixed schedule (deadlines,
+not sleeps after work), so the engine's own overhead does not stretch simulated time. Loads
+from and saves to the external tier are real I/O and add their real cost to the step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import zlib
+from array import array
+from collections import deque
+from dataclasses import dataclass, field
+
+from ucmctl.sim.external import ExternalTier
+from ucmctl.sim.metrics import Histogram, inter_token_buckets, ttft_buckets
+from ucmctl.sim.prefix_cache import PrefixCache
+from ucmctl.sim.profile import Profile
+
+FINISHED = -1  # queue sentinel
+
+
+@dataclass
+class SimRequest:
+    request_id: str
+    prompt: list[int]
+    max_tokens: int
+    keys: list[bytes]  # keys of the prompt's full blocks
+    arrival: float = field(default_factory=time.monotonic)
+    remote_kv: bool = False  # P2P decode: the prompt's KV arrived from a prefill instance
+    computed: int = 0  # prompt tokens whose KV exists
+    local_hit_tokens: int = 0
+    external_hit_tokens: int = 0
+    generated: int = 0
+    saved_blocks: int = 0  # prompt blocks already handed to the external tier
+    cancelled: bool = False
+    delivered: bool = False  # the client has every token
+    admitted: bool = False
+    last_emit: float = 0.0
+    out: asyncio.Queue[int] = field(default_factory=asyncio.Queue)
+
+    @property
+    def seed(self) -> int:
+        """Greedy-like: the same prompt always continues with the same tokens."""
+        return zlib.crc32(array("q", self.prompt[-16:]).tobytes())
+
+    @property
+    def prefill_done(self) -> bool:
+        return self.computed >= len(self.prompt)
+
+
+@dataclass
+class EngineStats:
+    prefix_queries: int = 0
+    prefix_hits: int = 0
+    external_queries: int = 0
+    external_hits: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    finished: int = 0
+    steps: int = 0
+    planned_ms: float = 0.0  # simulated compute the steps asked for
+    elapsed_ms: float = 0.0  # wall time the steps took
+    ttft: Histogram = field(default_factory=lambda: Histogram(ttft_buckets()))
+    itl: Histogram = field(default_factory=lambda: Histogram(inter_token_buckets()))
+
+
+class Engine:
+    """One engine core (one DP rank)."""
+
+    def __init__(
+        self,
+        index: int,
+        profile: Profile,
+        *,
+        block_size: int,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        cache: PrefixCache,
+        external: ExternalTier | None,
+        vocab: int,
+    ) -> None:
+        self.index = index
+        self.profile = profile
+        self.block_size = block_size
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.cache = cache
+        self.external = external
+        self.vocab = vocab
+        self.waiting: deque[SimRequest] = deque()
+        self.running: list[SimRequest] = []
+        self.stats = EngineStats()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def load(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._loop(), name=f"engine-{self.index}")
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    def submit(self, request: SimRequest) -> None:
+        self.waiting.append(request)
+        self._wake.set()
+
+    def cancel(self, request: SimRequest) -> None:
+        request.cancelled = True
+        self._wake.set()
+
+    async def _loop(self) -> None:
+        deadline = time.monotonic()
+        while True:
+            self._drop_cancelled()
+            if not self.waiting and not self.running:
+                self._wake.clear()
+                await self._wake.wait()
+                deadline = time.monotonic()
+            started = time.monotonic()
+            compute_ms = await self._step()
+            self.stats.steps += 1
+            self.stats.planned_ms += compute_ms
+            deadline = max(deadline, started) + compute_ms / 1000
+            delay = deadline - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            else:
+                await asyncio.sleep(0)  # let the server write what this step produced
+            self.stats.elapsed_ms += (time.monotonic() - started) * 1000
+
+    def _drop_cancelled(self) -> None:
+        if any(r.cancelled for r in self.waiting):
+            self.waiting = deque(r for r in self.waiting if not r.cancelled)
+        for r in [r for r in self.running if r.cancelled]:
+            self.running.remove(r)
+            r.out.put_nowait(FINISHED)
+
+    async def _step(self) -> float:
+        """Schedule, account hits and I/O, advance every scheduled request; returns compute ms."""
+        budget = self.max_num_batched_tokens
+        decoding = [r for r in self.running if r.prefill_done]
+        budget -= len(decoding)
+        chunks: list[tuple[SimRequest, int]] = []
+        for r in self.running:
+            if not r.prefill_done and budget > 0:
+                n = min(len(r.prompt) - r.computed, budget)
+                chunks.append((r, n))
+                budget -= n
+        while self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
+            r = self.waiting.popleft()
+            await self._admit(r)
+            self.running.append(r)
+            n = min(len(r.prompt) - r.computed, budget)
+            chunks.append((r, n))
+            budget -= n
+
+        compute_ms = self.profile.base_ms if (chunks or decoding) else 0.0
+        compute_ms += sum(self.profile.prefill_ms(n, r.computed) for r, n in chunks)
+        context = sum(len(r.prompt) + r.generated for r in decoding)
+        compute_ms += self.profile.decode_ms(len(decoding), context)
+
+        now = time.monotonic()
+        for r, n in chunks:
+            r.computed += n
+            if r.prefill_done:
+                self._emit(r, now)
+        for r in decoding:
+            self._emit(r, now)
+        io_started = time.monotonic()
+        await self._save_new_blocks([r for r, _ in chunks])
+        io_ms = (time.monotonic() - io_started) * 1000
+        return compute_ms + io_ms
+
+    async def _admit(self, r: SimRequest) -> None:
+        """Prefix hits when a request is first scheduled: local cache, then the external tier."""
+        r.admitted = True
+        total_blocks = len(r.keys)
+        # As vLLM, at least the last prompt token is computed: hits stop one token short.
+        usable = min(total_blocks, (len(r.prompt) - 1) // self.block_size)
+        self.stats.prompt_tokens += len(r.prompt)
+        if r.remote_kv:
+            r.computed = len(r.prompt) - 1
+            r.external_hit_tokens = r.computed
+            return
+        local = min(self.cache.match(r.keys), usable)
+        self.stats.prefix_queries += len(r.prompt)
+        self.stats.prefix_hits += local * self.block_size
+        r.local_hit_tokens = local * self.block_size
+        external = 0
+        if self.external is not None and local < usable:
+            wanted = r.keys[local:usable]
+            found = min(self.external.lookup_prefix(wanted), len(wanted))
+            if found:
+                external = await asyncio.to_thread(self.external.load, wanted[:found])
+            self.stats.external_queries += len(r.prompt) - r.local_hit_tokens
+            self.stats.external_hits += external * self.block_size
+        r.external_hit_tokens = external * self.block_size
+        r.computed = (local + external) * self.block_size
+        r.saved_blocks = local + external  # what came from a cache needs no save
+        self.cache.insert(r.keys[: local + external])
+
+    async def _save_new_blocks(self, prefilled: list[SimRequest]) -> None:
+        to_save: list[bytes] = []
+        for r in prefilled:
+            full = min(r.computed // self.block_size, len(r.keys))
+            new = r.keys[r.saved_blocks : full]
+            if new:
+                self.cache.insert(new)
+                to_save.extend(new)
+                r.saved_blocks = full
+        if self.external is not None and to_save:
+            await asyncio.to_thread(self.external.save, to_save)
+
+    def _emit(self, r: SimRequest, now: float) -> None:
+        token = (r.seed * 1103515245 + r.generated * 12345 + 1) % self.vocab
+        if r.generated == 0:
+            self.stats.ttft.observe(now - r.arrival)
+        else:
+            self.stats.itl.observe(now - r.last_emit)
+        r.last_emit = now
+        r.generated += 1
+        self.stats.generation_tokens += 1
+        r.out.put_nowait(token)
+        if r.generated >= r.max_tokens:
+            self.running.remove(r)
+            self.stats.finished += 1
+            r.out.put_nowait(FINISHED)

@@ -1,0 +1,95 @@
+"""Prometheus text exposition with vLLM's metric names, for what the simulator models."""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ucmctl.sim.engine import Engine
+
+
+def ttft_buckets() -> list[float]:
+    return [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+            10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]  # fmt: skip
+
+
+def inter_token_buckets() -> list[float]:
+    return [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+            10.0, 20.0, 40.0, 80.0]  # fmt: skip
+
+
+class Histogram:
+    """Cumulative-bucket histogram as Prometheus exposes it."""
+
+    def __init__(self, buckets: Sequence[float]) -> None:
+        self.buckets = list(buckets)
+        self.counts = [0] * (len(self.buckets) + 1)
+        self.total = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.buckets, value)] += 1
+        self.total += value
+        self.count += 1
+
+    def lines(self, name: str, labels: str) -> Iterable[str]:
+        running = 0
+        for bound, n in zip(self.buckets, self.counts, strict=False):
+            running += n
+            yield f'{name}_bucket{{{labels},le="{bound}"}} {running}'
+        yield f'{name}_bucket{{{labels},le="+Inf"}} {self.count}'
+        yield f"{name}_count{{{labels}}} {self.count}"
+        yield f"{name}_sum{{{labels}}} {self.total}"
+
+
+def exposition(model: str, engines: Sequence[Engine]) -> str:
+    out: list[str] = []
+
+    def family(name: str, kind: str, help_text: str) -> None:
+        out.append(f"# HELP {name} {help_text}")
+        out.append(f"# TYPE {name} {kind}")
+
+    def labels(e: Engine) -> str:
+        return f'engine="{e.index}",model_name="{model}"'
+
+    gauges = [
+        (
+            "vllm:num_requests_running",
+            "Number of requests in model execution batches.",
+            lambda e: len(e.running),
+        ),
+        (
+            "vllm:num_requests_waiting",
+            "Number of requests waiting to be processed.",
+            lambda e: len(e.waiting),
+        ),
+    ]
+    for name, help_text, value in gauges:
+        family(name, "gauge", help_text)
+        out.extend(f"{name}{{{labels(e)}}} {value(e)}" for e in engines)
+    counters = [
+        ("vllm:prefix_cache_queries", "Prefix cache queries, in tokens.", lambda e: e.stats.prefix_queries),
+        ("vllm:prefix_cache_hits", "Prefix cache hits, in tokens.", lambda e: e.stats.prefix_hits),
+        ("vllm:external_prefix_cache_queries", "External prefix cache queries, in tokens.",
+         lambda e: e.stats.external_queries),
+        ("vllm:external_prefix_cache_hits", "External prefix cache hits, in tokens.",
+         lambda e: e.stats.external_hits),
+        ("vllm:prompt_tokens", "Number of prefill tokens processed.", lambda e: e.stats.prompt_tokens),
+        ("vllm:generation_tokens", "Number of generation tokens processed.",
+         lambda e: e.stats.generation_tokens),
+        ("vllm:request_success", "Count of successfully processed requests.", lambda e: e.stats.finished),
+    ]  # fmt: skip
+    for name, help_text, value in counters:
+        family(f"{name}_total", "counter", help_text)
+        out.extend(f"{name}_total{{{labels(e)}}} {value(e)}" for e in engines)
+    histograms = [
+        ("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", "ttft"),
+        ("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", "itl"),
+    ]
+    for name, help_text, attr in histograms:
+        family(name, "histogram", help_text)
+        for e in engines:
+            out.extend(getattr(e.stats, attr).lines(name, labels(e)))
+    return "\n".join(out) + "\n"

@@ -1,0 +1,66 @@
+"""The simulator's timing model: what one engine step costs, from a profile file or flags.
+
+A step runs the decode token of every running request plus a budget of prefill tokens, as
+vLLM's scheduler does. Its duration is
+
+    step_ms = base_ms
+            + sum over prefill chunks of n * (prefill_us_per_token + prefill_attn_ns * (c + n/2)) / 1000
+            + decode_seq_us * decode_batch / 1000 + decode_ctx_ns * decode_context_tokens / 1e6
+            + decode_step_ms (once, when any request decodes)
+
+where a chunk of n tokens starts at context c (attention makes later tokens dearer).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+PROFILES_DIR = Path(__file__).parent / "profiles"
+
+
+class Profile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = "custom"
+    base_ms: float = Field(0.0, ge=0, description="fixed cost of any step")
+    prefill_us_per_token: float = Field(0.0, ge=0)
+    prefill_attn_ns: float = Field(0.0, ge=0, description="per token per token of context")
+    decode_step_ms: float = Field(0.0, ge=0, description="fixed cost of a step that decodes")
+    decode_seq_us: float = Field(0.0, ge=0, description="per decoding request")
+    decode_ctx_ns: float = Field(0.0, ge=0, description="per context token of decoding requests")
+    kv_bytes_per_token: int = Field(
+        1024, ge=1, description="KV bytes of one token (all layers): sizes the external tier's blocks"
+    )
+    source: str = Field("", description="how the numbers were obtained")
+
+    def prefill_ms(self, tokens: int, context: int) -> float:
+        return (
+            tokens * (self.prefill_us_per_token + self.prefill_attn_ns * (context + tokens / 2) / 1000) / 1000
+        )
+
+    def decode_ms(self, batch: int, context_tokens: int) -> float:
+        if batch == 0:
+            return 0.0
+        return (
+            self.decode_step_ms
+            + self.decode_seq_us * batch / 1000
+            + self.decode_ctx_ns * context_tokens / 1e6
+        )
+
+
+BUILTIN = {"zero": Profile(name="zero", source="no simulated cost")}
+
+
+def load_profile(name_or_path: str) -> Profile:
+    """A built-in name (`zero`, or a file in ucmctl/sim/profiles without .json) or a JSON path."""
+    if name_or_path in BUILTIN:
+        return BUILTIN[name_or_path]
+    candidates = [Path(name_or_path), PROFILES_DIR / f"{name_or_path}.json"]
+    for path in candidates:
+        if path.is_file():
+            return Profile.model_validate(json.loads(path.read_text()))
+    known = sorted([*BUILTIN, *(p.stem for p in PROFILES_DIR.glob("*.json"))])
+    raise FileNotFoundError(f"no sim profile '{name_or_path}' (built in: {', '.join(known)}, or a JSON file)")

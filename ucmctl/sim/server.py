@@ -1,0 +1,357 @@
+"""The simulator's HTTP server: vLLM's OpenAI-compatible routes over simulated engines."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from ucmctl.sim.engine import FINISHED, Engine, SimRequest
+from ucmctl.sim.external import ExternalTier
+from ucmctl.sim.metrics import exposition
+from ucmctl.sim.prefix_cache import PrefixCache, block_keys
+from ucmctl.sim.profile import Profile
+from ucmctl.sim.tokens import Tokenizer
+
+log = logging.getLogger("ucmctl.sim")
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    model: str
+    served_name: str
+    host: str
+    port: int
+    block_size: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    data_parallel_size: int  # internal DP: engines inside this one server
+    prefix_caching: bool
+    kv_cache_blocks: int
+    ucm_config_file: str | None
+    kv_role: str | None
+    profile: Profile
+
+
+class BadRequest(Exception):
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class SimServer:
+    def __init__(self, config: SimConfig, tokenizer: Tokenizer) -> None:
+        self.config = config
+        self.tokenizer = tokenizer
+        self.namespace = f"sim|{config.served_name}|{config.block_size}".encode()
+        self.engine_id = str(uuid.uuid4())
+        block_bytes = config.profile.kv_bytes_per_token * config.block_size
+        self.external = ExternalTier(config.ucm_config_file, block_bytes) if config.ucm_config_file else None
+        self.engines = [
+            Engine(
+                i,
+                config.profile,
+                block_size=config.block_size,
+                max_num_seqs=config.max_num_seqs,
+                max_num_batched_tokens=config.max_num_batched_tokens,
+                cache=PrefixCache(config.kv_cache_blocks, enabled=config.prefix_caching),
+                external=self.external,
+                vocab=tokenizer.vocab_size,
+            )
+            for i in range(config.data_parallel_size)
+        ]
+        self._next = 0
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/metrics", self.metrics)
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/v1/chat/completions", self.chat)
+        app.router.add_post("/reset_prefix_cache", self.reset_prefix_cache)
+        app.on_startup.append(self._start)
+        app.on_cleanup.append(self._stop)
+        return app
+
+    async def _start(self, _: web.Application) -> None:
+        for e in self.engines:
+            e.start()
+
+    async def _stop(self, _: web.Application) -> None:
+        for e in self.engines:
+            await e.stop()
+        if self.external is not None:
+            self.external.close()
+
+    # -- routes ---------------------------------------------------------------------------
+
+    async def health(self, _: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    async def models(self, _: web.Request) -> web.Response:
+        card = {
+            "id": self.config.served_name,
+            "object": "model",
+            "created": int(time.time()),
+            "owned_by": "ucmctl-sim",
+            "root": self.config.model,
+            "max_model_len": self.config.max_model_len,
+        }
+        return web.json_response({"object": "list", "data": [card]})
+
+    async def metrics(self, _: web.Request) -> web.Response:
+        text = exposition(self.config.served_name, self.engines)
+        return web.Response(text=text, content_type="text/plain", charset="utf-8")
+
+    async def reset_prefix_cache(self, request: web.Request) -> web.Response:
+        for e in self.engines:
+            e.cache.reset()
+        return web.Response(status=200)
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, chat=False)
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, chat=True)
+
+    # -- request handling -----------------------------------------------------------------
+
+    async def _serve(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        try:
+            body = await _json_body(request)
+            prompt = self._prompt(body, chat)
+            max_tokens = self._max_tokens(body, len(prompt))
+        except BadRequest as exc:
+            return _error(str(exc), exc.param)
+        request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
+        kv_params = body.get("kv_transfer_params")
+        sim_request = SimRequest(
+            request_id=request_id,
+            prompt=prompt,
+            max_tokens=max_tokens,
+            keys=block_keys(prompt, self.config.block_size, self.namespace),
+            remote_kv=bool(isinstance(kv_params, dict) and kv_params.get("do_remote_prefill")),
+        )
+        engine = self._pick_engine()
+        engine.submit(sim_request)
+        prefix = "chatcmpl" if chat else "cmpl"
+        ctx = _Reply(
+            id=f"{prefix}-{request_id}",
+            model=self.config.served_name,
+            chat=chat,
+            created=int(time.time()),
+            kv_transfer_params=self._kv_params_out(kv_params, sim_request),
+        )
+        try:
+            if body.get("stream"):
+                options = body.get("stream_options") or {}
+                return await self._stream(request, sim_request, ctx, bool(options.get("include_usage")))
+            return await self._complete(sim_request, ctx)
+        finally:
+            if not sim_request.delivered:
+                engine.cancel(sim_request)  # the client went away: free the engine
+
+    def _pick_engine(self) -> Engine:
+        least = min(e.load for e in self.engines)
+        candidates = [e for e in self.engines if e.load == least]
+        self._next += 1
+        return candidates[self._next % len(candidates)]
+
+    def _prompt(self, body: dict[str, Any], chat: bool) -> list[int]:
+        if chat:
+            messages = body.get("messages")
+            if not isinstance(messages, list) or not messages:
+                raise BadRequest("'messages' must be a non-empty list", "messages")
+            text = "\n".join(
+                f"{m.get('role', 'user')}: {_content(m)}" for m in messages if isinstance(m, dict)
+            )
+            return self.tokenizer.encode(text) or [0]
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+            prompt = prompt[0]
+        if isinstance(prompt, str):
+            ids = self.tokenizer.encode(prompt)
+        elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+            ids = list(prompt)
+            if any(t < 0 or t >= self.tokenizer.vocab_size for t in ids):
+                raise BadRequest(f"token id out of vocabulary (0..{self.tokenizer.vocab_size - 1})", "prompt")
+        else:
+            raise BadRequest("'prompt' must be a string or a non-empty list of token ids", "prompt")
+        if not ids:
+            raise BadRequest("the prompt is empty", "prompt")
+        return ids
+
+    def _max_tokens(self, body: dict[str, Any], prompt_len: int) -> int:
+        value = body.get("max_completion_tokens", body.get("max_tokens"))
+        limit = self.config.max_model_len
+        if value is None:
+            value = max(1, limit - prompt_len)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise BadRequest("max_tokens must be an integer of at least 1", "max_tokens")
+        if prompt_len + value > limit:
+            raise BadRequest(
+                f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{prompt_len + value} tokens ({prompt_len} in the messages, {value} in the completion). "
+                "Please reduce the length of the messages or completion.",
+                "max_tokens",
+            )
+        return value
+
+    def _kv_params_out(self, kv_in: Any, r: SimRequest) -> dict[str, Any] | None:
+        if not isinstance(kv_in, dict):
+            return None
+        if kv_in.get("do_remote_decode"):  # P2P prefill leg: tell decode where the KV is
+            return {
+                "do_remote_prefill": True,
+                "do_remote_decode": False,
+                "remote_engine_id": self.engine_id,
+                "remote_host": self.config.host,
+                "remote_port": self.config.port,
+                "remote_block_ids": list(range(len(r.keys))),
+                "request_id": r.request_id,
+            }
+        return dict(kv_in)
+
+    async def _complete(self, r: SimRequest, ctx: _Reply) -> web.Response:
+        tokens: list[int] = []
+        while (token := await r.out.get()) != FINISHED:
+            tokens.append(token)
+        r.delivered = True
+        text = self.tokenizer.decode(tokens)
+        finish = "length" if len(tokens) >= r.max_tokens else "abort"
+        choice: dict[str, Any]
+        if ctx.chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                      "finish_reason": finish, "stop_reason": None}  # fmt: skip
+        else:
+            choice = {
+                "index": 0,
+                "text": text,
+                "logprobs": None,
+                "finish_reason": finish,
+                "stop_reason": None,
+            }
+        body = ctx.envelope([choice])
+        body["usage"] = _usage(r)
+        body["kv_transfer_params"] = ctx.kv_transfer_params
+        return web.json_response(body)
+
+    async def _stream(
+        self, request: web.Request, r: SimRequest, ctx: _Reply, include_usage: bool
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+        await response.prepare(request)
+        if ctx.chat:
+            first = {
+                "index": 0,
+                "delta": {"role": "assistant", "content": ""},
+                "logprobs": None,
+                "finish_reason": None,
+            }
+            await response.write(ctx.sse([first]))
+        sent = 0
+        while (token := await r.out.get()) != FINISHED:
+            sent += 1
+            finish = "length" if sent >= r.max_tokens else None
+            text = self.tokenizer.decode([token])
+            if ctx.chat:
+                choice = {"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": finish}
+            else:
+                choice = {
+                    "index": 0,
+                    "text": text,
+                    "logprobs": None,
+                    "finish_reason": finish,
+                    "stop_reason": None,
+                }
+            await response.write(ctx.sse([choice]))
+        if include_usage:
+            await response.write(ctx.sse([], usage=_usage(r)))
+        r.delivered = True
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+
+@dataclass
+class _Reply:
+    id: str
+    model: str
+    chat: bool
+    created: int
+    kv_transfer_params: dict[str, Any] | None
+
+    def envelope(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        kind = "chat.completion" if self.chat else "text_completion"
+        return {
+            "id": self.id,
+            "object": kind,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
+
+    def sse(self, choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> bytes:
+        body = self.envelope(choices)
+        if self.chat:
+            body["object"] = "chat.completion.chunk"
+        body["usage"] = usage
+        return b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n"
+
+
+def _usage(r: SimRequest) -> dict[str, Any]:
+    cached = r.local_hit_tokens + r.external_hit_tokens
+    return {
+        "prompt_tokens": len(r.prompt),
+        "total_tokens": len(r.prompt) + r.generated,
+        "completion_tokens": r.generated,
+        "prompt_tokens_details": {"cached_tokens": cached} if cached else None,
+    }
+
+
+def _content(message: dict[str, Any]) -> str:
+    content = message.get("content", "")
+    if isinstance(content, list):
+        return " ".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+    return str(content)
+
+
+async def _json_body(request: web.Request) -> dict[str, Any]:
+    try:
+        body = await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"the body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise BadRequest("the body must be a JSON object")
+    return body
+
+
+def _error(message: str, param: str | None) -> web.Response:
+    # vLLM's error shape: {"error": {"message", "type", "param", "code"}}
+    error = {"message": message, "type": "BadRequestError", "param": param, "code": 400}
+    return web.json_response({"error": error}, status=400)
+
+
+async def serve(server: SimServer) -> None:
+    """Run until cancelled."""
+    runner = web.AppRunner(server.app(), handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, server.config.host, server.config.port, reuse_address=True)
+    await site.start()
+    log.info(
+        "sim: serving %s on http://%s:%d", server.config.served_name, server.config.host, server.config.port
+    )
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()
