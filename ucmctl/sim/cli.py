@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import sys
+from pathlib import Path
 
 import typer
 
@@ -31,3 +32,33 @@ def serve(ctx: typer.Context) -> None:
     server = SimServer(config, load_tokenizer(config.model))
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(run(server))
+
+
+@app.command("calibrate")
+def calibrate(
+    url: str = typer.Option(..., "--url", help="a running vLLM server, e.g. http://127.0.0.1:8000"),
+    out: Path = typer.Option(Path("sim-profile.json"), "--out", help="profile file to write"),
+    model_dir: Path | None = typer.Option(None, "--model-dir", help="model folder (sizes the KV blocks)"),
+    kv_bytes_per_token: int = typer.Option(0, "--kv-bytes-per-token", help="instead of --model-dir"),
+    lengths: str = typer.Option("256,1024,2048,4096", "--lengths", help="prefill prompt lengths"),
+    batches: str = typer.Option("1,4,8", "--batches", help="decode batch sizes"),
+    vocab: int = typer.Option(8000, "--vocab", help="token ids are drawn below this"),
+    name: str = typer.Option("calibrated", "--name", help="profile name"),
+) -> None:
+    """Measure a real vLLM server and write a simulator profile fitted to it."""
+    from ucmctl.errors import UcmctlError
+    from ucmctl.sim.calibrate import calibrate as run
+    from ucmctl.sim.calibrate import kv_bytes_from_model
+
+    try:
+        length_list = [int(x) for x in lengths.split(",")]
+        batch_list = [int(x) for x in batches.split(",")]
+    except ValueError:
+        raise UcmctlError.one("--lengths and --batches take comma-separated integers") from None
+    kv = kv_bytes_from_model(model_dir) if model_dir else kv_bytes_per_token
+    if kv <= 0:
+        raise UcmctlError.one("say how large a token's KV is", fix="pass --model-dir or --kv-bytes-per-token")
+    profile = run(
+        url, out, lengths=length_list, batches=batch_list, vocab=vocab, kv_bytes_per_token=kv, name=name
+    )
+    typer.echo(f"wrote {out}: {profile.model_dump_json()}")

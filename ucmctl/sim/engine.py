@@ -119,24 +119,26 @@ class Engine:
         self._wake.set()
 
     async def _loop(self) -> None:
-        deadline = time.monotonic()
+        free_at = time.monotonic()  # when the simulated device finishes its previous step
         while True:
             self._drop_cancelled()
             if not self.waiting and not self.running:
                 self._wake.clear()
                 await self._wake.wait()
-                deadline = time.monotonic()
             started = time.monotonic()
-            compute_ms = await self._step()
+            chunks, decoding, compute_ms = await self._schedule()  # loads happen here, for real
+            loaded = time.monotonic()
+            # Steps follow each other on a fixed schedule: Python overhead inside a step does not
+            # stretch simulated time unless it exceeds the step itself.
+            done = max(free_at, started) + (loaded - started) + compute_ms / 1000
+            delay = done - time.monotonic()
+            await asyncio.sleep(max(delay, 0))
+            await self._save_new_blocks(chunks)  # the connector's wait_for_save, for real
+            free_at = max(done, time.monotonic())
+            self._advance(chunks, decoding, free_at)
             self.stats.steps += 1
             self.stats.planned_ms += compute_ms
-            deadline = max(deadline, started) + compute_ms / 1000
-            delay = deadline - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            else:
-                await asyncio.sleep(0)  # let the server write what this step produced
-            self.stats.elapsed_ms += (time.monotonic() - started) * 1000
+            self.stats.elapsed_ms += (free_at - started) * 1000
 
     def _drop_cancelled(self) -> None:
         if any(r.cancelled for r in self.waiting):
@@ -145,8 +147,9 @@ class Engine:
             self.running.remove(r)
             r.out.put_nowait(FINISHED)
 
-    async def _step(self) -> float:
-        """Schedule, account hits and I/O, advance every scheduled request; returns compute ms."""
+    async def _schedule(self) -> tuple[list[tuple[SimRequest, int]], list[SimRequest], float]:
+        """vLLM's order: running decodes, running prefills, then new requests, within the token
+        budget. Returns the prefill chunks, the decoding requests and the step's compute ms."""
         budget = self.max_num_batched_tokens
         decoding = [r for r in self.running if r.prefill_done]
         budget -= len(decoding)
@@ -163,23 +166,22 @@ class Engine:
             n = min(len(r.prompt) - r.computed, budget)
             chunks.append((r, n))
             budget -= n
-
         compute_ms = self.profile.base_ms if (chunks or decoding) else 0.0
         compute_ms += sum(self.profile.prefill_ms(n, r.computed) for r, n in chunks)
         context = sum(len(r.prompt) + r.generated for r in decoding)
         compute_ms += self.profile.decode_ms(len(decoding), context)
+        return chunks, decoding, compute_ms
 
-        now = time.monotonic()
+    def _advance(self, chunks: list[tuple[SimRequest, int]], decoding: list[SimRequest], now: float) -> None:
         for r, n in chunks:
+            if r.cancelled:
+                continue
             r.computed += n
             if r.prefill_done:
-                self._emit(r, now)
+                self._emit(r, now)  # the first token comes with the last prefill chunk
         for r in decoding:
-            self._emit(r, now)
-        io_started = time.monotonic()
-        await self._save_new_blocks([r for r, _ in chunks])
-        io_ms = (time.monotonic() - io_started) * 1000
-        return compute_ms + io_ms
+            if not r.cancelled:
+                self._emit(r, now)
 
     async def _admit(self, r: SimRequest) -> None:
         """Prefix hits when a request is first scheduled: local cache, then the external tier."""
@@ -209,10 +211,11 @@ class Engine:
         r.saved_blocks = local + external  # what came from a cache needs no save
         self.cache.insert(r.keys[: local + external])
 
-    async def _save_new_blocks(self, prefilled: list[SimRequest]) -> None:
+    async def _save_new_blocks(self, chunks: list[tuple[SimRequest, int]]) -> None:
+        """Blocks this step completed go to the local cache and the external tier."""
         to_save: list[bytes] = []
-        for r in prefilled:
-            full = min(r.computed // self.block_size, len(r.keys))
+        for r, n in chunks:
+            full = min((r.computed + n) // self.block_size, len(r.keys))
             new = r.keys[r.saved_blocks : full]
             if new:
                 self.cache.insert(new)

@@ -61,6 +61,8 @@ def load_profile(name_or_path: str) -> Profile:
     candidates = [Path(name_or_path), PROFILES_DIR / f"{name_or_path}.json"]
     for path in candidates:
         if path.is_file():
-            return Profile.model_validate(json.loads(path.read_text()))
+            data = json.loads(path.read_text())
+            data.pop("points", None)  # calibration measurements kept beside the fit
+            return Profile.model_validate(data)
     known = sorted([*BUILTIN, *(p.stem for p in PROFILES_DIR.glob("*.json"))])
     raise FileNotFoundError(f"no sim profile '{name_or_path}' (built in: {', '.join(known)}, or a JSON file)")

@@ -1,0 +1,229 @@
+"""The simulator over HTTP: protocol, prefix caching (local and through the native store),
+contention and cancellation, each against real `ucmctl sim serve` processes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from tests.support.openai_checks import (
+    check_chat,
+    check_chat_stream,
+    check_completion,
+    check_completion_stream,
+    check_error,
+    metric,
+    parse_sse,
+)
+from tests.support.processes import sim_server
+
+BLOCK = 16
+
+
+def post(url: str, body: Any, raw: bool = False) -> tuple[int, Any]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            payload = r.read()
+            return r.status, payload if raw else json.loads(payload)
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return r.read().decode()
+
+
+def ucm_config(tmp: Path, store: Path) -> Path:
+    path = tmp / "ucm.yaml"
+    path.write_text(
+        "ucm_connectors:\n  - ucm_connector_name: UcmPipelineStore\n    ucm_connector_config:\n"
+        f'      store_pipeline: "Cache|Posix"\n      storage_backends: "{store}"\n'
+        "      cache_buffer_capacity_gb: 0.25\n"
+    )
+    return path
+
+
+def kv_flag(config: Path) -> list[str]:
+    kv = {"kv_connector": "UCMConnector", "kv_role": "kv_both",
+          "kv_connector_module_path": "ucm_connector.connector",
+          "kv_connector_extra_config": {"UCM_CONFIG_FILE": str(config)}}  # fmt: skip
+    return ["--kv-transfer-config", json.dumps(kv)]
+
+
+def test_protocol_conformance(tmp_path: Path) -> None:
+    with sim_server(tmp_path, "--block-size", str(BLOCK), "--max-model-len", "512", "--seed", "1") as sim:
+        prompt = list(range(1, 101))
+        status, body = post(
+            f"{sim.url}/v1/completions", {"model": "sim-model", "prompt": prompt, "max_tokens": 7}
+        )
+        assert status == 200
+        check_completion(body, prompt_tokens=100, max_tokens=7)
+        status, raw = post(
+            f"{sim.url}/v1/completions",
+            {"prompt": prompt, "max_tokens": 5, "stream": True, "stream_options": {"include_usage": True}},
+            raw=True,
+        )
+        pieces = check_completion_stream(parse_sse(raw), prompt_tokens=100, max_tokens=5)
+        assert len(pieces) == 5
+        chat = {"messages": [{"role": "user", "content": "hello there"}], "max_tokens": 4}
+        status, body = post(f"{sim.url}/v1/chat/completions", chat)
+        check_chat(body, max_tokens=4)
+        status, raw = post(
+            f"{sim.url}/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "stream": True,
+             "stream_options": {"include_usage": True}},
+            raw=True,
+        )  # fmt: skip
+        check_chat_stream(parse_sse(raw), max_tokens=3)
+        models = json.loads(get(f"{sim.url}/v1/models"))
+        assert models["data"][0]["id"] == "sim-model" and models["data"][0]["max_model_len"] == 512
+        # vLLM-like 400s
+        assert "not valid JSON" in check_error(*post(f"{sim.url}/v1/completions", b"{nope"))
+        assert "maximum context length is 512" in check_error(
+            *post(f"{sim.url}/v1/completions", {"prompt": prompt, "max_tokens": 500})
+        )
+        assert "max_tokens" in check_error(
+            *post(f"{sim.url}/v1/completions", {"prompt": prompt, "max_tokens": 0})
+        )
+        assert "prompt" in check_error(*post(f"{sim.url}/v1/completions", {"max_tokens": 3}))
+        # kv_transfer_params: a P2P prefill leg gets back where its KV is
+        leg = {"prompt": prompt, "max_tokens": 1, "kv_transfer_params": {"do_remote_decode": True}}
+        status, body = post(f"{sim.url}/v1/completions", leg)
+        params = body["kv_transfer_params"]
+        assert params["do_remote_prefill"] is True and params["remote_block_ids"] == list(range(100 // BLOCK))
+    assert "ignoring flags it does not model" not in sim.log.read_text()  # --seed is accepted
+
+
+def test_unknown_flags_get_one_warning_line(tmp_path: Path) -> None:
+    with sim_server(tmp_path, "--gpu-memory-utilization", "0.9", "--enforce-eager") as sim:
+        pass
+    warnings = [line for line in sim.log.read_text().splitlines() if "ignoring flags" in line]
+    assert len(warnings) == 1 and "--gpu-memory-utilization --enforce-eager" in warnings[0]
+
+
+def test_local_prefix_cache_hits_and_reset(tmp_path: Path) -> None:
+    with sim_server(tmp_path, "--block-size", str(BLOCK)) as sim:
+        prompt = list(range(1, 101))  # 6 full blocks; hits stop one token short of the prompt
+        post(f"{sim.url}/v1/completions", {"prompt": prompt, "max_tokens": 1})
+        _, body = post(f"{sim.url}/v1/completions", {"prompt": prompt + [5] * 20, "max_tokens": 1})
+        assert body["usage"]["prompt_tokens_details"] == {"cached_tokens": 96}
+        text = get(f"{sim.url}/metrics")
+        assert metric(text, "vllm:prefix_cache_queries_total") == 100 + 120
+        assert metric(text, "vllm:prefix_cache_hits_total") == 96
+        assert post(f"{sim.url}/reset_prefix_cache", {}, raw=True)[0] == 200
+        _, body = post(f"{sim.url}/v1/completions", {"prompt": prompt, "max_tokens": 1})
+        assert body["usage"]["prompt_tokens_details"] is None
+    with sim_server(tmp_path, "--block-size", str(BLOCK), "--no-enable-prefix-caching") as sim:
+        for _ in range(2):
+            post(f"{sim.url}/v1/completions", {"prompt": prompt, "max_tokens": 1})
+        assert metric(get(f"{sim.url}/metrics"), "vllm:prefix_cache_hits_total") == 0
+
+
+def test_external_hits_across_instances_sharing_a_store(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    store.mkdir()
+    flags = [
+        "--block-size",
+        str(BLOCK),
+        *kv_flag(ucm_config(tmp_path, store)),
+        "--kv-bytes-per-token",
+        "4096",
+    ]
+    prompt = list(range(1, 201))  # 12 full blocks, 12 usable (199 // 16)
+    with sim_server(tmp_path, *flags) as a, sim_server(tmp_path, *flags) as b:
+        post(f"{a.url}/v1/completions", {"prompt": prompt, "max_tokens": 1})
+        # A's dumps land in its DRAM tier first; B sees them once written through to the files.
+        deadline = time.monotonic() + 10
+        while len(files := [p for p in store.rglob("*") if p.is_file()]) < 12 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(files) == 12  # one real block file per full block
+        assert all(f.stat().st_size >= 16 * 4096 for f in files)
+        _, body = post(f"{b.url}/v1/completions", {"prompt": prompt + [7] * 40, "max_tokens": 1})
+        assert body["usage"]["prompt_tokens_details"] == {"cached_tokens": 192}
+        text = get(f"{b.url}/metrics")
+        assert metric(text, "vllm:external_prefix_cache_hits_total") == 192
+        assert metric(text, "vllm:external_prefix_cache_queries_total") == 240
+        assert metric(text, "vllm:prefix_cache_hits_total") == 0
+        # After a reset of B's local cache only the store can hit, and it does.
+        post(f"{b.url}/reset_prefix_cache", {}, raw=True)
+        _, body = post(f"{b.url}/v1/completions", {"prompt": prompt, "max_tokens": 1})
+        assert body["usage"]["prompt_tokens_details"] == {"cached_tokens": 192}
+
+
+async def _ttft(url: str, prompt: list[int]) -> float:
+    start = time.monotonic()
+    async with aiohttp.ClientSession() as s:
+        body = {"prompt": prompt, "max_tokens": 2, "stream": True}
+        async with s.post(f"{url}/v1/completions", json=body) as r:
+            async for line in r.content:
+                if line.startswith(b"data: {") and b'"text"' in line:
+                    return time.monotonic() - start
+    raise AssertionError("no token came")
+
+
+def test_contention_makes_ttft_grow_with_concurrency(tmp_path: Path) -> None:
+    flags = ["--prefill-us-per-token", "100", "--max-num-batched-tokens", "1024", "--block-size", str(BLOCK)]
+    with sim_server(tmp_path, *flags) as sim:
+
+        async def run(n: int) -> list[float]:
+            prompts = [[(i * 7919 + j) % 30000 + 1 for j in range(1000)] for i in range(n)]
+            return await asyncio.gather(*(_ttft(sim.url, p) for p in prompts))
+
+        alone = asyncio.run(run(1))[0]
+        together = asyncio.run(run(8))
+    assert alone == pytest.approx(0.1, abs=0.06)  # 1000 tokens x 100 us
+    assert sorted(together)[-1] > 6 * alone  # the last of 8 waits for the others' prefill
+    assert sum(together) / 8 > 3 * alone
+
+
+def test_client_disconnect_frees_the_engine(tmp_path: Path) -> None:
+    with sim_server(tmp_path, "--decode-step-ms", "20") as sim:
+
+        async def read_some_then_leave() -> int:
+            async with aiohttp.ClientSession() as s:
+                body = {"prompt": [1, 2, 3], "max_tokens": 1000, "stream": True, "ignore_eos": True}
+                async with s.post(f"{sim.url}/v1/completions", json=body) as r:
+                    n = 0
+                    async for line in r.content:
+                        n += line.startswith(b"data: {")
+                        if n == 5:
+                            return n
+            return n
+
+        assert asyncio.run(read_some_then_leave()) == 5
+        deadline = time.monotonic() + 3
+        running = 1.0
+        while time.monotonic() < deadline:
+            running = metric(get(f"{sim.url}/metrics"), "vllm:num_requests_running")
+            if running == 0:
+                break
+            time.sleep(0.05)
+        assert running == 0
+        generated = metric(get(f"{sim.url}/metrics"), "vllm:generation_tokens_total")
+        assert generated < 100  # it stopped long before 1000 tokens
+
+
+def test_calibrate_recovers_a_known_profile(tmp_path: Path) -> None:
+    """Calibrate against a simulator whose costs are known: the fit must find them again."""
+    from ucmctl.sim.calibrate import calibrate
+
+    flags = ["--prefill-us-per-token", "200", "--decode-step-ms", "10", "--block-size", str(BLOCK)]
+    with sim_server(tmp_path, *flags) as sim:
+        profile = calibrate(sim.url, tmp_path / "p.json", lengths=[256, 512, 1024], batches=[1, 4],
+                            vocab=30000, kv_bytes_per_token=2048, name="t")  # fmt: skip
+    assert profile.prefill_ms(1024, 0) == pytest.approx(1024 * 0.2, rel=0.25)
+    assert profile.decode_ms(1, 0) == pytest.approx(10, rel=0.25)
+    assert profile.decode_ms(4, 0) == pytest.approx(10, rel=0.25)
+    saved = json.loads((tmp_path / "p.json").read_text())
+    assert saved["name"] == "t" and len(saved["points"]["prefill"]) == 9

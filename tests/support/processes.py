@@ -1,0 +1,82 @@
+"""Start real server processes for tests: free loopback ports, health waits, group kills."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Server:
+    url: str
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=10)
+
+    def log_tail(self, lines: int = 30) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+
+def wait_healthy(url: str, process: subprocess.Popen[bytes], timeout: float) -> float:
+    """Seconds until GET url answers 200; raises if the process dies or time runs out."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited with {process.returncode} before {url} answered")
+        with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=1) as r:
+            if r.status == 200:
+                return time.monotonic() - start
+        time.sleep(0.05)
+    raise TimeoutError(f"{url} not healthy within {timeout} s")
+
+
+@contextlib.contextmanager
+def sim_server(tmp: Path, *flags: str, model: str = "sim-model", timeout: float = 30) -> Iterator[Server]:
+    """One `ucmctl sim serve` on a free loopback port, killed (whole group) afterwards."""
+    port = free_port()
+    log = tmp / f"sim-{port}.log"
+    cmd = [
+        sys.executable,
+        "-m",
+        "ucmctl",
+        "sim",
+        "serve",
+        model,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        *flags,
+    ]
+    with log.open("wb") as out:
+        process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                   start_new_session=True)  # fmt: skip
+    server = Server(f"http://127.0.0.1:{port}", process, log)
+    try:
+        wait_healthy(f"{server.url}/health", process, timeout)
+        yield server
+    except Exception:
+        print(server.log_tail())
+        raise
+    finally:
+        server.kill()
