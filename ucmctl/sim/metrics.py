@@ -84,6 +84,16 @@ def exposition(model: str, engines: Sequence[Engine]) -> str:
     for name, help_text, value in counters:
         family(f"{name}_total", "counter", help_text)
         out.extend(f"{name}_total{{{labels(e)}}} {value(e)}" for e in engines)
+    # The simulator's own: how well it keeps its schedule (elapsed / planned - 1 is the lag).
+    own = [
+        ("ucmctl_sim_steps", "Engine steps run.", lambda e: e.stats.steps),
+        ("ucmctl_sim_step_planned_seconds", "Simulated compute the steps asked for.",
+         lambda e: e.stats.planned_ms / 1000),
+        ("ucmctl_sim_step_elapsed_seconds", "Wall time the steps took.", lambda e: e.stats.elapsed_ms / 1000),
+    ]  # fmt: skip
+    for name, help_text, value in own:
+        family(f"{name}_total", "counter", help_text)
+        out.extend(f"{name}_total{{{labels(e)}}} {value(e)}" for e in engines)
     histograms = [
         ("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", "ttft"),
         ("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", "itl"),

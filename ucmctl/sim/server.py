@@ -68,6 +68,7 @@ class SimServer:
             for i in range(config.data_parallel_size)
         ]
         self._next = 0
+        self._pieces: dict[int, str] = {}
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -259,28 +260,37 @@ class SimServer:
                 "finish_reason": None,
             }
             await response.write(ctx.sse([first]))
+        # Every chunk is the same JSON but for its text: encode the frame once, fill in the text.
+        head, middle, tail = ctx.token_frame()
         sent = 0
-        while (token := await r.out.get()) != FINISHED:
-            sent += 1
-            finish = "length" if sent >= r.max_tokens else None
-            text = self.tokenizer.decode([token])
-            if ctx.chat:
-                choice = {"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": finish}
-            else:
-                choice = {
-                    "index": 0,
-                    "text": text,
-                    "logprobs": None,
-                    "finish_reason": finish,
-                    "stop_reason": None,
-                }
-            await response.write(ctx.sse([choice]))
+        done = False
+        while not done:
+            tokens = [await r.out.get()]
+            while not r.out.empty():  # behind schedule: send what is ready in one write
+                tokens.append(r.out.get_nowait())
+            frames = []
+            for token in tokens:
+                if token == FINISHED:
+                    done = True
+                    break
+                sent += 1
+                text = json.dumps(self._piece(token)).encode()
+                finish = b'"length"' if sent >= r.max_tokens else b"null"
+                frames.append(head + text + middle + finish + tail)
+            if frames:
+                await response.write(b"".join(frames))
         if include_usage:
             await response.write(ctx.sse([], usage=_usage(r)))
         r.delivered = True
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response
+
+    def _piece(self, token: int) -> str:
+        text = self._pieces.get(token)
+        if text is None:
+            text = self._pieces[token] = self.tokenizer.decode([token])
+        return text
 
 
 @dataclass
@@ -300,6 +310,20 @@ class _Reply:
             "model": self.model,
             "choices": choices,
         }
+
+    def token_frame(self) -> tuple[bytes, bytes, bytes]:
+        """The bytes of a one-token chunk around its JSON text and its finish reason."""
+        marker_text, marker_finish = "\x00TEXT\x00", "\x00FINISH\x00"
+        if self.chat:
+            choice: dict[str, Any] = {"index": 0, "delta": {"content": marker_text}, "logprobs": None,
+                                      "finish_reason": marker_finish}  # fmt: skip
+        else:
+            choice = {"index": 0, "text": marker_text, "logprobs": None, "finish_reason": marker_finish,
+                      "stop_reason": None}  # fmt: skip
+        frame = self.sse([choice]).decode()
+        head, rest = frame.split(json.dumps(marker_text), 1)
+        middle, tail = rest.split(json.dumps(marker_finish), 1)
+        return head.encode(), middle.encode(), tail.encode()
 
     def sse(self, choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> bytes:
         body = self.envelope(choices)

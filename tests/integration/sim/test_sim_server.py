@@ -218,12 +218,13 @@ def test_calibrate_recovers_a_known_profile(tmp_path: Path) -> None:
     """Calibrate against a simulator whose costs are known: the fit must find them again."""
     from ucmctl.sim.calibrate import calibrate
 
-    flags = ["--prefill-us-per-token", "200", "--decode-step-ms", "10", "--block-size", str(BLOCK)]
+    # Costs well above scheduling noise, so the fit is judged, not the machine's load.
+    flags = ["--prefill-us-per-token", "500", "--decode-step-ms", "25", "--block-size", str(BLOCK)]
     with sim_server(tmp_path, *flags) as sim:
         profile = calibrate(sim.url, tmp_path / "p.json", lengths=[256, 512, 1024], batches=[1, 4],
                             vocab=30000, kv_bytes_per_token=2048, name="t")  # fmt: skip
-    assert profile.prefill_ms(1024, 0) == pytest.approx(1024 * 0.2, rel=0.25)
-    assert profile.decode_ms(1, 0) == pytest.approx(10, rel=0.25)
-    assert profile.decode_ms(4, 0) == pytest.approx(10, rel=0.25)
+    assert profile.prefill_ms(1024, 0) == pytest.approx(1024 * 0.5, rel=0.25)
+    assert profile.decode_ms(1, 0) == pytest.approx(25, rel=0.25)
+    assert profile.decode_ms(4, 0) == pytest.approx(25, rel=0.25)
     saved = json.loads((tmp_path / "p.json").read_text())
     assert saved["name"] == "t" and len(saved["points"]["prefill"]) == 9
