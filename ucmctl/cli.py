@@ -5,14 +5,19 @@ from __future__ import annotations
 import sys
 from enum import Enum
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
 from ucmctl import __version__
+
+if TYPE_CHECKING:
+    from ucmctl.topology.model import Topology
 from ucmctl.errors import ExitStatus, UcmctlError
 from ucmctl.model.cli import app as model_app
+from ucmctl.proxy.cli import proxy as proxy_command
 from ucmctl.sim.cli import app as sim_app
 
 app = typer.Typer(
@@ -24,6 +29,7 @@ app = typer.Typer(
 )
 app.add_typer(model_app, name="model")
 app.add_typer(sim_app, name="sim")
+app.command("proxy")(proxy_command)
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False)
 
@@ -66,6 +72,137 @@ def plan(
     if out_dir is not None:
         files = write_bundle(the_plan, out_dir)
         err.print(f"wrote {len(files)} files under {out_dir}")
+
+
+def _load(topology: Path) -> Topology:
+    from ucmctl.topology.load import load_topology
+
+    return load_topology(topology)
+
+
+@app.command()
+def up(
+    topology: Path = TopologyArg,
+    dry_run: bool = typer.Option(False, "--dry-run", help="print what would be done; touch nothing"),
+    keep_on_failure: bool = typer.Option(False, "--keep-on-failure", help="leave a failed start running"),
+    skip_preflight: bool = typer.Option(False, "--skip-preflight", help="start without checking the nodes"),
+    health_timeout: float | None = typer.Option(None, "--health-timeout", help="seconds per process"),
+) -> None:
+    """Check the nodes, then start Mooncake, the servers and the proxy, each gated on health."""
+    from ucmctl.deploy.api import Options, deploy_up
+    from ucmctl.plan.build import build_plan
+    from ucmctl.plan.show import print_plan
+
+    topo = _load(topology)
+    if dry_run:
+        plan = build_plan(topo)
+        out.print(f"dry run: nothing is touched. `up` would check {len(plan.nodes)} nodes (SSH, Python, "
+                  "engine, connector, devices, /dev/shm and RAM, ports, shared storage), place the files "
+                  "below, then start stage by stage:")  # fmt: skip
+        for i, stage in enumerate(plan.stages()):
+            out.print(f"  stage {i}: " + ", ".join(f"{p.name}@{p.node}" for p in stage))
+        print_plan(plan, out)
+        return
+    options = Options(keep_on_failure=keep_on_failure, skip_preflight=skip_preflight,
+                      health_timeout=health_timeout)  # fmt: skip
+    record = deploy_up(topo, str(topology.resolve()), options=options, console=err)
+    proxy = next((p.url for p in record.plan.processes if p.role == "proxy"), None)
+    out.print(f"deployment {record.deployment} is up: {len(record.plan.processes)} processes"
+              + (f", proxy {proxy}" if proxy else ""))  # fmt: skip
+
+
+@app.command()
+def down(
+    target: str = typer.Argument(..., help="deployment name, or its topology file", show_default=False),
+    purge_storage: bool = typer.Option(False, "--purge-storage", help="also delete the stored KV blocks"),
+    yes: bool = typer.Option(False, "--yes", "-y", help="do not ask before purging"),
+    grace: float = typer.Option(15.0, "--grace", help="seconds between SIGTERM and SIGKILL"),
+) -> None:
+    """Stop everything a deployment started (and nothing else), in reverse order."""
+    from ucmctl.deploy.api import deploy_down, purge
+
+    as_file = Path(target)
+    topo = None
+    if target.endswith((".yaml", ".yml")) or as_file.is_file():
+        from ucmctl.plan.build import build_plan
+
+        topo = _load(as_file)
+        stopped = deploy_down(build_plan(topo), grace=grace, console=err)
+    else:
+        stopped = deploy_down(target, grace=grace, console=err)
+    for name, node, was_running in stopped:
+        out.print(f"{name}@{node}: {'stopped' if was_running else 'not running'}")
+    out.print(f"{sum(1 for s in stopped if s[2])} processes stopped")
+    if purge_storage:
+        if topo is None:
+            raise UcmctlError.one(
+                "--purge-storage needs the topology file", fix="ucmctl down TOPOLOGY --purge-storage"
+            )
+        if topo.storage is None:
+            raise UcmctlError.one("the topology has no storage to purge")
+        where = ", ".join(topo.storage.storage_backends)
+        if not yes and not typer.confirm(f"delete every stored KV block under {where}?"):
+            raise typer.Exit(int(ExitStatus.OK))
+        removed = purge(topo)
+        out.print(f"purged {removed} block folders under {where}")
+
+
+@app.command()
+def status(deployment: str | None = typer.Argument(None, help="one deployment (default: all)")) -> None:
+    """What runs: every process, its node, ports, health and uptime."""
+    from ucmctl.deploy.inspect import status_table
+    from ucmctl.deploy.state import StateStore
+
+    store = StateStore()
+    records = [store.load(deployment)] if deployment else store.all()
+    records = [r for r in records if r is not None]
+    if not records:
+        if deployment:
+            raise UcmctlError.one(f"no deployment named '{deployment}' on this machine")
+        out.print("no deployments")
+        return
+    for record in records:
+        out.print(status_table(record))
+
+
+@app.command()
+def logs(
+    deployment: str = typer.Argument(..., help="deployment name", show_default=False),
+    processes: list[str] | None = typer.Argument(None, help="process names (default: all)"),
+    follow: bool = typer.Option(False, "--follow", "-f", help="keep printing new lines"),
+    lines: int = typer.Option(50, "--lines", "-n", help="lines of each log to start with"),
+) -> None:
+    """Logs of a deployment's processes, from every node, prefixed with process@node."""
+    from ucmctl.deploy.inspect import show_logs
+    from ucmctl.deploy.state import StateStore
+
+    record = StateStore().load(deployment)
+    if record is None:
+        raise UcmctlError.one(
+            f"no deployment named '{deployment}' on this machine", fix="see `ucmctl status`"
+        )
+    known = {p.name for p in record.plan.processes}
+    unknown = [n for n in processes or [] if n not in known]
+    if unknown:
+        raise UcmctlError.one(
+            f"no process {', '.join(unknown)} in {deployment}", fix=f"known: {', '.join(known)}"
+        )
+    show_logs(record, processes or [], lines, follow, out)
+
+
+@app.command()
+def install(
+    topology: Path = TopologyArg,
+    wheel: Path = typer.Option(..., "--wheel", help="the ucmctl wheel to install on every node"),
+    no_deps: bool = typer.Option(False, "--no-deps", help="install only the wheel (offline nodes)"),
+) -> None:
+    """Push a ucmctl wheel to every node of a topology and install it into the node's Python."""
+    from ucmctl.deploy.api import install_wheel
+
+    if not wheel.is_file() or wheel.suffix != ".whl":
+        raise UcmctlError.one(f"{wheel} is not a wheel file", fix="build one with `pip wheel . -w dist`")
+    for node, line in install_wheel(_load(topology), wheel, no_deps=no_deps):
+        out.print(f"{node}: {line}")
 
 
 @app.callback(invoke_without_command=True)

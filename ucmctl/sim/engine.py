@@ -190,9 +190,11 @@ class Engine:
         # As vLLM, at least the last prompt token is computed: hits stop one token short.
         usable = min(total_blocks, (len(r.prompt) - 1) // self.block_size)
         self.stats.prompt_tokens += len(r.prompt)
-        if r.remote_kv:
+        if r.remote_kv:  # P2P decode: vLLM counts KV a connector delivers as external hits
             r.computed = len(r.prompt) - 1
             r.external_hit_tokens = r.computed
+            self.stats.external_queries += len(r.prompt)
+            self.stats.external_hits += r.computed
             return
         local = min(self.cache.match(r.keys), usable)
         self.stats.prefix_queries += len(r.prompt)

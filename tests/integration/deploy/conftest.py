@@ -1,0 +1,45 @@
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.netns import Cluster, available, cluster
+
+
+@pytest.fixture(scope="module")
+def hosts() -> Iterator[Cluster]:
+    reason = available()
+    if reason:
+        pytest.skip(f"multi-host tests need real SSH hosts: {reason}")
+    with cluster(4) as c:
+        yield c
+
+
+class Cli:
+    """`python -m ucmctl ...` as a user runs it, with its own state folder and SSH config."""
+
+    def __init__(self, home: Path, ssh_config: Path) -> None:
+        self.env = {**os.environ, "UCMCTL_HOME": str(home), "UCMCTL_SSH_CONFIG": str(ssh_config)}
+
+    def __call__(self, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run([sys.executable, "-m", "ucmctl", *args], capture_output=True, text=True,
+                              env=self.env, timeout=timeout)  # fmt: skip
+        assert "Traceback" not in done.stderr + done.stdout, done.stderr
+        return done
+
+
+@pytest.fixture
+def cli(tmp_path: Path, hosts: Cluster) -> Cli:
+    return Cli(tmp_path / "home", hosts.ssh_config)
+
+
+def node_lines(c: Cluster, names: list[str], platform: str = "cpu") -> str:
+    return "\n".join(
+        f"  {n}: {{host: {c.host(n).address}, key: {c.key}, platform: {platform}, python: {sys.executable}}}"
+        for n in names
+    )

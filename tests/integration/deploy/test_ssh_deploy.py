@@ -1,0 +1,236 @@
+"""`ucmctl up / status / logs / down` over real SSH to network-namespace hosts, on the simulator
+(and the real Mooncake master): what runs, what fails, and that nothing is left behind."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.integration.deploy.conftest import Cli, node_lines
+from tests.support.netns import Cluster
+
+pytestmark = [pytest.mark.slow, pytest.mark.root]
+
+
+def write(tmp: Path, text: str) -> Path:
+    path = tmp / "topology.yaml"
+    path.write_text(text)
+    return path
+
+
+def completion(url: str, prompt: list[int], max_tokens: int = 4) -> dict:
+    body = json.dumps({"model": "sim-model", "prompt": prompt, "max_tokens": max_tokens}).encode()
+    req = urllib.request.Request(
+        f"{url}/v1/completions", data=body, headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.loads(r.read())
+
+
+def metrics(url: str) -> str:
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as r:
+        return r.read().decode()
+
+
+def centralized(c: Cluster, name: str, *, extra_side: str = "", backend: Path | None = None) -> str:
+    return f"""
+name: {name}
+mode: centralized
+engine: sim
+model: {{path: sim-model}}
+nodes:
+{node_lines(c, ["h1", "h2"])}
+storage: {{storage_backends: {backend or c.shared / name}, cache_buffer_capacity_gb: 0.25}}
+prefill:
+  nodes: [h1]
+  servers_per_node: 2
+  port: 8100
+  flags: {{block-size: 16, kv-bytes-per-token: 2048}}
+{extra_side}
+decode:
+  nodes: [h2]
+  servers_per_node: 2
+  port: 8200
+  flags: {{block-size: 16, kv-bytes-per-token: 2048}}
+proxy: {{node: h1, port: 8000}}
+"""
+
+
+def test_2p2d_centralized_end_to_end(tmp_path: Path, hosts: Cluster, cli: Cli) -> None:
+    topo = write(tmp_path, centralized(hosts, "t-2p2d"))
+    up = cli("up", str(topo))
+    assert up.returncode == 0, up.stderr
+    assert "deployment t-2p2d is up: 5 processes" in up.stdout
+    proxy = f"http://{hosts.host('h1').address}:8000"
+    prompt = list(range(1, 161))  # 10 blocks of 16
+    first = completion(proxy, prompt)
+    assert first["usage"]["prompt_tokens"] == 160 and first["usage"]["completion_tokens"] == 4
+    # The decode side got its prefix from the shared store, written by the prefill side.
+    for _ in range(3):
+        completion(proxy, [*prompt, 9, 9])
+    decoders = [f"http://{hosts.host('h2').address}:{p}" for p in (8200, 8201)]
+    external = sum(float(line.rsplit(" ", 1)[1]) for d in decoders for line in metrics(d).splitlines()
+                   if line.startswith("vllm:external_prefix_cache_hits_total"))  # fmt: skip
+    assert external > 0
+    status = cli("status", "t-2p2d")
+    assert status.returncode == 0 and status.stdout.count("healthy") == 5
+    logs = cli("logs", "t-2p2d", "decode-1", "-n", "5")
+    assert logs.returncode == 0 and "decode-1@h2 | " in logs.stdout
+    assert len(hosts.processes_of("t-2p2d")) >= 5
+    twice = cli("up", str(topo))
+    assert twice.returncode == 2 and "already up" in twice.stderr
+    down = cli("down", "t-2p2d")
+    assert down.returncode == 0 and "5 processes stopped" in down.stdout
+    assert hosts.processes_of("t-2p2d") == []
+
+
+def test_xpyd_across_four_hosts(tmp_path: Path, hosts: Cluster, cli: Cli) -> None:
+    topo = write(
+        tmp_path,
+        f"""
+name: t-xpyd
+mode: centralized
+engine: sim
+model: {{path: sim-model}}
+nodes:
+{node_lines(hosts, ["h1", "h2", "h3", "h4"])}
+storage: {{storage_backends: {hosts.shared / "xpyd"}, cache_buffer_capacity_gb: 0.25}}
+prefill:
+  nodes: [h1, h2, h3]
+  servers_per_node: {{h1: 2, h2: 1, h3: 1}}
+  port: 8100
+  flags: {{block-size: 16}}
+decode:
+  nodes: [h3, h4]
+  port: 8200
+  flags: {{block-size: 16}}
+proxy: {{node: h4, port: 8000}}
+""",
+    )
+    up = cli("up", str(topo))
+    assert up.returncode == 0, up.stderr
+    proxy = f"http://{hosts.host('h4').address}:8000"
+    for i in range(8):
+        body = completion(proxy, [i + 1] * 40)
+        assert body["usage"]["completion_tokens"] == 4
+    assert {h for h, _ in hosts.processes_of("t-xpyd")} == {"h1", "h2", "h3", "h4"}
+    assert cli("down", str(topo)).returncode == 0
+    assert hosts.processes_of("t-xpyd") == []
+
+
+def test_p2p_with_the_real_mooncake_master(tmp_path: Path, hosts: Cluster, cli: Cli) -> None:
+    import shutil
+    import sys
+
+    master = Path(sys.executable).parent / "mooncake_master"
+    if not master.exists() and shutil.which("mooncake_master") is None:
+        pytest.fail("mooncake_master is missing: scripts/setup.sh installs mooncake-transfer-engine")
+    topo = write(
+        tmp_path,
+        f"""
+name: t-p2p
+mode: p2p
+engine: sim
+model: {{path: sim-model}}
+nodes:
+{node_lines(hosts, ["h1", "h2"])}
+storage: {{storage_backends: {hosts.shared / "p2p"}, cache_buffer_capacity_gb: 0.25}}
+mooncake: {{master_node: h1, protocol: tcp}}
+prefill: {{nodes: [h1], port: 9000, flags: {{block-size: 16}}}}
+decode: {{nodes: [h2], port: 9000, flags: {{block-size: 16}}}}
+proxy: {{node: h1, port: 7850}}
+""",
+    )
+    up = cli("up", str(topo))
+    assert up.returncode == 0, up.stderr
+    addr = hosts.host("h1").address
+    assert "master_" in metrics(f"http://{addr}:9003")  # the real master answers on its metrics port
+    body = completion(f"http://{addr}:7850", list(range(1, 100)))
+    assert body["usage"]["completion_tokens"] == 4
+    # Decode got the prompt's KV "from the prefiller" (kv_transfer_params), so it prefilled almost nothing.
+    decode = metrics(f"http://{hosts.host('h2').address}:9000")
+    hits = sum(float(x.rsplit(" ", 1)[1]) for x in decode.splitlines()
+               if x.startswith("vllm:external_prefix_cache_hits_total"))  # fmt: skip
+    assert hits == 98
+    assert cli("down", "t-p2p").returncode == 0
+    assert hosts.processes_of("t-p2p") == []
+
+
+def test_unreachable_node_fails_preflight_fast(tmp_path: Path, hosts: Cluster, cli: Cli) -> None:
+    nowhere = hosts.unused_address
+    topo = write(tmp_path, centralized(hosts, "t-unreach").replace(hosts.host("h2").address, nowhere))
+    started = time.monotonic()
+    up = cli("up", str(topo))
+    assert up.returncode == 3, up.stderr
+    assert f"node h2 ({nowhere}): unreachable" in up.stderr
+    assert time.monotonic() - started < 40  # within the 10 s connect timeout, plus start-up
+    assert hosts.processes_of("t-unreach") == []
+
+
+def test_storage_that_is_not_shared_fails_preflight(tmp_path: Path, hosts: Cluster, cli: Cli) -> None:
+    topo = write(tmp_path, centralized(hosts, "t-private", backend=hosts.private / "store"))
+    up = cli("up", str(topo))
+    assert up.returncode == 3
+    assert (
+        f"node h2: storage backend {hosts.private / 'store'} is not the filesystem node h1 wrote to"
+        in up.stderr
+    )
+    assert hosts.processes_of("t-private") == []
+
+
+def test_a_server_that_dies_during_start_fails_up_and_leaves_nothing(
+    tmp_path: Path, hosts: Cluster, cli: Cli
+) -> None:
+    text = centralized(hosts, "t-dies").replace(
+        "  port: 8200\n  flags: {block-size: 16, kv-bytes-per-token: 2048}",
+        "  port: 8200\n  flags: {block-size: 16, max-num-seqs: 0}",  # the simulator refuses and exits
+    )
+    up = cli("up", str(write(tmp_path, text)))
+    assert up.returncode == 1
+    assert "failed: the process exited before it became healthy" in up.stderr
+    assert "--max-num-seqs must be at least 1" in up.stderr  # its log tail is shown
+    assert "stopped everything this `up` started" in up.stderr
+    assert hosts.processes_of("t-dies") == []
+    assert cli("status", "t-dies").returncode == 2  # no record left behind
+
+
+def test_down_finds_processes_after_the_local_record_is_lost(
+    tmp_path: Path, hosts: Cluster, cli: Cli
+) -> None:
+    topo = write(tmp_path, centralized(hosts, "t-lost"))
+    assert cli("up", str(topo)).returncode == 0
+    record = tmp_path / "home" / "deployments" / "t-lost.json"
+    record.unlink()
+    assert cli("down", "t-lost").returncode == 2  # by name it is unknown now ...
+    again = cli("up", str(topo))  # ... and a new `up` sees the old run on the nodes
+    assert again.returncode == 3 and "already runs on the nodes" in again.stderr
+    down = cli("down", str(topo))  # ... but the topology leads to the run directories
+    assert down.returncode == 0 and "5 processes stopped" in down.stdout
+    assert hosts.processes_of("t-lost") == []
+
+
+def test_shell_metacharacters_in_the_topology_are_harmless(tmp_path: Path, hosts: Cluster, cli: Cli) -> None:
+    evil = "sim model $(touch /var/tmp/ucmctl-pwned) `id` ; echo pwned"
+    text = f"""
+name: t-quote
+mode: mixed
+engine: sim
+model: {{path: {json.dumps(evil)}}}
+nodes:
+{node_lines(hosts, ["h3"])}
+mixed:
+  nodes: [h3]
+  port: 8300
+  env: {{EVIL: "$(touch /var/tmp/ucmctl-pwned2)"}}
+"""
+    up = cli("up", str(write(tmp_path, text)))
+    assert up.returncode == 0, up.stderr
+    with urllib.request.urlopen(f"http://{hosts.host('h3').address}:8300/v1/models", timeout=10) as r:
+        assert json.loads(r.read())["data"][0]["id"] == evil
+    assert cli("down", "t-quote").returncode == 0
+    assert not Path("/var/tmp/ucmctl-pwned").exists() and not Path("/var/tmp/ucmctl-pwned2").exists()
+    assert hosts.processes_of("t-quote") == []

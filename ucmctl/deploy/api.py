@@ -1,0 +1,309 @@
+"""`up` and `down` as functions: what the CLI and the benchmark suites call."""
+
+from __future__ import annotations
+
+import posixpath
+import shlex
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+
+from ucmctl.deploy import lifecycle
+from ucmctl.deploy.executor import Executor, NodeError, executor_for
+from ucmctl.deploy.health import wait_healthy
+from ucmctl.deploy.preflight import preflight
+from ucmctl.deploy.progress import Progress
+from ucmctl.deploy.state import ProcessState, Record, StateStore
+from ucmctl.errors import ExitStatus, Problem, UcmctlError
+from ucmctl.plan.build import build_plan
+from ucmctl.plan.model import Plan, Process
+from ucmctl.topology.model import Engine, Topology
+
+# How long a process may take to become healthy, by role and engine.
+HEALTH_TIMEOUT = {"mooncake": 60.0, "proxy": 60.0, "server-vllm": 900.0, "server-sim": 60.0}
+
+
+@dataclass
+class Options:
+    keep_on_failure: bool = False
+    skip_preflight: bool = False
+    connect_timeout: float = 10.0
+    stop_grace: float = 15.0
+    health_timeout: float | None = None  # overrides HEALTH_TIMEOUT
+
+
+class Session:
+    """Executors of one plan's nodes, opened lazily and closed together."""
+
+    def __init__(self, plan: Plan, connect_timeout: float = 10.0) -> None:
+        self.plan = plan
+        self._executors: dict[str, Executor] = {}
+        self.connect_timeout = connect_timeout
+
+    def __getitem__(self, node: str) -> Executor:
+        if node not in self._executors:
+            self._executors[node] = executor_for(self.plan.nodes[node], connect_timeout=self.connect_timeout)
+        return self._executors[node]
+
+    def all(self) -> dict[str, Executor]:
+        return {name: self[name] for name in self.plan.nodes if self.plan.on_node(name)}
+
+    def close(self) -> None:
+        for ex in self._executors.values():
+            ex.close()
+
+
+def parallel(items: Iterable[Process], work: Callable[[Process], object]) -> list[object]:
+    items = list(items)
+    if not items:
+        return []
+    with ThreadPoolExecutor(max_workers=min(32, len(items))) as pool:
+        return list(pool.map(work, items))
+
+
+def deploy_up(
+    topology: Topology,
+    topology_path: str,
+    *,
+    options: Options | None = None,
+    console: Console | None = None,
+    store: StateStore | None = None,
+) -> Record:
+    """Preflight, stage, start stage by stage with health gates; on failure stop what started."""
+    options = options or Options()
+    console = console or Console(stderr=True)
+    store = store or StateStore()
+    plan = build_plan(topology)
+    existing = store.load(plan.deployment)
+    session = Session(plan, options.connect_timeout)
+    try:
+        if existing is not None and existing.status in ("starting", "up", "failed"):
+            running = [p.name for p in existing.plan.processes if _alive(session, p)]
+            if running:
+                raise UcmctlError.one(
+                    f"deployment '{plan.deployment}' is already up ({len(running)} processes running)",
+                    fix=f"run `ucmctl down {plan.deployment}` first",
+                )
+        if not options.skip_preflight:
+            console.print(f"preflight on {len(session.all())} nodes ...")
+            problems = preflight(topology, plan, session.all())
+            problems += _already_running(session, plan)
+            if problems:
+                raise UcmctlError([Problem(p) for p in problems], status=ExitStatus.NOT_READY)
+        record = Record(
+            deployment=plan.deployment,
+            topology_path=topology_path,
+            topology_digest=plan.topology_digest,
+            plan=plan,
+            processes={p.name: ProcessState(name=p.name, node=p.node) for p in plan.processes},
+        )
+        store.save(record)  # before anything starts: `down` can always find what this run did
+        _stage_files(session, plan)
+        progress = Progress(plan, console)
+        failure: tuple[Process, str] | None = None
+        with progress:
+            for stage in plan.stages():
+                failure = _start_stage(session, record, store, stage, progress, topology, options)
+                if failure:
+                    break
+        if failure is None:
+            record.status = "up"
+            store.save(record)
+            return record
+        process, reason = failure
+        tail = lifecycle.log_tail(session[process.node], process, 50)
+        console.print(f"[red]{process.name}[/] on node {process.node} failed: {reason}")
+        console.print(f"last 50 lines of {process.log}:", markup=False)
+        console.print(tail or "(empty)", markup=False, highlight=False)
+        record.status = "failed"
+        store.save(record)
+        if not options.keep_on_failure:
+            _, not_stopped = _stop_all(session, plan, options.stop_grace, console)
+            if not not_stopped:
+                store.remove(plan.deployment)
+                console.print("stopped everything this `up` started")
+        else:
+            console.print(f"kept running for debugging: `ucmctl down {plan.deployment}` stops it")
+        raise UcmctlError.one(
+            f"{process.name} on node {process.node} failed: {reason}", status=ExitStatus.FAILURE
+        )
+    except NodeError as exc:
+        raise UcmctlError.one(str(exc), status=ExitStatus.FAILURE) from None
+    finally:
+        session.close()
+
+
+def _alive(session: Session, process: Process) -> bool:
+    try:
+        return lifecycle.alive(session[process.node], process) is not None
+    except NodeError:
+        return False
+
+
+def _already_running(session: Session, plan: Plan) -> list[str]:
+    """Pidfiles of a live earlier run of this deployment (say, after the local record was lost)."""
+    found = [p for p in plan.processes if _alive(session, p)]
+    if not found:
+        return []
+    names = ", ".join(p.name for p in found)
+    return [f"deployment '{plan.deployment}' already runs on the nodes ({names}): "
+            f"run `ucmctl down {plan.deployment}` first"]  # fmt: skip
+
+
+def _stage_files(session: Session, plan: Plan) -> None:
+    def put_all(process: Process) -> None:
+        ex = session[process.node]
+        for f in process.files:
+            ex.put(f.path, f.content, f.mode)
+
+    parallel(plan.processes, put_all)
+
+
+def _health_timeout(process: Process, topology: Topology, options: Options) -> float:
+    if options.health_timeout is not None:
+        return options.health_timeout
+    if process.role in ("mooncake", "proxy"):
+        return HEALTH_TIMEOUT[process.role]
+    return HEALTH_TIMEOUT["server-sim" if topology.engine is Engine.sim else "server-vllm"]
+
+
+def _start_stage(
+    session: Session,
+    record: Record,
+    store: StateStore,
+    stage: list[Process],
+    progress: Progress,
+    topology: Topology,
+    options: Options,
+) -> tuple[Process, str] | None:
+    def start_one(process: Process) -> str | None:
+        ex = session[process.node]
+        progress.set(process.name, "starting")
+        try:
+            started = lifecycle.start(ex, process)
+        except NodeError as exc:
+            return exc.reason
+        record.processes[process.name].pgid = started.pgid
+        record.processes[process.name].started_at = time.time()
+        store.save(record)
+        progress.set(process.name, "waiting for health")
+        reason = wait_healthy(
+            process.health,
+            timeout=_health_timeout(process, topology, options),
+            still_alive=lambda: lifecycle.alive(ex, process) is not None,
+        )
+        progress.set(process.name, "healthy" if reason is None else "failed")
+        return reason
+
+    reasons = parallel(stage, start_one)
+    for process, reason in zip(stage, reasons, strict=True):
+        if reason is not None:
+            return process, str(reason)
+    return None
+
+
+def _stop_all(
+    session: Session, plan: Plan, grace: float, console: Console
+) -> tuple[list[tuple[Process, lifecycle.Stopped]], list[Process]]:
+    """Reverse start order, each stage in parallel; returns what stopped and what could not be."""
+    results: list[tuple[Process, lifecycle.Stopped]] = []
+    failed: list[Process] = []
+    for stage in reversed(plan.stages()):
+
+        def stop_one(process: Process) -> tuple[Process, lifecycle.Stopped | None]:
+            try:
+                return process, lifecycle.stop(session[process.node], process, grace=grace)
+            except NodeError as exc:
+                console.print(f"[yellow]could not stop {process.name}:[/] {exc.reason}")
+                return process, None
+
+        for process, stopped in parallel(stage, stop_one):  # type: ignore[misc]
+            if stopped is None:
+                failed.append(process)
+            else:
+                results.append((process, stopped))
+    return results, failed
+
+
+def deploy_down(
+    deployment_or_plan: str | Plan,
+    *,
+    grace: float = 15.0,
+    console: Console | None = None,
+    store: StateStore | None = None,
+) -> list[tuple[str, str, bool]]:
+    """Stop every process of a deployment; returns (process, node, was running)."""
+    console = console or Console(stderr=True)
+    store = store or StateStore()
+    if isinstance(deployment_or_plan, Plan):
+        plan = deployment_or_plan
+    else:
+        record = store.load(deployment_or_plan)
+        if record is None:
+            raise UcmctlError.one(
+                f"no deployment named '{deployment_or_plan}' on this machine",
+                fix="pass the topology file instead: `ucmctl down TOPOLOGY` finds its processes on the nodes",
+            )
+        plan = record.plan
+    session = Session(plan)
+    try:
+        stopped, failed = _stop_all(session, plan, grace, console)
+    finally:
+        session.close()
+    if failed:  # keep the record: a later `down` must still find these
+        names = ", ".join(f"{p.name} ({p.node})" for p in failed)
+        raise UcmctlError.one(f"could not stop {names}", status=ExitStatus.FAILURE,
+                              fix="check the node, then run `ucmctl down` again")  # fmt: skip
+    store.remove(plan.deployment)
+    return [(p.name, p.node, s.was_running) for p, s in stopped]
+
+
+def purge(topology: Topology) -> int:
+    """Delete the store's block folders (`<backend>/<3 hex digits>/`) from one node; returns how many."""
+    assert topology.storage is not None
+    plan = build_plan(topology)
+    node = next(p.node for p in plan.processes if any(f.path.endswith("ucm_config.yaml") for f in p.files))
+    session = Session(plan)
+    removed = 0
+    try:
+        for backend in topology.storage.storage_backends:
+            q = shlex.quote(backend)
+            script = (f"cd {q} 2>/dev/null || exit 0; n=0; for d in [0-9a-f][0-9a-f][0-9a-f]; do "
+                      '[ -d "$d" ] && rm -rf -- "$d" && n=$((n + 1)); done; echo $n')  # fmt: skip
+            done = session[node].run(script, timeout=600)
+            removed += int(done.stdout.strip() or 0)
+    finally:
+        session.close()
+    return removed
+
+
+def install_wheel(topology: Topology, wheel: Path, *, no_deps: bool = False) -> list[tuple[str, str]]:
+    """Copy the wheel to each node's run folder and pip-install it with the node's Python."""
+    plan = build_plan(topology)
+    data = wheel.read_bytes()
+    session = Session(plan)
+
+    def one(node: str) -> tuple[str, str]:
+        ex = session[node]
+        target = f"{posixpath.dirname(plan.nodes[node].run_dir)}/wheels/{wheel.name}"
+        ex.put(target, data)
+        flags = "--no-deps " if no_deps else ""
+        python = shlex.quote(plan.nodes[node].python)
+        done = ex.run(
+            f"{python} -m pip install --quiet --force-reinstall {flags}{shlex.quote(target)}", timeout=900
+        )
+        if not done.ok:
+            return node, f"failed: {(done.stderr or done.stdout).strip().splitlines()[-1:]}"
+        return node, f"installed {wheel.name}"
+
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, len(plan.nodes))) as pool:
+            return list(pool.map(one, list(plan.nodes)))
+    except NodeError as exc:
+        raise UcmctlError.one(str(exc), status=ExitStatus.FAILURE) from None
+    finally:
+        session.close()

@@ -1,0 +1,105 @@
+"""`status` and `logs`: read what runs, from the nodes, for a deployment."""
+
+from __future__ import annotations
+
+import shlex
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from rich.console import Console
+from rich.table import Table
+
+from ucmctl.deploy import lifecycle
+from ucmctl.deploy.api import Session
+from ucmctl.deploy.executor import NodeError
+from ucmctl.deploy.health import probe
+from ucmctl.deploy.state import Record
+from ucmctl.plan.model import Process
+
+
+def status_table(record: Record) -> Table:
+    session = Session(record.plan, connect_timeout=5)
+
+    def look(p: Process) -> tuple[str, str]:
+        try:
+            running = lifecycle.alive(session[p.node], p) is not None
+        except NodeError:
+            return "node unreachable", "?"
+        if not running:
+            return "stopped", "-"
+        return "running", ("healthy" if p.health and probe(p.health[-1]) else "unhealthy")
+
+    try:
+        with ThreadPoolExecutor(max_workers=16) as pool:
+            looks = list(pool.map(look, record.plan.processes))
+    finally:
+        session.close()
+    table = Table(title=f"deployment {record.deployment} ({record.status})")
+    for column in ("process", "node", "role", "ports", "state", "health", "uptime", "restarts"):
+        table.add_column(column)
+    now = time.time()
+    for p, (state, health) in zip(record.plan.processes, looks, strict=True):
+        ps = record.processes.get(p.name)
+        started = ps.started_at if ps else None
+        uptime = _duration(now - started) if started and state == "running" else "-"
+        color = {"healthy": "green", "unhealthy": "red"}.get(health, "dim")
+        ports = ",".join(f"{k}:{v}" for k, v in p.ports.items())
+        table.add_row(p.name, p.node, p.role, ports, state, f"[{color}]{health}[/]", uptime,
+                      str(ps.restarts if ps else 0))  # fmt: skip
+    return table
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    if seconds < 120:
+        return f"{seconds}s"
+    if seconds < 7200:
+        return f"{seconds // 60}m"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def show_logs(record: Record, names: list[str], lines: int, follow: bool, console: Console) -> None:
+    """Last `lines` of each process's log, prefixed `process@node |`; with follow, keep reading."""
+    processes = [p for p in record.plan.processes if not names or p.name in names]
+    session = Session(record.plan, connect_timeout=5)
+    offsets: dict[str, int] = {}
+    try:
+        for p in processes:
+            size, text = _read(session, p, None, lines)
+            offsets[p.name] = size
+            _print(console, p, text)
+        while follow:
+            time.sleep(1.0)
+            for p in processes:
+                size, text = _read(session, p, offsets[p.name], lines)
+                if size < offsets[p.name]:  # the log was truncated or replaced: start over
+                    size, text = _read(session, p, 0, lines)
+                offsets[p.name] = size
+                _print(console, p, text)
+    finally:
+        session.close()
+
+
+def _read(session: Session, p: Process, offset: int | None, lines: int) -> tuple[int, str]:
+    log = shlex.quote(p.log)
+    if offset is None:
+        cmd = f"[ -f {log} ] || exit 0; wc -c < {log}; tail -n {int(lines)} {log}"
+    else:
+        cmd = f"[ -f {log} ] || exit 0; wc -c < {log}; tail -c +{int(offset) + 1} {log} | head -c 1048576"
+    try:
+        done = session[p.node].run(cmd, timeout=30)
+    except NodeError as exc:
+        return offset or 0, f"(node unreachable: {exc.reason})\n"
+    first, _, rest = done.stdout.partition("\n")
+    if not first.strip().isdigit():
+        return offset or 0, ""
+    size = int(first.strip())
+    if offset is not None:
+        rest = rest[: max(0, size - offset)]
+    return size, rest
+
+
+def _print(console: Console, p: Process, text: str) -> None:
+    prefix = f"{p.name}@{p.node} | "
+    for line in text.splitlines():
+        console.print(prefix + line, markup=False, highlight=False, soft_wrap=True)

@@ -1,0 +1,119 @@
+"""Process lifecycle on a node, independent of the SSH channel that started it.
+
+A process runs in its own session (`setsid`) with every standard stream redirected; its pidfile
+is written by the new session leader itself, so the pid in it is the process-group id. Stopping
+signals the whole group (TERM, a grace period, then KILL). A group counts as alive while any
+member is not a zombie, and it is only signalled when a member carries this process's
+`UCMCTL_PROCESS` marker in its environment: a recycled pid is never killed. Processes are never
+matched by name.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+
+from ucmctl.deploy.executor import Executor, NodeError
+from ucmctl.plan.model import Process
+
+# Prints the number of live (non-zombie) members of process group $1 that carry marker $2.
+_MEMBERS = r"""
+members() {
+  for p in $(ps -e -o pid=,pgid=,stat= | awk -v g="$1" '$2 == g && $3 !~ /^Z/ {print $1}'); do
+    if tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qx "$2"; then echo "$p"; fi
+  done | wc -l
+}
+"""
+
+
+def marker(process: Process) -> str:
+    return f"UCMCTL_PROCESS={process.name}@{process.launch}"
+
+
+@dataclass(frozen=True)
+class Started:
+    pgid: int
+
+
+@dataclass(frozen=True)
+class Stopped:
+    was_running: bool
+    killed: bool  # needed SIGKILL after the grace period
+
+
+def start(ex: Executor, process: Process, *, wait: float = 10) -> Started:
+    """Start the launch script detached; returns the process-group id from its pidfile."""
+    pidfile, log, launch = (shlex.quote(x) for x in (process.pidfile, process.log, process.launch))
+    mark = shlex.quote(marker(process))
+    tries = int(wait * 10)
+    script = f"""
+set -u
+rm -f {pidfile}
+setsid env {mark} sh -c 'echo $$ > "$0.tmp" && mv "$0.tmp" "$0"; exec sh "$1"' {pidfile} {launch} \\
+  >>{log} 2>&1 </dev/null &
+i=0
+while [ ! -s {pidfile} ] && [ $i -lt {tries} ]; do sleep 0.1; i=$((i + 1)); done
+[ -s {pidfile} ] || {{ echo "no pidfile after {wait:.0f} s" >&2; exit 3; }}
+cat {pidfile}
+"""
+    done = ex.run(script, timeout=wait + 30)
+    if not done.ok:
+        raise NodeError(
+            ex.node.name, f"could not start {process.name}: {done.stderr.strip() or done.stdout.strip()}"
+        )
+    return Started(int(done.stdout.split()[-1]))
+
+
+def alive(ex: Executor, process: Process) -> int | None:
+    """The process group id if the process is running (per its pidfile), else None."""
+    pidfile, mark = shlex.quote(process.pidfile), shlex.quote(marker(process))
+    script = (
+        _MEMBERS
+        + f"""
+[ -s {pidfile} ] || exit 0
+g=$(cat {pidfile})
+[ "$(members "$g" {mark})" -gt 0 ] && echo "$g"
+exit 0
+"""
+    )
+    done = ex.run(script, timeout=30)
+    out = done.stdout.strip()
+    return int(out) if out.isdigit() else None
+
+
+def stop(ex: Executor, process: Process, *, grace: float = 10) -> Stopped:
+    """TERM the group, wait up to `grace` seconds, KILL what is left, remove the pidfile."""
+    pidfile, mark = shlex.quote(process.pidfile), shlex.quote(marker(process))
+    tries = int(grace * 10)
+    script = (
+        _MEMBERS
+        + f"""
+[ -s {pidfile} ] || {{ echo absent; exit 0; }}
+g=$(cat {pidfile})
+case "$g" in *[!0-9]*|''|0|1) rm -f {pidfile}; echo absent; exit 0 ;; esac
+if [ "$(members "$g" {mark})" -eq 0 ]; then rm -f {pidfile}; echo absent; exit 0; fi
+kill -TERM -"$g" 2>/dev/null  # dash's kill takes no `--`
+i=0
+while [ "$(members "$g" {mark})" -gt 0 ] && [ $i -lt {tries} ]; do sleep 0.1; i=$((i + 1)); done
+if [ "$(members "$g" {mark})" -gt 0 ]; then
+  kill -KILL -"$g" 2>/dev/null
+  i=0
+  while [ "$(members "$g" {mark})" -gt 0 ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
+  if [ "$(members "$g" {mark})" -gt 0 ]; then echo "process group $g survived SIGKILL" >&2; exit 4; fi
+  echo killed
+else
+  echo stopped
+fi
+rm -f {pidfile}
+"""
+    )
+    done = ex.run(script, timeout=grace + 30)
+    if not done.ok:
+        raise NodeError(ex.node.name, f"could not stop {process.name}: {done.stderr.strip()}")
+    word = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else "absent"
+    return Stopped(was_running=word != "absent", killed=word == "killed")
+
+
+def log_tail(ex: Executor, process: Process, lines: int = 50) -> str:
+    done = ex.run(f"tail -n {int(lines)} {shlex.quote(process.log)} 2>/dev/null", timeout=30)
+    return done.stdout

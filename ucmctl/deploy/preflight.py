@@ -1,0 +1,175 @@
+"""Checks on every node, in parallel, before anything starts: each failure is one line."""
+
+from __future__ import annotations
+
+import shlex
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from ucmctl.deploy.executor import Executor, NodeError
+from ucmctl.plan.model import Plan, Process
+from ucmctl.topology.model import Engine, Topology
+
+# One round trip per node: facts as KEY=VALUE lines.
+_FACTS = r"""
+PY={python}
+echo "python=$($PY -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])' 2>/dev/null)"
+echo "engine=$($PY -c '{engine_probe}' 2>/dev/null)"
+echo "connector=$($PY -c '{connector_probe}' 2>/dev/null)"
+echo "nvidia=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')"
+echo "npu=$(npu-smi info -l 2>/dev/null | awk -F: '/Total Count/ {{gsub(/ /, "", $2); print $2}}')"
+echo "cpus=$(nproc 2>/dev/null)"
+echo "shm_kb=$(df -Pk /dev/shm 2>/dev/null | awk 'NR==2 {{print $4}}')"
+echo "mem_kb=$(awk '/MemAvailable/ {{print $2}}' /proc/meminfo 2>/dev/null)"
+echo "listening=$(ss -ltnH 2>/dev/null | awk '{{n=split($4, a, ":"); print a[n]}}' | sort -un | tr '\n' ,)"
+echo "mooncake=$(command -v {mooncake} >/dev/null 2>&1 && echo 1 || echo 0)"
+"""
+
+_CONNECTOR_PROBE = (
+    "import importlib.util as u; "
+    'print(int(all(u.find_spec(m) is not None for m in ("ucm_connector", "ucm_store"))))'
+)
+_ENGINE_PROBES = {
+    Engine.vllm: 'import importlib.metadata as m; print(m.version("vllm"))',
+    Engine.sim: 'import ucmctl; print("sim " + ucmctl.__version__)',
+}
+
+
+@dataclass
+class NodeFacts:
+    node: str
+    facts: dict[str, str] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+
+def preflight(topology: Topology, plan: Plan, executors: dict[str, Executor]) -> list[str]:
+    """Every problem found on every node (empty: ready to start)."""
+    with ThreadPoolExecutor(max_workers=max(1, len(executors))) as pool:
+        results = list(pool.map(lambda n: _node_checks(topology, plan, executors[n]), executors))
+    problems = [p for r in results for p in r.problems]
+    reachable = [r for r in results if r.facts]
+    if topology.engine is Engine.vllm:
+        versions = {r.node: r.facts.get("engine", "") for r in reachable if r.facts.get("engine")}
+        if len(set(versions.values())) > 1:
+            listed = ", ".join(f"{n} {v}" for n, v in sorted(versions.items()))
+            problems.append(f"vLLM versions differ between nodes ({listed}): install one version everywhere")
+    if topology.storage is not None and len(reachable) == len(results):
+        problems += _shared_storage(topology, plan, executors)
+    return problems
+
+
+def _node_checks(topology: Topology, plan: Plan, ex: Executor) -> NodeFacts:
+    node = plan.nodes[ex.node.name]
+    out = NodeFacts(node.name)
+    where = f"node {node.name} ({node.host})"
+    mooncake = _mooncake_tool(plan)
+    script = _FACTS.format(
+        python=shlex.quote(node.python),
+        engine_probe=_ENGINE_PROBES[topology.engine],
+        connector_probe=_CONNECTOR_PROBE,
+        mooncake=shlex.quote(mooncake or "mooncake_master"),
+    )
+    try:
+        done = ex.run(script, timeout=60)
+    except NodeError as exc:
+        out.problems.append(f"{where}: unreachable: {exc.reason}")
+        return out
+    for line in done.stdout.splitlines():
+        key, _, value = line.partition("=")
+        out.facts[key] = value.strip()
+    f = out.facts
+    processes = plan.on_node(node.name)
+    servers = [p for p in processes if p.role in ("prefill", "decode", "mixed")]
+    if not f.get("python"):
+        out.problems.append(
+            f"{where}: Python '{node.python}' not found: set nodes.{node.name}.python or venv"
+        )
+        return out
+    if servers and not f.get("engine"):
+        what = "vLLM" if topology.engine is Engine.vllm else "ucmctl (for the simulator)"
+        out.problems.append(f"{where}: {what} is not installed for {node.python}")
+    needs_connector = (
+        topology.storage is not None
+        and topology.engine is Engine.vllm
+        and any("UCMConnector" in " ".join(p.argv) for p in servers)
+    )
+    if needs_connector and f.get("connector") != "1":
+        out.problems.append(
+            f"{where}: the UCM connector (ucm_connector, ucm_store) is not importable by {node.python}: "
+            "run `ucmctl install --wheel dist/ucmctl-*.whl TOPOLOGY`"
+        )
+    out.problems += _devices(where, node.platform, node.devices, servers, f)
+    if topology.storage is not None and servers and "Cache" in topology.storage.store_pipeline:
+        need_kb = int(topology.storage.cache_buffer_capacity_gb * 2**20) * len(servers)
+        for key, label in (("shm_kb", "/dev/shm"), ("mem_kb", "available RAM")):
+            have = int(f.get(key) or 0)
+            if have and have < need_kb:
+                out.problems.append(
+                    f"{where}: {label} has {have / 2**20:.1f} GiB free but {len(servers)} server(s) x "
+                    f"cache_buffer_capacity_gb {topology.storage.cache_buffer_capacity_gb} need "
+                    f"{need_kb / 2**20:.1f} GiB: lower storage.cache_buffer_capacity_gb"
+                )
+    listening = {int(p) for p in f.get("listening", "").split(",") if p.isdigit()}
+    for p in processes:
+        for label, port in p.ports.items():
+            if port in listening:
+                out.problems.append(f"{where}: port {port} ({p.name} {label}) is already in use")
+    if mooncake and any(p.role == "mooncake" for p in processes) and f.get("mooncake") != "1":
+        out.problems.append(
+            f"{where}: mooncake_master not found: pip install mooncake-transfer-engine "
+            "(needs libibverbs1, librdmacm1, libnuma1)"
+        )
+    return out
+
+
+def _mooncake_tool(plan: Plan) -> str | None:
+    for p in plan.processes:
+        if p.role == "mooncake":
+            return p.argv[0]
+    return None
+
+
+def _devices(where: str, platform: str, devices: int, servers: list[Process], f: dict[str, str]) -> list[str]:
+    wanted = max((max(p.devices) + 1 for p in servers if p.devices), default=0)
+    if platform == "cpu" or wanted == 0:
+        return []
+    seen_key = {"cuda": "nvidia", "maca": "nvidia", "ascend": "npu"}.get(platform)
+    if seen_key is None:
+        return []  # no standard way to count MUSA cards here: trust the topology
+    seen = int(f.get(seen_key) or 0)
+    if seen < wanted:
+        tool = "nvidia-smi" if seen_key == "nvidia" else "npu-smi"
+        return [f"{where}: {tool} sees {seen} {platform} devices but the plan uses {wanted}"]
+    return []
+
+
+def _shared_storage(topology: Topology, plan: Plan, executors: dict[str, Executor]) -> list[str]:
+    """A marker written on one node must be read back on every other: one shared filesystem."""
+    assert topology.storage is not None
+    store_nodes = sorted({p.node for p in plan.processes if p.role in ("prefill", "decode", "mixed")
+                          and any("ucm_config" in f.path for f in p.files)})  # fmt: skip
+    if not store_nodes:
+        return []
+    problems: list[str] = []
+    token = uuid.uuid4().hex
+    for backend in topology.storage.storage_backends:
+        marker = f"{backend}/.ucmctl-shared-check-{token}"
+        writer = executors[store_nodes[0]]
+        made = writer.run(f"mkdir -p {shlex.quote(backend)} && echo {token} > {shlex.quote(marker)}")
+        if not made.ok:
+            problems.append(f"node {store_nodes[0]}: cannot write to storage backend {backend}: "
+                            f"{made.stderr.strip()}")  # fmt: skip
+            continue
+        try:
+            for name in store_nodes[1:]:
+                seen = executors[name].run(f"cat {shlex.quote(marker)} 2>/dev/null")
+                if seen.stdout.strip() != token:
+                    problems.append(
+                        f"node {name}: storage backend {backend} is not the filesystem node "
+                        f"{store_nodes[0]} wrote to: mount the same shared storage (NFS, 3FS) at {backend} "
+                        "on every node"
+                    )
+        finally:
+            writer.run(f"rm -f {shlex.quote(marker)}")
+    return problems

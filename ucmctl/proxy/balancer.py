@@ -1,0 +1,135 @@
+"""Instance state and routing: least loaded first, ties round-robin, optional prefix affinity."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from yarl import URL
+
+ROLES = ("prefill", "decode", "mixed")
+LoadKind = Literal["tokens", "requests"]
+
+
+@dataclass(eq=False)
+class Instance:
+    """One upstream API server and what the proxy knows of it right now."""
+
+    url: str
+    role: str
+    healthy: bool = True
+    removed: bool = False
+    requests: int = 0  # in flight
+    tokens: int = 0  # prompt tokens in flight
+    consecutive_failures: int = 0
+    requests_total: int = 0
+    failures_total: int = 0
+    output_chunks_total: int = 0
+    _urls: dict[str, URL] = field(default_factory=dict, repr=False)
+
+    def endpoint(self, path: str) -> URL:
+        """The URL of `path` on this instance, parsed once (yarl parsing is not free per request)."""
+        url = self._urls.get(path)
+        if url is None:
+            url = self._urls[path] = URL(self.url + path)
+        return url
+
+    def acquire(self, tokens: int) -> None:
+        """Count one request of `tokens` prompt tokens as in flight here."""
+        self.requests += 1
+        self.tokens += tokens
+        self.requests_total += 1
+
+    def release(self, tokens: int) -> None:
+        """The request counted by `acquire` is over."""
+        self.requests -= 1
+        self.tokens -= tokens
+
+
+class Pool:
+    """Every instance by role, and the choice of one for the next request."""
+
+    def __init__(self, *, affinity_entries: int = 65536) -> None:
+        self.by_role: dict[str, list[Instance]] = {role: [] for role in ROLES}
+        self._next: dict[str, int] = dict.fromkeys(ROLES, 0)
+        # prefix key -> instance; bounded so a stream of unique prompts cannot grow it forever
+        self._affinity: OrderedDict[bytes, Instance] = OrderedDict()
+        self._affinity_entries = affinity_entries
+
+    def add(self, url: str, role: str) -> Instance | None:
+        """Add an instance; None when it is already there."""
+        if role not in ROLES:
+            raise ValueError(f"unknown role {role!r}")
+        if any(i.url == url for i in self.by_role[role]):
+            return None
+        inst = Instance(url, role)
+        self.by_role[role].append(inst)
+        return inst
+
+    def remove(self, url: str, role: str | None = None) -> list[Instance]:
+        """Take an instance out of routing (requests in flight on it finish); returns those removed."""
+        gone: list[Instance] = []
+        for r in [role] if role else ROLES:
+            keep: list[Instance] = []
+            for inst in self.by_role.get(r, []):
+                (gone if inst.url == url else keep).append(inst)
+            self.by_role[r] = keep
+        for inst in gone:
+            inst.removed = True
+        if gone:
+            for key in [k for k, v in self._affinity.items() if v.removed]:
+                del self._affinity[key]
+        return gone
+
+    def all(self) -> list[Instance]:
+        """Every instance, prefill first."""
+        return [i for role in ROLES for i in self.by_role[role]]
+
+    def healthy(self, role: str) -> int:
+        """How many instances of `role` are in routing now."""
+        return sum(1 for i in self.by_role[role] if i.healthy)
+
+    def pick(
+        self,
+        role: str,
+        by: LoadKind,
+        *,
+        exclude: Iterable[Instance] = (),
+        affinity_key: bytes | None = None,
+    ) -> Instance | None:
+        """The instance for the next request of `role`, or None when no healthy one is left."""
+        skip = set(exclude) if exclude else ()
+        cands = [i for i in self.by_role[role] if i.healthy and i not in skip]
+        if not cands:
+            return None
+        if affinity_key is not None:
+            sticky = self._affinity.get(affinity_key)
+            if sticky is not None and sticky in cands:
+                self._affinity.move_to_end(affinity_key)
+                return sticky
+        chosen = self._least_loaded(role, cands, by)
+        if affinity_key is not None:
+            self._affinity[affinity_key] = chosen
+            self._affinity.move_to_end(affinity_key)
+            if len(self._affinity) > self._affinity_entries:
+                self._affinity.popitem(last=False)
+        return chosen
+
+    def _least_loaded(self, role: str, cands: list[Instance], by: LoadKind) -> Instance:
+        # scan from a rotating start so equal loads are served round-robin
+        n = len(cands)
+        start = self._next[role] % n
+        best, best_k, best_load = cands[start], 0, _load(cands[start], by)
+        for k in range(1, n):
+            inst = cands[(start + k) % n]
+            load = _load(inst, by)
+            if load < best_load:
+                best, best_k, best_load = inst, k, load
+        self._next[role] = start + best_k + 1
+        return best
+
+
+def _load(inst: Instance, by: LoadKind) -> tuple[int, int]:
+    return (inst.tokens, inst.requests) if by == "tokens" else (inst.requests, inst.tokens)

@@ -1,0 +1,54 @@
+"""`ucmctl proxy`: the command the Plan launches (the lead registers `proxy` on the main app)."""
+
+from __future__ import annotations
+
+import os
+
+import typer
+
+
+def proxy(
+    host: str = typer.Option("127.0.0.1", "--host", help="address to listen on"),
+    port: int = typer.Option(7802, "--port", help="port to listen on"),
+    mode: str = typer.Option(
+        "pd", "--mode", help="pd (prefill then decode) or mixed (one instance does both)"
+    ),
+    p2p: bool = typer.Option(False, "--p2p", help="ask prefillers for P2P KV transfer (kv_transfer_params)"),
+    prefiller: list[str] = typer.Option([], "--prefiller", help="prefill instance URL (repeat)"),
+    decoder: list[str] = typer.Option([], "--decoder", help="decode instance URL (repeat)"),
+    instance: list[str] = typer.Option([], "--instance", help="mixed-mode instance URL (repeat)"),
+    prefix_affinity: bool = typer.Option(
+        False, "--prefix-affinity", help="send prompts with the same leading block to the same instance"
+    ),
+    affinity_tokens: int = typer.Option(
+        128, "--affinity-tokens", help="length of that leading block, tokens"
+    ),
+    deployment: str | None = typer.Option(None, "--deployment", help="deployment name (a label in /metrics)"),
+    health_interval: float = typer.Option(2.0, "--health-interval", help="seconds between health checks"),
+    health_timeout: float = typer.Option(2.0, "--health-timeout", help="seconds a health check may take"),
+    unhealthy_after: int = typer.Option(2, "--unhealthy-after", help="failures in a row that take one out"),
+    retries: int = typer.Option(2, "--retries", help="retries of a leg on other instances before any byte"),
+    retry_backoff: float = typer.Option(0.02, "--retry-backoff", help="first retry's delay, s (doubles)"),
+    connect_timeout: float = typer.Option(5.0, "--connect-timeout", help="seconds to connect to an instance"),
+    read_timeout: float = typer.Option(
+        600.0, "--read-timeout", help="seconds an instance may stay silent (0: no limit)"
+    ),
+    max_connections: int = typer.Option(1024, "--max-connections", help="upstream connection pool size"),
+) -> None:
+    """Front prefill/decode (or mixed) instances: route by load, stream answers, survive failures.
+
+    Client API key: env UCMCTL_PROXY_API_KEY (never a flag: command lines end up in logs).
+    Key sent to the instances: env UCMCTL_PROXY_UPSTREAM_API_KEY.
+    """
+    from ucmctl.proxy.config import make_config
+
+    config = make_config(
+        host=host, port=port, mode=mode, p2p=p2p, prefillers=prefiller, decoders=decoder, instances=instance,
+        prefix_affinity=prefix_affinity, env=dict(os.environ), affinity_tokens=affinity_tokens,
+        deployment=deployment, health_interval=health_interval, health_timeout=health_timeout,
+        unhealthy_after=unhealthy_after, retries=retries, retry_backoff=retry_backoff,
+        connect_timeout=connect_timeout, read_timeout=read_timeout, max_connections=max_connections,
+    )  # fmt: skip
+    from ucmctl.proxy.app import run
+
+    run(config)

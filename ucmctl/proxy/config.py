@@ -1,0 +1,141 @@
+"""What the proxy runs with, checked once at start: a bad value is one clear line, exit code 2."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from yarl import URL
+
+from ucmctl.errors import UcmctlError
+
+MODES = ("pd", "mixed")
+API_KEY_ENV = "UCMCTL_PROXY_API_KEY"
+UPSTREAM_API_KEY_ENV = "UCMCTL_PROXY_UPSTREAM_API_KEY"
+
+
+@dataclass(frozen=True)
+class ProxyConfig:
+    """Everything the proxy needs; built by `make_config`, never from raw user input."""
+
+    host: str = "127.0.0.1"
+    port: int = 7802
+    mode: str = "pd"
+    p2p: bool = False
+    prefillers: tuple[str, ...] = ()
+    decoders: tuple[str, ...] = ()
+    instances: tuple[str, ...] = ()
+    prefix_affinity: bool = False
+    affinity_tokens: int = 128
+    deployment: str | None = None
+    health_interval: float = 2.0
+    health_timeout: float = 2.0
+    unhealthy_after: int = 2
+    retries: int = 2
+    retry_backoff: float = 0.02
+    connect_timeout: float = 5.0
+    read_timeout: float = 600.0
+    max_connections: int = 1024
+    max_body_mb: int = 64
+    api_key: str | None = field(default=None, repr=False)
+    upstream_api_key: str | None = field(default=None, repr=False)
+
+
+def normalize_url(url: str, flag: str) -> str:
+    """An instance's base URL (`http://host:port`), or a one-line error naming the flag."""
+    text = url.strip().rstrip("/")
+    if text.endswith("/v1"):  # users often paste the OpenAI base URL
+        text = text[:-3]
+    try:
+        parsed = URL(text)
+    except ValueError as exc:
+        raise UcmctlError.one(f"{flag} {url!r} is not a URL: {exc}", fix="write http://HOST:PORT") from None
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise UcmctlError.one(f"{flag} {url!r} is not an http(s) URL", fix="write http://HOST:PORT")
+    if parsed.path not in ("", "/") or parsed.query_string:
+        raise UcmctlError.one(f"{flag} {url!r} has a path or query", fix="give only http://HOST:PORT")
+    if parsed.explicit_port is None:
+        raise UcmctlError.one(f"{flag} {url!r} has no port", fix="write http://HOST:PORT")
+    return str(parsed.origin())
+
+
+def _urls(urls: list[str] | tuple[str, ...], flag: str) -> tuple[str, ...]:
+    out = tuple(normalize_url(u, flag) for u in urls)
+    dup = sorted({u for u in out if out.count(u) > 1})
+    if dup:
+        raise UcmctlError.one(f"{flag} {dup[0]} is given twice", fix="list each instance once")
+    return out
+
+
+def _positive(name: str, value: float, *, allow_zero: bool = False) -> None:
+    if value < 0 or (value == 0 and not allow_zero):
+        bound = "0 or more" if allow_zero else "more than 0"
+        raise UcmctlError.one(
+            f"{name} is {value}; it must be {bound}", fix=f"pass {name} with a value {bound}"
+        )
+
+
+def make_config(
+    *,
+    host: str,
+    port: int,
+    mode: str,
+    p2p: bool = False,
+    prefillers: list[str] | tuple[str, ...] = (),
+    decoders: list[str] | tuple[str, ...] = (),
+    instances: list[str] | tuple[str, ...] = (),
+    prefix_affinity: bool = False,
+    env: dict[str, str] | None = None,
+    **tuning: object,
+) -> ProxyConfig:
+    """Check the command line's values and return the config, or raise one UcmctlError."""
+    if mode not in MODES:
+        raise UcmctlError.one(f"--mode {mode!r} is not a mode", fix="use --mode pd or --mode mixed")
+    if not 1 <= port <= 65535:
+        raise UcmctlError.one(f"--port {port} is out of range", fix="use a port from 1 to 65535")
+    pre, dec, mix = (
+        _urls(prefillers, "--prefiller"),
+        _urls(decoders, "--decoder"),
+        _urls(instances, "--instance"),
+    )
+    if mode == "pd":
+        if mix:
+            raise UcmctlError.one(
+                "--instance is for --mode mixed", fix="use --prefiller/--decoder in pd mode"
+            )
+        if not pre or not dec:
+            missing = "--prefiller" if not pre else "--decoder"
+            raise UcmctlError.one(
+                f"pd mode needs at least one {missing}", fix=f"add {missing} http://HOST:PORT"
+            )
+    else:
+        if pre or dec:
+            raise UcmctlError.one(
+                "--prefiller/--decoder are for --mode pd", fix="use --instance in mixed mode"
+            )
+        if p2p:
+            raise UcmctlError.one("--p2p needs --mode pd", fix="drop --p2p or use --mode pd")
+        if not mix:
+            raise UcmctlError.one(
+                "mixed mode needs at least one --instance", fix="add --instance http://HOST:PORT"
+            )
+    for name in ("health_interval", "health_timeout", "connect_timeout"):
+        if name in tuning:
+            _positive("--" + name.replace("_", "-"), float(tuning[name]))  # type: ignore[arg-type]
+    for name in ("retries", "retry_backoff", "read_timeout"):
+        if name in tuning:
+            _positive("--" + name.replace("_", "-"), float(tuning[name]), allow_zero=True)  # type: ignore[arg-type]
+    for name in ("unhealthy_after", "affinity_tokens", "max_connections", "max_body_mb"):
+        if name in tuning and int(tuning[name]) < 1:  # type: ignore[call-overload]
+            flag = "--" + name.replace("_", "-")
+            raise UcmctlError.one(
+                f"{flag} is {tuning[name]}; it must be 1 or more", fix=f"pass {flag} 1 or more"
+            )
+    unknown = set(tuning) - set(ProxyConfig.__dataclass_fields__)
+    if unknown:
+        raise TypeError(f"unknown proxy settings: {sorted(unknown)}")
+    env = env or {}
+    return ProxyConfig(
+        host=host, port=port, mode=mode, p2p=p2p, prefillers=pre, decoders=dec, instances=mix,
+        prefix_affinity=prefix_affinity, api_key=env.get(API_KEY_ENV) or None,
+        upstream_api_key=env.get(UPSTREAM_API_KEY_ENV) or None, **tuning,  # type: ignore[arg-type]
+    )  # fmt: skip

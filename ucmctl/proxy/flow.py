@@ -1,0 +1,283 @@
+"""The request path: prefill leg with retries, then the decode (or mixed) leg relayed as it arrives."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from ucmctl.proxy import rewrite
+from ucmctl.proxy.balancer import Instance, LoadKind, Pool
+from ucmctl.proxy.config import ProxyConfig
+from ucmctl.proxy.health import record_failure, record_success
+from ucmctl.proxy.metrics import Metrics
+
+# errors of the upstream exchange itself (not of the client's side)
+UPSTREAM_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
+
+
+@dataclass
+class ProxyState:
+    """What every handler shares: settings, instances, metrics and the one client session."""
+
+    config: ProxyConfig
+    pool: Pool = field(default_factory=Pool)
+    metrics: Metrics = field(default_factory=Metrics)
+    session: aiohttp.ClientSession | None = None
+    upstream_headers: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def create(cls, config: ProxyConfig) -> ProxyState:
+        """The state for `config`, every configured instance in routing."""
+        state = cls(config)
+        for role, urls in (
+            ("prefill", config.prefillers),
+            ("decode", config.decoders),
+            ("mixed", config.instances),
+        ):
+            for url in urls:
+                state.pool.add(url, role)
+        # identity: relay the upstream's bytes as they are, no decompress and recompress
+        state.upstream_headers = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
+        if config.upstream_api_key:
+            state.upstream_headers["Authorization"] = f"Bearer {config.upstream_api_key}"
+        return state
+
+    def timeout(self) -> aiohttp.ClientTimeout:
+        """Per-leg timeouts: bounded connect and silence, no bound on a long generation."""
+        cfg = self.config
+        return aiohttp.ClientTimeout(
+            total=None, sock_connect=cfg.connect_timeout, sock_read=cfg.read_timeout or None
+        )
+
+
+class LegFailed(Exception):
+    """No instance could serve a leg; becomes the client's error response."""
+
+    def __init__(self, status: int, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.status, self.message, self.reason = status, message, reason
+
+
+def error_response(status: int, message: str, rid: str | None = None) -> web.Response:
+    """An OpenAI-style JSON error."""
+    kind = "invalid_request_error" if status < 500 else "upstream_error"
+    body = {"error": {"message": message, "type": kind, "code": status}}
+    headers = {"X-Request-Id": rid} if rid else None
+    return web.json_response(body, status=status, headers=headers)
+
+
+async def serve_generate(request: web.Request, state: ProxyState, path: str) -> web.StreamResponse:
+    """Serve one completion or chat request: prefill (pd mode) then the relayed answer."""
+    cfg, metrics = state.config, state.metrics
+    t0 = asyncio.get_running_loop().time()
+    metrics.requests[path] += 1
+    raw = await request.read()
+    rid = request.headers.get("X-Request-Id") or uuid.uuid4().hex
+    try:
+        body = rewrite.parse_body(raw, path)
+    except rewrite.BadRequest as exc:
+        metrics.errors["bad_request"] += 1
+        return error_response(400, str(exc), rid)
+    tokens = rewrite.prompt_tokens(body, path)
+    key = rewrite.prefix_key(body, path, cfg.affinity_tokens) if cfg.prefix_affinity else None
+    headers = {**state.upstream_headers, "X-Request-Id": rid}
+    try:
+        if cfg.mode == "pd":
+            kv_params = await _prefill(state, body, path, tokens, key, headers)
+            payload, role, leg_key = rewrite.decode_payload(raw, body, kv_params), "decode", None
+        else:
+            payload, role, leg_key = raw, "mixed", key
+        inst, resp = await _open(state, role, "requests", leg_key, tokens, path, payload, headers)
+    except LegFailed as exc:
+        metrics.errors[exc.reason] += 1
+        return error_response(exc.status, exc.message, rid)
+    except _Answered as answered:
+        return answered.response
+    try:
+        return await _relay(request, state, inst, resp, body.get("stream") is True, t0, rid)
+    finally:
+        resp.close()  # on any early exit this drops the upstream connection: the instance stops the request
+        inst.release(tokens)
+
+
+class _Answered(Exception):
+    """The prefiller refused the request (4xx): its answer goes to the client as it is."""
+
+    def __init__(self, response: web.Response) -> None:
+        super().__init__("answered")
+        self.response = response
+
+
+async def _prefill(
+    state: ProxyState,
+    body: dict[str, Any],
+    path: str,
+    tokens: int,
+    key: bytes | None,
+    headers: dict[str, str],
+) -> dict[str, Any] | None:
+    """Run the prefill leg; return the prefiller's kv_transfer_params (None when it gave none)."""
+    loop = asyncio.get_running_loop()
+    t = loop.time()
+    payload = rewrite.prefill_payload(body, p2p=state.config.p2p)
+    inst, resp = await _open(state, "prefill", "tokens", key, tokens, path, payload, headers)
+    try:
+        data = await resp.read()
+    except UPSTREAM_ERRORS as exc:
+        record_failure(inst, state.config.unhealthy_after)
+        raise LegFailed(
+            502, f"prefill instance {inst.url} failed mid-answer: {_why(exc)}", "upstream"
+        ) from None
+    finally:
+        resp.close()
+        inst.release(tokens)
+    if resp.status != 200:
+        ctype = resp.headers.get("Content-Type", "application/json")
+        state.metrics.errors["upstream_refused"] += 1
+        raise _Answered(web.Response(status=resp.status, body=data, headers={"Content-Type": ctype}))
+    state.metrics.prefill.observe(loop.time() - t)
+    return rewrite.kv_params_of(data)
+
+
+async def _open(
+    state: ProxyState,
+    role: str,
+    by: LoadKind,
+    key: bytes | None,
+    tokens: int,
+    path: str,
+    payload: bytes,
+    headers: dict[str, str],
+) -> tuple[Instance, aiohttp.ClientResponse]:
+    """Send a leg to the best instance, retrying others with backoff, until one answers below 500.
+
+    The caller owns the returned response and the instance's in-flight count (`release(tokens)`).
+    """
+    cfg, pool, session = state.config, state.pool, state.session
+    assert session is not None
+    tried: list[Instance] = []
+    last: LegFailed | None = None
+    for attempt in range(cfg.retries + 1):
+        inst = _pick(pool, role, by, tried, key)
+        if inst is None:
+            break
+        if attempt:
+            state.metrics.retries[role] += 1
+        tried.append(inst)
+        inst.acquire(tokens)
+        try:
+            resp = await session.post(
+                inst.endpoint(path), data=payload, headers=headers, timeout=state.timeout()
+            )
+        except aiohttp.ClientConnectorError as exc:  # nothing listens there: out of routing at once
+            inst.release(tokens)
+            record_failure(inst, cfg.unhealthy_after, refused=True)
+            last = LegFailed(503, f"{role} instance {inst.url} is unreachable: {_why(exc)}", "upstream")
+        except UPSTREAM_ERRORS as exc:
+            inst.release(tokens)
+            record_failure(inst, cfg.unhealthy_after)
+            last = LegFailed(502, f"{role} instance {inst.url} failed: {_why(exc)}", "upstream")
+        except BaseException:  # cancelled: the client went away
+            inst.release(tokens)
+            raise
+        else:
+            if resp.status < 500:
+                record_success(inst)
+                return inst, resp
+            text = await _short_body(resp)
+            inst.release(tokens)
+            record_failure(inst, cfg.unhealthy_after)
+            last = LegFailed(502, f"{role} instance {inst.url} answered {resp.status}: {text}", "upstream")
+        if attempt < cfg.retries:
+            await asyncio.sleep(cfg.retry_backoff * 2**attempt)
+    if last is None:
+        raise LegFailed(503, f"no healthy {role} instance", "no_instance")
+    raise last
+
+
+def _pick(pool: Pool, role: str, by: LoadKind, tried: list[Instance], key: bytes | None) -> Instance | None:
+    """Prefer an instance not tried yet; a tried one that is still healthy is better than none."""
+    return pool.pick(role, by, exclude=tried, affinity_key=key) or (
+        pool.pick(role, by, affinity_key=key) if tried else None
+    )
+
+
+async def _short_body(resp: aiohttp.ClientResponse) -> str:
+    try:
+        return (await resp.read())[:300].decode(errors="replace").strip()
+    except UPSTREAM_ERRORS as exc:
+        return _why(exc)
+    finally:
+        resp.close()
+
+
+async def _relay(
+    request: web.Request,
+    state: ProxyState,
+    inst: Instance,
+    resp: aiohttp.ClientResponse,
+    stream: bool,
+    t0: float,
+    rid: str,
+) -> web.StreamResponse:
+    """Copy the upstream's answer to the client read by read: no buffering, no parsing."""
+    metrics = state.metrics
+    loop = asyncio.get_running_loop()
+    out = web.StreamResponse(status=resp.status)
+    out.headers["Content-Type"] = resp.headers.get("Content-Type", "application/json")
+    out.headers["X-Request-Id"] = rid
+    if stream:
+        out.headers["Cache-Control"] = "no-cache"
+    elif resp.content_length is not None:
+        out.content_length = resp.content_length
+    counting = stream and resp.status == 200
+    content = resp.content
+    chunks = 0
+    first = True
+    try:
+        await out.prepare(request)
+        while True:
+            try:
+                chunk = await content.readany()
+            except UPSTREAM_ERRORS as exc:
+                return _upstream_broke(request, state, inst, exc, out)
+            if not chunk:
+                break
+            if first:
+                first = False
+                if stream:
+                    metrics.ttft.observe(loop.time() - t0)
+            if counting:
+                # one SSE event per token: a substring count is cheap, parsing each chunk is not
+                chunks += chunk.count(b"data:")
+            await out.write(chunk)
+        await out.write_eof()
+    except ConnectionError:  # the client went away mid-answer; the caller closes the upstream
+        metrics.errors["client_disconnect"] += 1
+        return out
+    finally:
+        inst.output_chunks_total += chunks
+    metrics.latency.observe(loop.time() - t0)
+    return out
+
+
+def _upstream_broke(
+    request: web.Request, state: ProxyState, inst: Instance, exc: BaseException, out: web.StreamResponse
+) -> web.StreamResponse:
+    """The upstream failed after bytes went out: cut the client's connection so the answer reads as broken."""
+    state.metrics.errors["upstream_mid_stream"] += 1
+    record_failure(inst, state.config.unhealthy_after)
+    # a clean end of a chunked body would pass a truncated answer off as complete
+    if request.transport is not None:
+        request.transport.abort()
+    return out
+
+
+def _why(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return text.splitlines()[0][:200] if text else type(exc).__name__

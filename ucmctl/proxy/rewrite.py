@@ -1,0 +1,140 @@
+"""Reading a client's request and writing the two legs of it (pure functions, no I/O)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+COMPLETIONS = "/v1/completions"
+CHAT = "/v1/chat/completions"
+CHARS_PER_TOKEN = 4  # a cheap estimate of text prompts' length; token-id prompts are counted exactly
+
+# what vLLM's P2P connectors expect on the prefill leg; the prefiller fills in the rest
+P2P_PREFILL_PARAMS: dict[str, Any] = {
+    "do_remote_decode": True,
+    "do_remote_prefill": False,
+    "remote_engine_id": None,
+    "remote_block_ids": None,
+    "remote_host": None,
+    "remote_port": None,
+}
+
+
+class BadRequest(Exception):
+    """The client's request cannot be served as sent; the message is the reason given back."""
+
+
+def parse_body(raw: bytes, path: str) -> dict[str, Any]:
+    """The request's JSON object, checked for what the proxy needs, or BadRequest with the reason."""
+    if not raw:
+        raise BadRequest("the request has no body; send a JSON object")
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"the body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise BadRequest(f"the body must be a JSON object, not {type(body).__name__}")
+    if path == CHAT:
+        messages = body.get("messages")
+        if messages is None:
+            raise BadRequest("missing field 'messages'")
+        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+            raise BadRequest("'messages' must be a non-empty list of objects")
+    else:
+        if "prompt" not in body:
+            raise BadRequest("missing field 'prompt'")
+        if not _valid_prompt(body["prompt"]):
+            raise BadRequest("'prompt' must be a string, a list of strings, or a list of token ids")
+    for name in ("max_tokens", "max_completion_tokens"):
+        value = body.get(name)
+        if value is not None and (type(value) is not int or value < 1):
+            raise BadRequest(f"'{name}' must be a positive integer")
+    if "stream" in body and not isinstance(body["stream"], bool):
+        raise BadRequest("'stream' must be true or false")
+    return body
+
+
+def _valid_prompt(prompt: Any) -> bool:
+    if isinstance(prompt, str):
+        return True
+    if not isinstance(prompt, list) or not prompt:
+        return False
+    first = prompt[0]
+    if isinstance(first, str):
+        return all(isinstance(p, str) for p in prompt)
+    if isinstance(first, list):
+        return all(isinstance(p, list) and p and all(type(t) is int for t in p) for p in prompt)
+    return all(type(t) is int for t in prompt)
+
+
+def _text_of(body: dict[str, Any], path: str) -> str | list[int]:
+    """The prompt as one string, or its token ids; what load and affinity are computed on."""
+    if path != CHAT:
+        prompt = body["prompt"]
+        if isinstance(prompt, str):
+            return prompt
+        if isinstance(prompt[0], str):
+            return "".join(prompt)
+        if isinstance(prompt[0], list):
+            return [t for p in prompt for t in p]
+        return prompt  # type: ignore[no-any-return]
+    parts: list[str] = []
+    for m in body["messages"]:
+        content = m.get("content")
+        if isinstance(content, str):
+            parts.append(content)
+        elif isinstance(content, list):
+            parts.extend(p.get("text", "") for p in content if isinstance(p, dict))
+    return "\n".join(parts)
+
+
+def prompt_tokens(body: dict[str, Any], path: str) -> int:
+    """The prompt's length in tokens: exact for token ids, estimated for text."""
+    prompt = _text_of(body, path)
+    if isinstance(prompt, str):
+        return len(prompt) // CHARS_PER_TOKEN + 1
+    return len(prompt)
+
+
+def prefix_key(body: dict[str, Any], path: str, tokens: int) -> bytes:
+    """A digest of the prompt's leading block of `tokens` tokens (and the model): the affinity key."""
+    prompt = _text_of(body, path)
+    if isinstance(prompt, str):
+        head = prompt[: tokens * CHARS_PER_TOKEN].encode()
+    else:
+        head = b",".join(b"%d" % t for t in prompt[:tokens])
+    model = str(body.get("model", "")).encode()
+    return hashlib.blake2b(model + b"\0" + head, digest_size=16).digest()
+
+
+def prefill_payload(body: dict[str, Any], *, p2p: bool) -> bytes:
+    """The prefill leg: the client's request cut to one token, not streamed, with P2P params if asked."""
+    leg = dict(body)
+    leg["max_tokens"] = 1
+    if "max_completion_tokens" in leg:
+        leg["max_completion_tokens"] = 1
+    for name in ("stream", "stream_options", "min_tokens"):
+        leg.pop(name, None)
+    if p2p:
+        leg["kv_transfer_params"] = dict(P2P_PREFILL_PARAMS)
+    else:
+        leg.pop("kv_transfer_params", None)
+    return json.dumps(leg, separators=(",", ":")).encode()
+
+
+def kv_params_of(prefill_response: bytes) -> dict[str, Any] | None:
+    """The `kv_transfer_params` a prefiller returned, or None when it returned none."""
+    try:
+        data = json.loads(prefill_response)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    params = data.get("kv_transfer_params") if isinstance(data, dict) else None
+    return params if isinstance(params, dict) and params else None
+
+
+def decode_payload(raw: bytes, body: dict[str, Any], kv_params: dict[str, Any] | None) -> bytes:
+    """The decode leg: the client's bytes untouched, unless the prefiller's KV params must ride along."""
+    if kv_params is None:
+        return raw
+    return json.dumps({**body, "kv_transfer_params": kv_params}, separators=(",", ":")).encode()
