@@ -82,7 +82,12 @@ def deploy_up(
     session = Session(plan, options.connect_timeout)
     try:
         if existing is not None and existing.status in ("starting", "up", "failed"):
-            running = [p.name for p in existing.plan.processes if _alive(session, p)]
+            earlier = Session(existing.plan, options.connect_timeout)  # its nodes may differ
+            try:
+                alive = parallel(existing.plan.processes, lambda p: _alive(earlier, p))
+            finally:
+                earlier.close()
+            running = [p.name for p, a in zip(existing.plan.processes, alive, strict=True) if a]
             if running:
                 raise UcmctlError.one(
                     f"deployment '{plan.deployment}' is already up ({len(running)} processes running)",
@@ -146,7 +151,8 @@ def _alive(session: Session, process: Process) -> bool:
 
 def _already_running(session: Session, plan: Plan) -> list[str]:
     """Pidfiles of a live earlier run of this deployment (say, after the local record was lost)."""
-    found = [p for p in plan.processes if _alive(session, p)]
+    running = parallel(plan.processes, lambda p: _alive(session, p))
+    found = [p for p, alive in zip(plan.processes, running, strict=True) if alive]
     if not found:
         return []
     names = ", ".join(p.name for p in found)

@@ -1,0 +1,90 @@
+"""`ucmctl up` on 8 hosts against the same per-host work on 1 host (target: at most 1.5x).
+
+    sudo python benchmarks/up_scaling.py [--hosts 8] [--repeats 3]
+
+Both runs happen here, on network-namespace hosts with real sshd (as the tests make them), each
+host running one simulator server: preflight over SSH, staging, start, health gate, then `down`.
+Serial orchestration would take about N times the one-host time; the ratio shows how close to
+fully parallel `up` is. All hosts share this machine's cores, so the CPU seconds that the run
+used are printed too: where they exceed the wall time x cores, the machine, not ucmctl, is the
+limit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.support.netns import Cluster, available, cluster
+from ucmctl.deploy.api import deploy_down, deploy_up
+from ucmctl.deploy.state import StateStore
+from ucmctl.topology.load import parse_topology
+
+
+def topology(c: Cluster, names: list[str], tag: str) -> str:
+    line = "  {n}: {{host: {addr}, key: {key}, platform: cpu, python: {py}}}"
+    nodes = "\n".join(line.format(n=n, addr=c.host(n).address, key=c.key, py=sys.executable) for n in names)
+    return f"""
+name: scale-{tag}
+mode: mixed
+engine: sim
+model: {{path: sim-model}}
+nodes:
+{nodes}
+storage: {{storage_backends: {c.shared / tag}, cache_buffer_capacity_gb: 0.1}}
+mixed: {{nodes: [{", ".join(names)}], port: 8500}}
+"""
+
+
+def cpu_seconds() -> float:
+    fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    ticks = sum(int(x) for x in fields) - int(fields[3]) - int(fields[4])  # minus idle and iowait
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def timed_up(c: Cluster, names: list[str], tag: str, store: StateStore) -> tuple[float, float]:
+    topo = parse_topology(topology(c, names, tag))
+    quiet = Console(file=open(os.devnull, "w"))  # noqa: SIM115 - closed with the process
+    cpu0, t0 = cpu_seconds(), time.perf_counter()
+    deploy_up(topo, "<bench>", console=quiet, store=store)
+    wall, cpu = time.perf_counter() - t0, cpu_seconds() - cpu0
+    deploy_down(topo.name, console=quiet, store=store)
+    return wall, cpu
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--hosts", type=int, default=8)
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    reason = available()
+    if reason:
+        sys.exit(f"up_scaling: {reason}")
+    with cluster(args.hosts) as c:
+        os.environ["UCMCTL_SSH_CONFIG"] = str(c.ssh_config)
+        store = StateStore(c.base / "state")
+        names = [h.name for h in c.hosts]
+        one, many = [], []
+        for i in range(args.repeats):  # interleaved, so drifts in machine load hit both alike
+            one.append(timed_up(c, names[:1], f"one{i}", store))
+            many.append(timed_up(c, names, f"many{i}", store))
+    t1 = statistics.median(w for w, _ in one)
+    tn = statistics.median(w for w, _ in many)
+    cpu_n = statistics.median(cpu for _, cpu in many)
+    cores = os.cpu_count() or 1
+    print(f"up + health on 1 host:  {t1:.2f} s (median of {args.repeats})")
+    print(f"up + health on {args.hosts} hosts: {tn:.2f} s -> ratio {tn / t1:.2f}x (target <= 1.5x; "
+          f"serial would be ~{args.hosts}x)")  # fmt: skip
+    print(f"CPU used by the {args.hosts}-host run: {cpu_n:.2f} CPU-s over {tn:.2f} s wall on {cores} cores "
+          f"({cpu_n / (tn * cores):.0%} of the machine)")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
