@@ -1,0 +1,147 @@
+"""Command-line values: what is accepted, and the one-line error for each thing that is not."""
+
+from __future__ import annotations
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from ucmctl.errors import ExitStatus, UcmctlError
+from ucmctl.proxy.cli import proxy
+from ucmctl.proxy.config import API_KEY_ENV, make_config, normalize_url
+
+P, D = "http://127.0.0.1:7800", "http://127.0.0.1:7801"
+
+
+def test_pd_config_from_plan_arguments() -> None:
+    cfg = make_config(host="0.0.0.0", port=7802, mode="pd", p2p=True, prefillers=[P + "/"], decoders=[D])
+    assert (cfg.mode, cfg.p2p, cfg.prefillers, cfg.decoders, cfg.instances) == ("pd", True, (P,), (D,), ())
+    assert cfg.api_key is None
+
+
+def test_mixed_config_and_tuning() -> None:
+    cfg = make_config(host="h", port=1, mode="mixed", instances=[P, D], retries=0, health_interval=0.5)
+    assert cfg.instances == (P, D) and cfg.retries == 0 and cfg.health_interval == 0.5
+
+
+def test_api_key_only_from_environment() -> None:
+    cfg = make_config(host="h", port=1, mode="mixed", instances=[P], env={API_KEY_ENV: "s3cret"})
+    assert cfg.api_key == "s3cret"
+    assert "s3cret" not in repr(cfg)  # configs get logged; the key must not be
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("http://10.0.0.1:8000", "http://10.0.0.1:8000"),
+        ("http://10.0.0.1:8000/", "http://10.0.0.1:8000"),
+        ("http://10.0.0.1:8000/v1", "http://10.0.0.1:8000"),
+        ("https://node-a:443", "https://node-a"),  # the default port is implied,
+    ],
+)
+def test_url_normalized(url: str, expected: str) -> None:
+    assert normalize_url(url, "--decoder") == expected
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [
+        ({"mode": "disagg", "prefillers": [P], "decoders": [D]}, "--mode 'disagg' is not a mode"),
+        ({"mode": "pd", "prefillers": [P]}, "pd mode needs at least one --decoder"),
+        ({"mode": "pd", "decoders": [D]}, "pd mode needs at least one --prefiller"),
+        (
+            {"mode": "pd", "prefillers": [P], "decoders": [D], "instances": [P]},
+            "--instance is for --mode mixed",
+        ),
+        ({"mode": "mixed", "instances": [P], "decoders": [D]}, "--prefiller/--decoder are for --mode pd"),
+        ({"mode": "mixed", "instances": [P], "p2p": True}, "--p2p needs --mode pd"),
+        ({"mode": "mixed"}, "mixed mode needs at least one --instance"),
+        ({"mode": "mixed", "instances": ["127.0.0.1:7800"]}, "is not an http(s) URL"),
+        ({"mode": "mixed", "instances": ["http://h"]}, "has no port"),
+        ({"mode": "mixed", "instances": ["http://h:1/x/y"]}, "has a path or query"),
+        ({"mode": "mixed", "instances": [P, P + "/"]}, f"--instance {P} is given twice"),
+        ({"mode": "mixed", "instances": [P], "port": 70000}, "--port 70000 is out of range"),
+        ({"mode": "mixed", "instances": [P], "health_interval": 0}, "--health-interval is 0"),
+        ({"mode": "mixed", "instances": [P], "retries": -1}, "--retries is -1"),
+        ({"mode": "mixed", "instances": [P], "unhealthy_after": 0}, "--unhealthy-after is 0"),
+    ],
+)
+def test_bad_arguments_are_one_line_and_exit_2(kwargs: dict[str, object], needle: str) -> None:
+    args: dict[str, object] = {"host": "127.0.0.1", "port": 7802, **kwargs}
+    with pytest.raises(UcmctlError) as err:
+        make_config(**args)  # type: ignore[arg-type]
+    assert err.value.status is ExitStatus.BAD_INPUT
+    text = str(err.value)
+    assert needle in text and "\n" not in text
+    assert "(" in text  # every error says how to fix it
+
+
+def test_cli_function_maps_options_to_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = {}
+    monkeypatch.setattr("ucmctl.proxy.app.run", lambda cfg: seen.setdefault("cfg", cfg))
+    monkeypatch.setenv(API_KEY_ENV, "k")
+    app = typer.Typer()
+    app.command()(proxy)
+    argv = ["--host", "0.0.0.0", "--port", "7850", "--mode", "pd", "--p2p", "--prefiller", P]
+    argv += ["--prefiller", "http://127.0.0.1:7803", "--decoder", D, "--prefix-affinity"]
+    argv += ["--retries", "5", "--deployment", "x"]
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 0, result.output
+    cfg = seen["cfg"]
+    assert cfg.prefillers == (P, "http://127.0.0.1:7803") and cfg.decoders == (D,)
+    assert (cfg.port, cfg.p2p, cfg.prefix_affinity, cfg.retries, cfg.deployment, cfg.api_key) == (
+        7850, True, True, 5, "x", "k",
+    )  # fmt: skip
+
+
+def test_main_entry_prints_one_line_and_exits_2() -> None:
+    import subprocess
+    import sys
+
+    run = subprocess.run(
+        [sys.executable, "-m", "ucmctl.proxy", "--mode", "mixed"], capture_output=True, text=True, timeout=60
+    )
+    assert run.returncode == 2
+    assert run.stderr.strip().splitlines() == [
+        "error: mixed mode needs at least one --instance (add --instance http://HOST:PORT)"
+    ]
+
+
+def test_registered_in_main_cli_when_the_lead_wired_it() -> None:
+    from ucmctl.cli import app
+
+    names = {c.name or c.callback.__name__ for c in app.registered_commands if c.callback}
+    if "proxy" not in names:
+        pytest.skip("`ucmctl proxy` is not registered in ucmctl/cli.py yet")
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "ucmctl", "proxy", "--mode", "mixed"]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and "mixed mode needs at least one --instance" in run.stderr
+
+
+def test_accepts_every_proxy_command_line_the_plan_renders(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pathlib import Path
+
+    from ucmctl.plan.build import build_plan
+    from ucmctl.topology.load import load_topology
+
+    seen: list[object] = []
+    monkeypatch.setattr("ucmctl.proxy.app.run", seen.append)  # parse only: nothing listens or connects
+    app = typer.Typer()
+    app.command()(proxy)
+    topologies = sorted((Path(__file__).resolve().parents[3] / "topologies").glob("*.yaml"))
+    checked = 0
+    for path in topologies:
+        plan = build_plan(load_topology(path))
+        for proc in (p for p in plan.processes if p.role == "proxy"):
+            i = proc.argv.index("proxy")
+            assert proc.argv[i - 2 : i] == ["-m", "ucmctl"]
+            result = CliRunner().invoke(app, proc.argv[i + 1 :])
+            assert result.exit_code == 0, f"{path.name}: {result.output}"
+            cfg = seen[-1]
+            assert cfg.port == proc.ports["http"]  # type: ignore[attr-defined]
+            assert len(cfg.prefillers) + len(cfg.decoders) + len(cfg.instances) >= 1  # type: ignore[attr-defined]
+            checked += 1
+    assert checked >= 3

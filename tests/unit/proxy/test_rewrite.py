@@ -1,0 +1,125 @@
+"""The two legs written from the client's request, and the 400 reasons."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ucmctl.proxy.rewrite import (
+    CHAT,
+    COMPLETIONS,
+    BadRequest,
+    decode_payload,
+    kv_params_of,
+    parse_body,
+    prefill_payload,
+    prefix_key,
+    prompt_tokens,
+)
+
+
+@pytest.mark.parametrize(
+    ("raw", "path", "reason"),
+    [
+        (b"", COMPLETIONS, "no body"),
+        (b"{not json", COMPLETIONS, "not valid JSON"),
+        (b"[1, 2]", COMPLETIONS, "must be a JSON object, not list"),
+        (b'{"model": "m"}', COMPLETIONS, "missing field 'prompt'"),
+        (b'{"prompt": 5}', COMPLETIONS, "'prompt' must be"),
+        (b'{"prompt": []}', COMPLETIONS, "'prompt' must be"),
+        (b'{"prompt": [1, "a"]}', COMPLETIONS, "'prompt' must be"),
+        (b'{"prompt": "hi", "max_tokens": 0}', COMPLETIONS, "'max_tokens' must be a positive integer"),
+        (b'{"prompt": "hi", "max_tokens": "9"}', COMPLETIONS, "'max_tokens' must be a positive integer"),
+        (b'{"prompt": "hi", "stream": "yes"}', COMPLETIONS, "'stream' must be true or false"),
+        (b'{"model": "m"}', CHAT, "missing field 'messages'"),
+        (b'{"messages": []}', CHAT, "'messages' must be a non-empty list"),
+        (
+            b'{"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": -1}',
+            CHAT,
+            "max_completion",
+        ),
+    ],
+)
+def test_bad_requests_name_the_reason(raw: bytes, path: str, reason: str) -> None:
+    with pytest.raises(BadRequest, match=reason):
+        parse_body(raw, path)
+
+
+def test_valid_prompts() -> None:
+    for prompt in ("text", ["a", "b"], [1, 2, 3], [[1, 2], [3]]):
+        assert parse_body(json.dumps({"prompt": prompt}).encode(), COMPLETIONS)["prompt"] == prompt
+
+
+def test_prompt_tokens_exact_for_ids_estimated_for_text() -> None:
+    assert prompt_tokens({"prompt": list(range(300))}, COMPLETIONS) == 300
+    assert prompt_tokens({"prompt": [[1, 2], [3]]}, COMPLETIONS) == 3
+    assert prompt_tokens({"prompt": "x" * 400}, COMPLETIONS) == 101
+    chat = {
+        "messages": [
+            {"role": "system", "content": "a" * 100},
+            {"role": "user", "content": [{"text": "b" * 99}]},
+        ]
+    }
+    assert prompt_tokens(chat, CHAT) == 51  # 200 characters with the joining newline
+
+
+def test_prefix_key_depends_on_the_leading_block_only() -> None:
+    shared = list(range(128))
+    a = prefix_key({"prompt": [*shared, 1, 2]}, COMPLETIONS, 128)
+    b = prefix_key({"prompt": [*shared, 9]}, COMPLETIONS, 128)
+    c = prefix_key({"prompt": [0, *shared]}, COMPLETIONS, 128)
+    assert a == b != c
+    assert prefix_key({"prompt": "s" * 600}, COMPLETIONS, 128) == prefix_key(
+        {"prompt": "s" * 512 + "t"}, COMPLETIONS, 128
+    )
+    assert prefix_key({"model": "x", "prompt": "p"}, COMPLETIONS, 8) != prefix_key(
+        {"model": "y", "prompt": "p"}, COMPLETIONS, 8
+    )
+
+
+def test_prefill_leg_is_one_token_not_streamed() -> None:
+    body = {
+        "model": "m", "prompt": [1, 2], "max_tokens": 256, "max_completion_tokens": 256, "stream": True,
+        "stream_options": {"include_usage": True}, "min_tokens": 5, "temperature": 0.5,
+    }  # fmt: skip
+    leg = json.loads(prefill_payload(body, p2p=False))
+    assert leg == {
+        "model": "m",
+        "prompt": [1, 2],
+        "max_tokens": 1,
+        "max_completion_tokens": 1,
+        "temperature": 0.5,
+    }
+    assert body["max_tokens"] == 256 and body["stream"] is True  # the client's request is not touched
+
+
+def test_prefill_leg_sets_max_tokens_even_when_absent() -> None:
+    leg = json.loads(prefill_payload({"messages": [{"role": "user", "content": "x"}]}, p2p=False))
+    assert leg["max_tokens"] == 1 and "max_completion_tokens" not in leg
+
+
+def test_prefill_leg_asks_for_remote_decode_only_in_p2p() -> None:
+    leg = json.loads(prefill_payload({"prompt": "x"}, p2p=True))
+    assert leg["kv_transfer_params"]["do_remote_decode"] is True
+    assert leg["kv_transfer_params"]["do_remote_prefill"] is False
+    assert "kv_transfer_params" not in json.loads(
+        prefill_payload({"prompt": "x", "kv_transfer_params": {}}, p2p=False)
+    )
+
+
+def test_decode_leg_is_the_clients_bytes_unless_kv_params_ride_along() -> None:
+    raw = b'{"prompt": "x",   "stream": true}'
+    body = json.loads(raw)
+    assert decode_payload(raw, body, None) is raw  # no re-serialisation on the common path
+    params = {"do_remote_prefill": True, "remote_block_ids": [1, 2], "remote_host": "h", "remote_port": 5}
+    leg = json.loads(decode_payload(raw, body, params))
+    assert leg == {"prompt": "x", "stream": True, "kv_transfer_params": params}
+
+
+def test_kv_params_of_prefill_answer() -> None:
+    assert kv_params_of(b'{"id": "1", "kv_transfer_params": {"remote_port": 5}}') == {"remote_port": 5}
+    assert kv_params_of(b'{"id": "1", "kv_transfer_params": null}') is None
+    assert kv_params_of(b'{"id": "1", "kv_transfer_params": {}}') is None
+    assert kv_params_of(b"not json") is None
+    assert kv_params_of(b"[]") is None
