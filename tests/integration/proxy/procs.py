@@ -8,7 +8,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,15 +19,10 @@ from typing import Any
 import aiohttp
 from multidict import CIMultiDict
 
+from tests.support.processes import free_port
+
 HOST = "127.0.0.1"
 REPO = Path(__file__).resolve().parents[3]
-
-
-def free_port() -> int:
-    """A loopback port free right now."""
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
