@@ -1,5 +1,197 @@
-"""The native `Cache|Posix` block store (built from csrc/)."""
+"""The native `Cache|Posix` block store (built from csrc/).
 
-from ucm_store._native import FORMAT_VERSION
+Keys are 16-byte binary digests (``KEY_SIZE``); a block is a list of shards, one per layer,
+of the byte sizes given as ``shard_sizes`` when the store is opened. A shard is an
+``(address, nbytes)`` tuple of host memory or any C-contiguous buffer-protocol object
+(writable for loads). The caller keeps that memory alive and untouched until the task's
+result is fetched.
 
-__all__ = ["FORMAT_VERSION"]
+    store = ucm_store.Store.from_config(cfg, shard_sizes=[...])
+
+``cfg`` is the ``ucm_connector_config`` mapping of the UCM YAML:
+
+- ``store_pipeline``: ``"Cache|Posix"`` (default), ``"Posix"`` or ``"Cache"`` (DRAM only,
+  nothing persisted).
+- ``storage_backends``: absolute paths, a list or joined by ``":"``; block -> ``hash % n``.
+- ``cache_buffer_capacity_gb`` (float, default 4), ``posix_capacity_gb`` (float, 0 =
+  unlimited; over it the least recently written or read blocks are removed down to 90%).
+- ``io_direct`` (bool): O_DIRECT on backends whose filesystem allows it (``store.notes()``
+  says why it is off elsewhere); ``io_fsync`` (bool): fdatasync each file and fsync its
+  directory around the rename.
+- ``cache_copy_threads``, ``posix_io_threads``, ``lookup_threads`` (ints),
+  ``cache_prefault``, ``cache_on_load`` (bools), ``stale_temp_s`` (how old another host's
+  temp file must be to count as abandoned), ``timeout_ms`` (default for ``wait``; 0 =
+  forever). Any other key raises ``ConfigError``.
+
+Operations (all batched; dump and load return a task id at once):
+
+- ``lookup(keys, tier=None) -> list[bool]``; ``tier`` ``"Cache"``/``"Posix"`` asks one tier.
+- ``lookup_prefix(keys) -> int``: leading present blocks, stopping at the first miss.
+- ``dump(keys, blocks) -> int``, ``load(keys, blocks) -> int``.
+- ``wait(tid, timeout=None) -> TaskResult`` (``TimeoutError`` on timeout) and
+  ``check(tid) -> TaskResult | None``. A result is handed out once: fetching it forgets the
+  task (a second wait raises ``KeyError``). ``TaskResult.ok`` / ``.errors`` are per block,
+  ``.all_ok`` is their conjunction.
+- With ``Cache|Posix`` a dump's ``wait`` returns once the bytes are in DRAM; the write to
+  Posix happens in the background. ``wait_persisted(tid, timeout=None) -> TaskResult`` and
+  ``check_persisted(tid)`` tell per block when (and whether) it reached the last tier;
+  ``flush(timeout=None) -> bool`` waits for every dump accepted so far.
+- A load verifies the block's header and CRC-32C before any byte reaches the caller's
+  buffer; a corrupt, torn or truncated file is a failed block whose error says why, and the
+  file is moved to ``<backend>/corrupt/``.
+- ``stats() -> dict[str, int]``, ``notes() -> list[str]``, ``direct_io() -> list[bool]``,
+  ``collect_garbage() -> dict`` (one synchronous pass: stale temp files, capacity),
+  ``close()``; the store is a context manager.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ucm_store import _native
+from ucm_store._native import FORMAT_VERSION, TaskResult
+from ucm_store.config import PIPELINES, TIERS, ConfigError, StoreSettings, parse
+
+KEY_SIZE: int = _native.KEY_SIZE
+
+__all__ = [
+    "FORMAT_VERSION",
+    "KEY_SIZE",
+    "PIPELINES",
+    "TIERS",
+    "ConfigError",
+    "Store",
+    "StoreSettings",
+    "TaskResult",
+]
+
+_TIER_CODES = {None: 0, "Cache": 1, "Posix": 2}
+
+
+def _ms(timeout: float | None, default_ms: int) -> int:
+    if timeout is None:
+        return default_ms if default_ms > 0 else -1
+    if timeout < 0:
+        raise ValueError(f"timeout must be >= 0 seconds or None, got {timeout!r}")
+    return int(timeout * 1000)
+
+
+class Store:
+    """A block store over a tier pipeline; see the module docstring."""
+
+    def __init__(self, settings: StoreSettings, shard_sizes: Sequence[int]) -> None:
+        self.settings = settings
+        self._native = _native.Store(
+            cache=settings.cache,
+            posix=settings.posix,
+            cache_bytes=settings.cache_bytes,
+            backends=settings.backends,
+            posix_capacity=settings.posix_capacity,
+            io_direct=settings.io_direct,
+            io_fsync=settings.io_fsync,
+            shard_sizes=list(shard_sizes),
+            copy_threads=settings.copy_threads,
+            io_threads=settings.io_threads,
+            lookup_threads=settings.lookup_threads,
+            cache_prefault=settings.cache_prefault,
+            cache_on_load=settings.cache_on_load,
+            stale_temp_s=settings.stale_temp_s,
+        )
+        for note in self._native.notes():
+            warnings.warn(f"ucm_store: {note}", RuntimeWarning, stacklevel=3)
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any], shard_sizes: Sequence[int]) -> Store:
+        """Opens a store from the UCM `ucm_connector_config` mapping."""
+        return cls(parse(cfg, shard_sizes), shard_sizes)
+
+    @property
+    def shard_sizes(self) -> list[int]:
+        return list(self._native.shard_sizes)
+
+    @property
+    def block_bytes(self) -> int:
+        return sum(self._native.shard_sizes)
+
+    def lookup(self, keys: Sequence[bytes], tier: str | None = None) -> list[bool]:
+        """Presence of each key (in any tier, or in `tier` alone)."""
+        if tier not in _TIER_CODES:
+            raise ValueError(f"tier must be None, 'Cache' or 'Posix', got {tier!r}")
+        return self._native.lookup(keys, _TIER_CODES[tier])
+
+    def lookup_prefix(self, keys: Sequence[bytes]) -> int:
+        """Number of leading keys present, stopping at the first miss."""
+        return self._native.lookup_prefix(keys)
+
+    def dump(self, keys: Sequence[bytes], blocks: Sequence[Sequence[Any]]) -> int:
+        """Starts writing `blocks[i]` under `keys[i]`; returns a task id."""
+        return self._native.dump(keys, blocks)
+
+    def load(self, keys: Sequence[bytes], blocks: Sequence[Sequence[Any]]) -> int:
+        """Starts reading `keys[i]` into the buffers `blocks[i]`; returns a task id."""
+        return self._native.load(keys, blocks)
+
+    def wait(self, tid: int, timeout: float | None = None) -> TaskResult:
+        """Result of a task; raises TimeoutError if it is still running after `timeout` s."""
+        res = self._call(self._native.wait, tid, _ms(timeout, self.settings.timeout_ms))
+        if res is None:
+            raise TimeoutError(f"task {tid} still running after {timeout} s")
+        return res
+
+    def check(self, tid: int) -> TaskResult | None:
+        """Result of a finished task, or None while it runs (never blocks)."""
+        return self._call(self._native.wait, tid, 0)
+
+    def wait_persisted(self, tid: int, timeout: float | None = None) -> TaskResult:
+        """Per-block outcome of dump `tid` reaching the last tier."""
+        res = self._call(self._native.wait_persisted, tid, _ms(timeout, self.settings.timeout_ms))
+        if res is None:
+            raise TimeoutError(f"dump task {tid} not persisted after {timeout} s")
+        return res
+
+    def check_persisted(self, tid: int) -> TaskResult | None:
+        """Like wait_persisted, but None while blocks are still being written through."""
+        return self._call(self._native.wait_persisted, tid, 0)
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Waits until every dump accepted so far reached the last tier; False on timeout."""
+        return self._native.flush(_ms(timeout, 0))
+
+    def collect_garbage(self) -> dict[str, int]:
+        """Runs one collector pass now (stale temp files, capacity limit)."""
+        return self._native.collect_garbage()
+
+    def stats(self) -> dict[str, int]:
+        """Counters: bytes/blocks per tier, hits, misses, evictions, errors, corrupt blocks."""
+        return self._native.stats()
+
+    def notes(self) -> list[str]:
+        """Conditions worth knowing (direct I/O refused by a filesystem, unusable backend)."""
+        return self._native.notes()
+
+    def direct_io(self) -> list[bool]:
+        """Whether each backend currently uses O_DIRECT."""
+        return self._native.direct_io()
+
+    @property
+    def closed(self) -> bool:
+        return self._native.closed
+
+    def close(self) -> None:
+        """Persists pending write-throughs, stops the workers and frees the cache."""
+        self._native.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @staticmethod
+    def _call(fn: Any, tid: int, timeout_ms: int) -> Any:
+        try:
+            return fn(tid, timeout_ms)
+        except IndexError as e:  # nanobind maps std::out_of_range to IndexError
+            raise KeyError(str(e)) from None

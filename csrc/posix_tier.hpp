@@ -1,0 +1,94 @@
+// The Posix tier: one file per block at <backend>/<3 hex>/<32 hex>, backend = hash % n.
+//
+// Writers fill a temp file named <32 hex>.tmp.<host>.<pid>.<counter> (unique to the writer)
+// and rename it into place only once every shard and the header are written, so a reader
+// sees a whole block or none, however many processes and nodes write the same key at once.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "block_file.hpp"
+#include "key.hpp"
+#include "stats.hpp"
+
+namespace ucm {
+
+struct ConstSpan {
+    const uint8_t* p;
+    uint64_t n;
+};
+
+struct PosixOptions {
+    std::vector<std::string> backends;
+    bool direct = false;
+    bool fsync = false;
+    uint64_t capacity = 0;       // bytes, 0 = unlimited
+    double stale_temp_s = 3600;  // age after which another host's temp file counts as dead
+};
+
+struct GcReport {
+    uint64_t removed_blocks = 0, removed_bytes = 0, temps_reclaimed = 0, used_bytes = 0;
+    uint64_t blocks = 0;
+};
+
+class PosixTier {
+public:
+    PosixTier(PosixOptions opts, Layout layout, Counters& counters);
+    ~PosixTier();  // stops the collector thread
+
+    // "" on success. `parts` hold the payload in order (shards, or one cache slot).
+    std::string write(const Key& key, const std::vector<ConstSpan>& parts);
+
+    enum class Read { Ok, Missing, Corrupt, Error };
+    // Reads and verifies the block; only a verified payload is handed to `deliver`.
+    Read read(const Key& key, const std::function<void(const uint8_t*)>& deliver,
+              std::string* reason);
+
+    bool exists(const Key& key) const;
+
+    // One synchronous pass: reclaims dead writers' temp files and, over capacity, removes
+    // the least recently written/read blocks down to 90% of it.
+    GcReport collect();
+
+    std::vector<std::string> notes() const;  // why direct I/O is off, unusable backends...
+    std::vector<bool> direct_per_backend() const;
+
+private:
+    struct Backend {
+        std::string root;
+        std::atomic<bool> direct{false};
+        std::string note;
+    };
+    size_t pick(const Key& key) const { return key.mix() % backends_.size(); }
+    std::string dir_of(const Backend& b, const std::string& hex) const {
+        return b.root + "/" + hex.substr(0, 3);
+    }
+    void quarantine(Backend& b, const std::string& path, const std::string& hex, ino_t ino);
+    void request_gc();
+    void gc_loop();
+    bool temp_is_stale(const std::string& name, int64_t mtime_s) const;
+
+    PosixOptions opts_;
+    Layout layout_;
+    Counters& c_;
+    std::vector<std::unique_ptr<Backend>> backends_;
+    std::atomic<uint64_t> counter_{0};  // temp-name sequence of this process
+    std::atomic<uint64_t> commits_{0};  // blocks renamed into place, for the collector
+
+    std::mutex gc_mu_;
+    std::condition_variable gc_cv_;
+    bool gc_wanted_ = true;  // the first pass measures what is already stored
+    bool gc_stop_ = false;
+    std::mutex gc_pass_mu_;  // one pass at a time
+    std::thread gc_thread_;
+};
+
+}  // namespace ucm

@@ -1,0 +1,381 @@
+#include "store.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <stdexcept>
+
+namespace ucm {
+namespace {
+
+constexpr size_t kMaxPersistRecords = 65536;
+constexpr size_t kLookupChunk = 64;   // keys per unit of parallel lookup work
+constexpr size_t kInlineLookup = 256;  // smaller batches are not worth a thread hop
+
+using Blocks = std::vector<std::vector<Span>>;
+
+// Runs fn(begin, end) over [0, n) in chunks on the pool and on the calling thread; chunks are
+// handed out in increasing order so lookup_prefix can stop everyone at the first miss.
+template <class Fn>
+void parallel_chunks(ThreadPool& pool, size_t n, Fn fn) {
+    struct Shared {
+        std::atomic<size_t> next{0};
+        std::mutex mu;
+        std::condition_variable cv;
+        unsigned running = 0;
+    };
+    auto sh = std::make_shared<Shared>();
+    auto work = [sh, n, &fn] {
+        for (;;) {
+            size_t b = sh->next.fetch_add(kLookupChunk);
+            if (b >= n || !fn(b, std::min(n, b + kLookupChunk))) return;
+        }
+    };
+    unsigned helpers = std::min<unsigned>(pool.size(), unsigned(n / kLookupChunk));
+    sh->running = helpers;
+    for (unsigned h = 0; h < helpers; ++h)
+        pool.submit(
+            [sh, work] {
+                work();
+                std::lock_guard<std::mutex> lk(sh->mu);
+                if (--sh->running == 0) sh->cv.notify_all();
+            },
+            true);
+    work();
+    // `fn` lives on this stack frame: every helper must be done with it before returning.
+    std::unique_lock<std::mutex> lk(sh->mu);
+    sh->cv.wait(lk, [&] { return sh->running == 0; });
+}
+
+}  // namespace
+
+Store::Store(StoreConfig cfg) : cfg_(std::move(cfg)) {
+    for (auto s : cfg_.shard_sizes) block_bytes_ += s;
+    if (cfg_.shard_sizes.empty() || block_bytes_ == 0)
+        throw std::invalid_argument("shard_sizes must list at least one shard of non-zero size");
+    if (cfg_.cache) cache_ = std::make_unique<CacheTier>(cfg_.cache_bytes, block_bytes_,
+                                                         cfg_.cache_prefault);
+    if (cfg_.posix) {
+        if (cfg_.posix_opts.backends.empty())
+            throw std::invalid_argument("the Posix tier needs at least one storage backend");
+        posix_ = std::make_unique<PosixTier>(cfg_.posix_opts, Layout(cfg_.shard_sizes), c_);
+        io_pool_ = std::make_unique<ThreadPool>(cfg_.io_threads, "ucm-io");
+    }
+    if (cfg_.cache) copy_pool_ = std::make_unique<ThreadPool>(cfg_.copy_threads, "ucm-copy");
+    lookup_pool_ = std::make_unique<ThreadPool>(cfg_.lookup_threads, "ucm-lookup");
+}
+
+Store::~Store() { close(); }
+
+void Store::close() {
+    if (closed_) return;
+    flush(-1);
+    // Copy jobs may still hand cache misses to the I/O pool, so drain them first.
+    copy_pool_.reset();
+    io_pool_.reset();
+    lookup_pool_.reset();
+    posix_.reset();
+    cache_.reset();
+    closed_ = true;
+}
+
+std::shared_ptr<Task> Store::new_task(size_t n, bool track_persist) {
+    std::lock_guard<std::mutex> lk(tasks_mu_);
+    auto t = std::make_shared<Task>(next_id_++, n, track_persist);
+    tasks_.emplace(t->id(), t);
+    if (track_persist) {
+        persist_.emplace(t->id(), t);
+        for (auto it = persist_.begin(); persist_.size() > kMaxPersistRecords &&
+                                         it != persist_.end();)
+            it = it->second->persisted() ? persist_.erase(it) : std::next(it);
+    }
+    return t;
+}
+
+std::shared_ptr<Task> Store::find(uint64_t tid, bool persist_table) {
+    std::lock_guard<std::mutex> lk(tasks_mu_);
+    if (persist_table) {
+        auto it = persist_.find(tid);
+        if (it != persist_.end()) return it->second;
+        throw std::out_of_range("no dump task " + std::to_string(tid) +
+                                " awaiting a persisted result (unknown, a load, or already "
+                                "fetched)");
+    }
+    auto it = tasks_.find(tid);
+    if (it != tasks_.end()) return it->second;
+    throw std::out_of_range("unknown task " + std::to_string(tid) +
+                            " (never issued, or its result was already fetched)");
+}
+
+uint64_t Store::dump(const std::vector<Key>& keys, const Blocks& blocks_in) {
+    auto blocks = std::make_shared<const Blocks>(blocks_in);
+    auto t = new_task(keys.size(), true);
+    {
+        std::lock_guard<std::mutex> lk(flush_mu_);
+        pending_persist_ += keys.size();
+    }
+    c_.dump_blocks.add(keys.size());
+    for (size_t i = 0; i < keys.size(); ++i) {
+        Key key = keys[i];
+        if (cache_)
+            copy_pool_->submit([this, t, i, key, blocks] { dump_to_cache(t, i, key, (*blocks)[i]); },
+                               true);
+        else
+            io_pool_->submit([this, t, i, key, blocks] { dump_to_posix(t, i, key, (*blocks)[i]); },
+                             true);
+    }
+    return t->id();
+}
+
+void Store::persist_done(const std::shared_ptr<Task>& t, size_t i, const std::string& err) {
+    if (!err.empty()) c_.persist_errors.add();
+    t->finish_persist(i, err);
+    std::lock_guard<std::mutex> lk(flush_mu_);
+    if (--pending_persist_ == 0) flush_cv_.notify_all();
+}
+
+void Store::dump_to_cache(const std::shared_ptr<Task>& t, size_t i, const Key& key,
+                          const std::vector<Span>& shards) {
+    uint32_t slot = 0;
+    switch (cache_->reserve(key, &slot)) {
+    case CacheTier::Reserve::Exists:
+        t->finish(i, "");
+        if (!posix_) {
+            persist_done(t, i, "pipeline has no persistent tier");
+        } else if (cache_->pin(key, &slot)) {
+            // Cached earlier, but that write-through may have failed (disk full): write it
+            // through again; the Posix tier skips it with one stat() if the file is there.
+            io_pool_->submit([this, t, i, key, slot] { write_through(t, i, key, slot); }, false);
+        } else {
+            persist_done(t, i, "");  // being filled by a concurrent dump that persists it
+        }
+        return;
+    case CacheTier::Reserve::Full:
+        // Every slot is pinned by reads or pending write-throughs: go straight to disk
+        // rather than fail or block the caller behind the backlog.
+        c_.cache_full.add();
+        if (posix_) {
+            dump_to_posix(t, i, key, shards);
+        } else {
+            c_.dump_errors.add();
+            t->finish(i, "cache full: every slot is in use");
+            persist_done(t, i, "cache full: every slot is in use");
+        }
+        return;
+    case CacheTier::Reserve::Reserved:
+        break;
+    }
+    uint8_t* dst = cache_->data(slot);
+    for (const auto& s : shards) {
+        std::memcpy(dst, s.p, s.n);
+        dst += s.n;
+    }
+    cache_->commit(slot, posix_ != nullptr);  // pinned until written through
+    c_.cache_bytes_written.add(block_bytes_);
+    c_.cache_blocks_written.add();
+    t->finish(i, "");
+    if (!posix_) {
+        persist_done(t, i, "pipeline has no persistent tier");
+        return;
+    }
+    io_pool_->submit([this, t, i, key, slot] { write_through(t, i, key, slot); }, false);
+}
+
+void Store::write_through(const std::shared_ptr<Task>& t, size_t i, const Key& key,
+                          uint32_t slot) {
+    std::string err = posix_->write(key, {{cache_->data(slot), block_bytes_}});
+    cache_->unpin(slot);
+    if (!err.empty()) c_.posix_write_errors.add();
+    persist_done(t, i, err);
+}
+
+void Store::dump_to_posix(const std::shared_ptr<Task>& t, size_t i, const Key& key,
+                          const std::vector<Span>& shards) {
+    std::vector<ConstSpan> parts;
+    parts.reserve(shards.size());
+    for (const auto& s : shards) parts.push_back({s.p, s.n});
+    std::string err = posix_->write(key, parts);
+    if (!err.empty()) {
+        c_.posix_write_errors.add();
+        c_.dump_errors.add();
+    }
+    t->finish(i, err);
+    persist_done(t, i, err);
+}
+
+uint64_t Store::load(const std::vector<Key>& keys, const Blocks& blocks_in) {
+    auto blocks = std::make_shared<const Blocks>(blocks_in);
+    auto t = new_task(keys.size(), false);
+    c_.load_blocks.add(keys.size());
+    for (size_t i = 0; i < keys.size(); ++i) {
+        Key key = keys[i];
+        if (cache_)
+            copy_pool_->submit([this, t, i, key, blocks] { load_one(t, i, key, (*blocks)[i]); },
+                               true);
+        else
+            io_pool_->submit(
+                [this, t, i, key, blocks] { load_from_posix(t, i, key, (*blocks)[i]); }, true);
+    }
+    return t->id();
+}
+
+void Store::load_one(const std::shared_ptr<Task>& t, size_t i, const Key& key,
+                     const std::vector<Span>& shards) {
+    uint32_t slot = 0;
+    if (cache_->pin(key, &slot)) {
+        const uint8_t* src = cache_->data(slot);
+        for (const auto& s : shards) {
+            std::memcpy(s.p, src, s.n);
+            src += s.n;
+        }
+        cache_->unpin(slot);
+        c_.cache_hits.add();
+        c_.cache_bytes_read.add(block_bytes_);
+        c_.cache_blocks_read.add();
+        t->finish(i, "");
+        return;
+    }
+    c_.cache_misses.add();
+    if (!posix_) {
+        c_.load_errors.add();
+        t->finish(i, "not found");
+        return;
+    }
+    // Hand over to the I/O pool: a copy thread must never sit in a disk read.
+    auto shards_copy = shards;
+    io_pool_->submit([this, t, i, key, shards_copy] { load_from_posix(t, i, key, shards_copy); },
+                     true);
+}
+
+void Store::load_from_posix(const std::shared_ptr<Task>& t, size_t i, const Key& key,
+                            const std::vector<Span>& shards) {
+    std::string reason;
+    auto deliver = [&](const uint8_t* payload) {
+        const uint8_t* src = payload;
+        for (const auto& s : shards) {
+            std::memcpy(s.p, src, s.n);
+            src += s.n;
+        }
+        uint32_t slot = 0;
+        if (cache_ && cfg_.cache_on_load &&
+            cache_->reserve(key, &slot) == CacheTier::Reserve::Reserved) {
+            std::memcpy(cache_->data(slot), payload, block_bytes_);
+            cache_->commit(slot, false);
+            c_.cache_bytes_written.add(block_bytes_);
+            c_.cache_blocks_written.add();
+        }
+    };
+    switch (posix_->read(key, deliver, &reason)) {
+    case PosixTier::Read::Ok:
+        c_.posix_hits.add();
+        t->finish(i, "");
+        return;
+    case PosixTier::Read::Missing:
+        c_.posix_misses.add();
+        break;
+    case PosixTier::Read::Corrupt:
+        reason = "corrupt block, moved aside: " + reason;
+        c_.posix_read_errors.add();
+        break;
+    case PosixTier::Read::Error:
+        c_.posix_read_errors.add();
+        break;
+    }
+    c_.load_errors.add();
+    t->finish(i, reason);
+}
+
+std::vector<bool> Store::lookup(const std::vector<Key>& keys, int tier) {
+    std::vector<uint8_t> hit(keys.size(), 0);
+    auto probe = [&](size_t b, size_t e) {
+        for (size_t i = b; i < e; ++i) {
+            bool h = false;
+            if (cache_ && tier != 2) h = cache_->contains(keys[i]);
+            if (!h && posix_ && tier != 1) h = posix_->exists(keys[i]);
+            hit[i] = h;
+        }
+        return true;
+    };
+    if (keys.size() <= kInlineLookup) probe(0, keys.size());
+    else parallel_chunks(*lookup_pool_, keys.size(), probe);
+    size_t hits = 0;
+    for (auto h : hit) hits += h;
+    c_.lookup_keys.add(keys.size());
+    c_.lookup_hits.add(hits);
+    return std::vector<bool>(hit.begin(), hit.end());
+}
+
+size_t Store::lookup_prefix(const std::vector<Key>& keys) {
+    std::atomic<size_t> first_miss{keys.size()};
+    auto probe = [&](size_t b, size_t e) {
+        for (size_t i = b; i < e; ++i) {
+            if (i >= first_miss.load(std::memory_order_relaxed)) return false;
+            bool h = (cache_ && cache_->contains(keys[i])) || (posix_ && posix_->exists(keys[i]));
+            if (!h) {
+                size_t cur = first_miss.load();
+                while (i < cur && !first_miss.compare_exchange_weak(cur, i)) {
+                }
+                return false;
+            }
+        }
+        return true;
+    };
+    if (keys.size() <= kInlineLookup) probe(0, keys.size());
+    else parallel_chunks(*lookup_pool_, keys.size(), probe);
+    size_t n = first_miss.load();
+    c_.lookup_keys.add(n + (n < keys.size() ? 1 : 0));
+    c_.lookup_hits.add(n);
+    return n;
+}
+
+std::optional<Outcomes> Store::wait(uint64_t tid, long long timeout_ms, bool consume) {
+    auto t = find(tid, false);
+    if (!t->wait(timeout_ms)) return std::nullopt;
+    if (consume) {
+        std::lock_guard<std::mutex> lk(tasks_mu_);
+        tasks_.erase(tid);
+    }
+    return t->result();
+}
+
+std::optional<Outcomes> Store::wait_persisted(uint64_t tid, long long timeout_ms) {
+    auto t = find(tid, true);
+    if (!t->wait_persisted(timeout_ms)) return std::nullopt;
+    {
+        std::lock_guard<std::mutex> lk(tasks_mu_);
+        persist_.erase(tid);
+    }
+    return t->persist_result();
+}
+
+bool Store::flush(long long timeout_ms) {
+    std::unique_lock<std::mutex> lk(flush_mu_);
+    auto idle = [this] { return pending_persist_ == 0; };
+    if (timeout_ms < 0) {
+        flush_cv_.wait(lk, idle);
+        return true;
+    }
+    return flush_cv_.wait_for(lk, std::chrono::milliseconds(timeout_ms), idle);
+}
+
+GcReport Store::collect_garbage() { return posix_ ? posix_->collect() : GcReport{}; }
+
+std::vector<std::pair<std::string, uint64_t>> Store::stats() const {
+    auto out = c_.snapshot();
+    if (cache_) {
+        out.emplace_back("cache_evictions", cache_->evictions());
+        out.emplace_back("cache_resident_blocks", cache_->resident());
+        out.emplace_back("cache_slots", cache_->slots());
+    }
+    return out;
+}
+
+std::vector<std::string> Store::notes() const {
+    return posix_ ? posix_->notes() : std::vector<std::string>{};
+}
+
+std::vector<bool> Store::direct_io() const {
+    return posix_ ? posix_->direct_per_backend() : std::vector<bool>{};
+}
+
+}  // namespace ucm

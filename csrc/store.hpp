@@ -1,0 +1,103 @@
+// The tier pipeline: `Cache|Posix` (DRAM in front, written through in the background),
+// `Posix`, or `Cache` alone. Every operation is a batch that returns a task id at once.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "cache_tier.hpp"
+#include "key.hpp"
+#include "posix_tier.hpp"
+#include "stats.hpp"
+#include "task.hpp"
+#include "thread_pool.hpp"
+
+namespace ucm {
+
+struct Span {
+    uint8_t* p;
+    uint64_t n;
+};
+
+struct StoreConfig {
+    bool cache = true;
+    bool posix = true;
+    uint64_t cache_bytes = 0;
+    bool cache_prefault = true;
+    bool cache_on_load = true;  // a Posix hit is copied into the cache for the next load
+    PosixOptions posix_opts;
+    std::vector<uint64_t> shard_sizes;
+    unsigned copy_threads = 2;
+    unsigned io_threads = 4;
+    unsigned lookup_threads = 2;
+};
+
+class Store {
+public:
+    explicit Store(StoreConfig cfg);
+    ~Store();  // close()
+
+    // Blocks are validated by the binding: blocks[i].size() == shard count, sizes match.
+    uint64_t dump(const std::vector<Key>& keys, const std::vector<std::vector<Span>>& blocks);
+    uint64_t load(const std::vector<Key>& keys, const std::vector<std::vector<Span>>& blocks);
+
+    // tier: 0 = any, 1 = cache only, 2 = posix only
+    std::vector<bool> lookup(const std::vector<Key>& keys, int tier);
+    size_t lookup_prefix(const std::vector<Key>& keys);
+
+    // nullopt = timed out; throws std::out_of_range for an unknown or collected task.
+    std::optional<Outcomes> wait(uint64_t tid, long long timeout_ms, bool consume = true);
+    std::optional<Outcomes> wait_persisted(uint64_t tid, long long timeout_ms);
+    bool flush(long long timeout_ms);
+    GcReport collect_garbage();
+
+    std::vector<std::pair<std::string, uint64_t>> stats() const;
+    std::vector<std::string> notes() const;
+    std::vector<bool> direct_io() const;
+    uint64_t block_bytes() const { return block_bytes_; }
+    void close();
+    bool closed() const { return closed_; }
+
+private:
+    std::shared_ptr<Task> new_task(size_t n, bool track_persist);
+    std::shared_ptr<Task> find(uint64_t tid, bool persist_table);
+
+    void dump_to_cache(const std::shared_ptr<Task>& t, size_t i, const Key& key,
+                       const std::vector<Span>& shards);
+    void dump_to_posix(const std::shared_ptr<Task>& t, size_t i, const Key& key,
+                       const std::vector<Span>& shards);
+    void write_through(const std::shared_ptr<Task>& t, size_t i, const Key& key, uint32_t slot);
+    void load_one(const std::shared_ptr<Task>& t, size_t i, const Key& key,
+                  const std::vector<Span>& shards);
+    void load_from_posix(const std::shared_ptr<Task>& t, size_t i, const Key& key,
+                         const std::vector<Span>& shards);
+    void persist_done(const std::shared_ptr<Task>& t, size_t i, const std::string& err);
+
+    StoreConfig cfg_;
+    uint64_t block_bytes_ = 0;
+    mutable Counters c_;
+    std::unique_ptr<CacheTier> cache_;
+    std::unique_ptr<PosixTier> posix_;
+    std::unique_ptr<ThreadPool> copy_pool_, io_pool_, lookup_pool_;
+
+    std::mutex tasks_mu_;
+    uint64_t next_id_ = 1;
+    std::unordered_map<uint64_t, std::shared_ptr<Task>> tasks_;
+    // Dump tasks stay here until their persisted outcome is fetched; the oldest finished
+    // ones are dropped past kMaxPersistRecords so an unasked question never leaks memory.
+    std::map<uint64_t, std::shared_ptr<Task>> persist_;
+
+    std::mutex flush_mu_;
+    std::condition_variable flush_cv_;
+    uint64_t pending_persist_ = 0;
+    bool closed_ = false;
+};
+
+}  // namespace ucm
