@@ -269,7 +269,8 @@ def deploy_down(
 
 
 def purge(topology: Topology) -> int:
-    """Delete the store's block folders (`<backend>/<3 hex digits>/`) from one node; returns how many."""
+    """Delete the store's folders (`<backend>/<3 hex digits>/` and the quarantine `corrupt/`) from
+    one node; nothing else under the backend is touched. Returns how many folders went."""
     assert topology.storage is not None
     plan = build_plan(topology)
     node = next(p.node for p in plan.processes if any(f.path.endswith("ucm_config.yaml") for f in p.files))
@@ -278,7 +279,7 @@ def purge(topology: Topology) -> int:
     try:
         for backend in topology.storage.storage_backends:
             q = shlex.quote(backend)
-            script = (f"cd {q} 2>/dev/null || exit 0; n=0; for d in [0-9a-f][0-9a-f][0-9a-f]; do "
+            script = (f"cd {q} 2>/dev/null || exit 0; n=0; for d in [0-9a-f][0-9a-f][0-9a-f] corrupt; do "
                       '[ -d "$d" ] && rm -rf -- "$d" && n=$((n + 1)); done; echo $n')  # fmt: skip
             done = session[node].run(script, timeout=600)
             removed += int(done.stdout.strip() or 0)

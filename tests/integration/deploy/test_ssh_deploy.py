@@ -234,3 +234,58 @@ mixed:
     assert cli("down", "t-quote").returncode == 0
     assert not Path("/var/tmp/ucmctl-pwned").exists() and not Path("/var/tmp/ucmctl-pwned2").exists()
     assert hosts.processes_of("t-quote") == []
+
+
+def test_install_pushes_a_wheel_to_every_node(tmp_path: Path, hosts: Cluster, cli: Cli) -> None:
+    import subprocess
+    import sys
+    import zipfile
+
+    # A minimal wheel, written by hand (a wheel is a zip with METADATA, WHEEL and RECORD).
+    wheel = tmp_path / "ucmdummy-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr("ucmdummy/__init__.py", "VALUE = 42\n")
+        z.writestr("ucmdummy-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: ucmdummy\nVersion: 1.0\n")
+        wheel_info = "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        z.writestr("ucmdummy-1.0.dist-info/WHEEL", wheel_info)
+        z.writestr("ucmdummy-1.0.dist-info/RECORD", "")
+    venv = hosts.shared / "install-venv"
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)], check=True
+    )
+    text = f"""
+name: t-install
+mode: mixed
+engine: sim
+model: {{path: sim-model}}
+nodes:
+  h1: {{host: {hosts.host("h1").address}, key: {hosts.key}, platform: cpu, venv: {venv}}}
+  h2: {{host: {hosts.host("h2").address}, key: {hosts.key}, platform: cpu, venv: {venv}}}
+mixed: {{nodes: [h1, h2], port: 8400}}
+"""
+    done = cli("install", str(write(tmp_path, text)), "--wheel", str(wheel), "--no-deps")
+    assert done.returncode == 0, done.stderr
+    assert "h1: installed ucmdummy-1.0-py3-none-any.whl" in done.stdout
+    assert "h2: installed ucmdummy-1.0-py3-none-any.whl" in done.stdout
+    check = hosts.run("h2", str(venv / "bin" / "python"), "-c", "import ucmdummy; print(ucmdummy.VALUE)")
+    assert check.stdout.strip() == "42"
+    bad = cli("install", str(write(tmp_path, text)), "--wheel", str(tmp_path / "nope.whl"))
+    assert bad.returncode == 2 and "is not a wheel file" in bad.stderr
+
+
+def test_purge_storage_removes_only_the_stores_folders(tmp_path: Path, hosts: Cluster, cli: Cli) -> None:
+    backend = hosts.shared / "t-purge"
+    topo = write(tmp_path, centralized(hosts, "t-purge", backend=backend))
+    assert cli("up", str(topo)).returncode == 0
+    completion(f"http://{hosts.host('h1').address}:8000", list(range(1, 161)))
+    deadline = time.monotonic() + 10
+    while not list(backend.glob("[0-9a-f][0-9a-f][0-9a-f]")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert list(backend.glob("[0-9a-f][0-9a-f][0-9a-f]"))
+    (backend / "keep-me.txt").write_text("not the store's")
+    down = cli("down", str(topo), "--purge-storage", "--yes")
+    assert down.returncode == 0, down.stderr
+    assert "purged" in down.stdout
+    assert not list(backend.glob("[0-9a-f][0-9a-f][0-9a-f]"))
+    assert (backend / "keep-me.txt").read_text() == "not the store's"
+    assert hosts.processes_of("t-purge") == []
