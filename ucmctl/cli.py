@@ -205,6 +205,16 @@ def install(
         out.print(f"{node}: {line}")
 
 
+@app.command()
+def schema(
+    format: Format = typer.Option(Format.text, "--format", "-f", help="text (Markdown) or json"),
+) -> None:
+    """Print the topology file reference (Markdown) or its JSON Schema."""
+    from ucmctl.topology.schema_doc import json_schema, markdown
+
+    sys.stdout.write(json_schema() if format is Format.json else markdown())
+
+
 @app.callback(invoke_without_command=True)
 def _root(
     version: bool = typer.Option(False, "--version", help="print the version and exit"),

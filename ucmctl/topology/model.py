@@ -110,15 +110,15 @@ class Model(Strict):
 class Storage(Strict):
     """The UCM store (the guides' `ucm_connector_config`)."""
 
-    store_pipeline: str = "Cache|Posix"
+    store_pipeline: str = Field("Cache|Posix", description="tiers: Cache|Posix or Posix")
     storage_backends: list[str] = Field(
         min_length=1, description="shared directories, the same filesystem on every node"
     )
-    cache_buffer_capacity_gb: float = Field(64, ge=0)
+    cache_buffer_capacity_gb: float = Field(64, ge=0, description="DRAM tier per instance, GiB")
     posix_capacity_gb: float = Field(0, ge=0, description="0 = unlimited")
-    io_direct: bool = False
-    use_layerwise: bool = False
-    enable_event_sync: bool = True
+    io_direct: bool = Field(False, description="O_DIRECT file I/O")
+    use_layerwise: bool = Field(False, description="load and save layer by layer")
+    enable_event_sync: bool = Field(True, description="order device copies with events, not syncs")
 
     @field_validator("storage_backends", mode="before")
     @classmethod
@@ -127,52 +127,58 @@ class Storage(Strict):
 
 
 class Mooncake(Strict):
-    master_node: str
+    master_node: str = Field(description="node that runs mooncake_master")
     connector: str | None = Field(
         None,
         description="vLLM connector name (default: MooncakeConnectorV1 on ascend, else MooncakeConnector)",
     )
-    port: Port = 50088
-    metrics_port: Port = 9003
-    protocol: Literal["ascend", "rdma", "tcp"] = "tcp"
-    device_name: str = ""
+    port: Port = Field(50088, description="master RPC port")
+    metrics_port: Port = Field(9003, description="master metrics port (the health gate)")
+    protocol: Literal["ascend", "rdma", "tcp"] = Field(
+        "tcp", description="transfer protocol in mooncake.json"
+    )
+    device_name: str = Field("", description="device_name in mooncake.json")
     global_segment_size: str = Field("1GB", pattern=r"^[0-9]+(\.[0-9]+)?\s*[KMGT]?B$")
     eviction_high_watermark_ratio: float = Field(0.9, gt=0, le=1)
     eviction_ratio: float = Field(0.1, gt=0, le=1)
-    default_kv_lease_ttl: int = Field(11000, ge=1)
+    default_kv_lease_ttl: int = Field(11000, ge=1, description="ms")
 
 
 class Proxy(Strict):
-    node: str
-    port: Port = 7802
-    host: str = "0.0.0.0"
-    routing: Literal["load", "prefix"] = "load"
+    node: str = Field(description="node that runs the proxy")
+    port: Port = Field(7802, description="port clients connect to")
+    host: str = Field("0.0.0.0", description="address to listen on")
+    routing: Literal["load", "prefix"] = Field(
+        "load", description="load: least loaded; prefix: same leading block, same prefill instance"
+    )
 
 
 class PeerParallel(Strict):
     """The other side's parallelism as written into a Mooncake connector config."""
 
-    dp: int = Field(ge=1)
-    tp: int = Field(ge=1)
+    dp: int = Field(ge=1, description="the other side's data-parallel size")
+    tp: int = Field(ge=1, description="the other side's tensor-parallel size")
 
 
 class Side(Strict):
     """One role (prefill, decode or mixed): where its servers run and how."""
 
-    nodes: list[str] = Field(min_length=1)
+    nodes: list[str] = Field(min_length=1, description="node names, in rank order")
     servers_per_node: PositiveCount | dict[str, PositiveCount] = Field(
         1, description="API servers on each node, or a count per node name"
     )
-    dp: int = Field(1, ge=1, le=1024)
-    tp: int = Field(1, ge=1, le=64)
-    dp_mode: DpMode = DpMode.external
+    dp: int = Field(1, ge=1, le=1024, description="data-parallel size of one engine group")
+    tp: int = Field(1, ge=1, le=64, description="tensor-parallel size")
+    dp_mode: DpMode = Field(
+        DpMode.external, description="external: one API server per DP rank; internal: one"
+    )
     port: Port = Field(8000, description="port of a node's first API server; the next add 1 each")
-    dp_rpc_port: Port = 13395
+    dp_rpc_port: Port = Field(13395, description="--data-parallel-rpc-port (external DP)")
     kv_port: Port = Field(20001, description="Mooncake kv_port of a node's first server (+ i*tp)")
     kv_peer: PeerParallel | None = Field(
         None, description="the other side's dp/tp in the Mooncake config (default: derived)"
     )
-    expert_parallel: bool = False
+    expert_parallel: bool = Field(False, description="--enable-expert-parallel")
     dtype: str | None = Field(None, pattern=r"^[a-z0-9_]+$", description="overrides model.dtype")
     flags: dict[str, FlagValue | None] = Field(default_factory=dict, description="extra vLLM flags")
     env: Env = Field(default_factory=dict)
@@ -189,16 +195,18 @@ class Side(Strict):
 
 class Topology(Strict):
     name: str = Field(description="deployment name, unique per control machine")
-    mode: Mode
-    engine: Engine = Engine.vllm
-    model: Model
-    nodes: dict[str, Node] = Field(min_length=1)
+    mode: Mode = Field(
+        description="centralized (KV through the store), p2p (Mooncake P->D), mixed (one instance)"
+    )
+    engine: Engine = Field(Engine.vllm, description="vllm, or sim: ucmctl's simulator, same command line")
+    model: Model = Field(description="what every instance serves")
+    nodes: dict[str, Node] = Field(min_length=1, description="every machine, by name")
     storage: Storage | None = Field(None, description="UCM store; omit to run without UCM")
-    mooncake: Mooncake | None = None
-    proxy: Proxy | None = None
-    prefill: Side | None = None
-    decode: Side | None = None
-    mixed: Side | None = None
+    mooncake: Mooncake | None = Field(None, description="the Mooncake master (p2p mode only)")
+    proxy: Proxy | None = Field(None, description="the proxy clients talk to (needed for PD modes)")
+    prefill: Side | None = Field(None, description="prefill instances (centralized, p2p)")
+    decode: Side | None = Field(None, description="decode instances (centralized, p2p)")
+    mixed: Side | None = Field(None, description="instances that do both phases (mixed)")
     # Digest of the topology as written: set by the loader before it resolves relative paths,
     # so the same file gives the same digest in every checkout.
     _written_digest: str | None = PrivateAttr(None)
