@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from ucmctl import __version__
+from ucmctl.bench.cli import app as bench_app
 
 if TYPE_CHECKING:
     from ucmctl.topology.model import Topology
@@ -29,6 +30,7 @@ app = typer.Typer(
 )
 app.add_typer(model_app, name="model")
 app.add_typer(sim_app, name="sim")
+app.add_typer(bench_app, name="bench")
 app.command("proxy")(proxy_command)
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False)
@@ -227,7 +229,9 @@ def _root(
 def main() -> None:
     """Entry point: user errors become one line each and exit code 2, never a traceback."""
     try:
-        app(standalone_mode=False)
+        code = app(standalone_mode=False)  # click returns a typer.Exit's code in this mode
+        if isinstance(code, int) and code:
+            sys.exit(code)
     except UcmctlError as exc:
         for problem in exc.problems:
             err.print(f"[red]error:[/] {escape(problem.render())}", soft_wrap=True)

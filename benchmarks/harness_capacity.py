@@ -1,0 +1,154 @@
+"""Harness capacity: can `ucmctl bench` consume streamed tokens at least as fast as
+`vllm bench serve`? (issue 8 target: ratio >= 1.0). Both load one zero-cost simulator with the
+same workload (N streams at once, short prompts, long outputs, --ignore-eos), alternating
+rounds; each reports its own output-token throughput (first send to last answer).
+
+    python benchmarks/harness_capacity.py [--streams 64] [--tokens 1000] [--rounds 3]
+
+The reference, `vllm bench serve`, is measured in the same run on the same server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.support.processes import free_port, wait_healthy
+from ucmctl.bench.hitrate import Instance
+from ucmctl.bench.prompts import vocab_from_model
+from ucmctl.bench.runner import BenchConfig, Target, run_bench
+
+VENV_BIN = Path(sys.executable).parent
+
+
+def ours(url: str, model: str, streams: int, tokens: int, input_len: int, seed: int) -> tuple[float, int]:
+    cfg = BenchConfig(
+        input_lens=[input_len],
+        prefix_ratio=0.0,
+        num_prompts=streams,
+        concurrency=streams,
+        output_len=tokens,
+        seed=seed,
+        vocab=vocab_from_model(Path(model)),
+        model=model,
+    )
+    (cell,) = asyncio.run(run_bench(cfg, Target(url, [Instance("sim", "mixed", url)])))
+    m = cell["measure"]
+    return float(m["output_throughput"]), int(m["failed"])
+
+
+def theirs(
+    url: str, model: str, streams: int, tokens: int, input_len: int, seed: int, out: Path
+) -> tuple[float, int]:
+    name = f"vllm-{seed}.json"
+    cmd = [
+        str(VENV_BIN / "vllm"),
+        "bench",
+        "serve",
+        "--backend",
+        "vllm",
+        "--base-url",
+        url,
+        "--model",
+        model,
+        "--tokenizer",
+        model,
+        "--dataset-name",
+        "random",
+        "--random-input-len",
+        str(input_len),
+        "--random-output-len",
+        str(tokens),
+        "--num-prompts",
+        str(streams),
+        "--max-concurrency",
+        str(streams),
+        "--ignore-eos",
+        "--seed",
+        str(seed),
+        "--disable-tqdm",
+        "--save-result",
+        "--result-dir",
+        str(out),
+        "--result-filename",
+        name,
+    ]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_TARGET_DEVICE": "cpu"}
+    subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    result = json.loads((out / name).read_text())
+    return float(result["output_throughput"]), int(result.get("failed", 0))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--streams", type=int, default=64)
+    ap.add_argument("--tokens", type=int, default=1000)
+    ap.add_argument("--input-len", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument(
+        "--model-dir", type=Path, default=None, help="tokenizer folder (default: a tiny one built)"
+    )
+    args = ap.parse_args()
+
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        model_dir = args.model_dir
+        if model_dir is None:
+            from ucmctl.model import make_model
+
+            model_dir = make_model(tmp / "tiny", size="tiny", seed=0)
+        model = str(model_dir)
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        cmd = [
+            sys.executable,
+            "-m",
+            "ucmctl",
+            "sim",
+            "serve",
+            model,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--profile",
+            "zero",
+            "--max-num-seqs",
+            str(args.streams),
+            "--no-enable-prefix-caching",
+        ]
+        with (tmp / "sim.log").open("wb") as log:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            wait_healthy(f"{url}/health", proc, 60)
+            mine, ref = [], []
+            for r in range(args.rounds):
+                a, fa = ours(url, model, args.streams, args.tokens, args.input_len, seed=100 + r)
+                b, fb = theirs(url, model, args.streams, args.tokens, args.input_len, 200 + r, tmp)
+                mine.append(a)
+                ref.append(b)
+                print(
+                    f"round {r + 1}: ucmctl bench {a:,.0f} tok/s ({fa} failed), "
+                    f"vllm bench serve {b:,.0f} tok/s ({fb} failed)"
+                )
+        finally:
+            proc.terminate()
+            proc.wait(10)
+    ratio = statistics.median(mine) / statistics.median(ref)
+    print(f"{args.streams} streams x {args.tokens} tokens, zero-cost simulator, {args.rounds} rounds")
+    print(
+        f"median streamed tokens/s: ucmctl bench {statistics.median(mine):,.0f}, "
+        f"vllm bench serve {statistics.median(ref):,.0f} -> ratio {ratio:.2f} (target >= 1.0)"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,128 @@
+"""`ucmctl bench` against real `vllm serve` on the CPU: on the same workload, its TTFT and TPOT
+means agree with `vllm bench serve`'s within 10% (issue 8). One tiny-model server, prefix
+caching off (each harness sends its own random prompts), rounds alternated so that the
+machine's background load falls on both alike; the means over the rounds are compared."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.vllm_server import VllmServer
+from ucmctl.bench.hitrate import Instance
+from ucmctl.bench.prompts import vocab_from_model
+from ucmctl.bench.runner import BenchConfig, Target, run_bench
+
+pytestmark = pytest.mark.slow
+
+INPUT, OUTPUT, PROMPTS, CONCURRENCY, ROUNDS = 512, 32, 16, 4, 3
+VENV_BIN = Path(sys.executable).parent
+
+
+@pytest.fixture(scope="module")
+def server(
+    tiny_model: Path, compile_cache: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[VllmServer]:
+    log = tmp_path_factory.mktemp("bench-e2e") / "vllm.log"
+    srv = VllmServer(
+        tiny_model,
+        log,
+        compile_cache,
+        dtype="bfloat16",
+        max_model_len=2048,
+        extra_args=["--no-enable-prefix-caching", "--max-num-seqs", str(CONCURRENCY)],
+    )
+    try:
+        srv.start().wait_ready()
+        srv.complete(list(range(10, 10 + INPUT)), max_tokens=OUTPUT)  # warm-up, untimed
+        yield srv
+    finally:
+        srv.stop()  # the process group, and the TMPDIR with vLLM's sockets
+
+
+def ours(srv: VllmServer, seed: int) -> dict[str, float]:
+    cfg = BenchConfig(
+        input_lens=[INPUT],
+        prefix_ratio=0.0,
+        num_prompts=PROMPTS,
+        concurrency=CONCURRENCY,
+        output_len=OUTPUT,
+        seed=seed,
+        vocab=vocab_from_model(srv.model),
+        model="m",
+        temperature=0.0,
+    )
+    (cell,) = asyncio.run(run_bench(cfg, Target(srv.url, [Instance("vllm", "mixed", srv.url)])))
+    return cell["measure"]
+
+
+def theirs(srv: VllmServer, seed: int, out: Path) -> dict[str, float]:
+    name = f"vllm-{seed}.json"
+    cmd = [
+        str(VENV_BIN / "vllm"),
+        "bench",
+        "serve",
+        "--backend",
+        "vllm",
+        "--base-url",
+        srv.url,
+        "--model",
+        "m",
+        "--tokenizer",
+        str(srv.model),
+        "--dataset-name",
+        "random",
+        "--random-input-len",
+        str(INPUT),
+        "--random-output-len",
+        str(OUTPUT),
+        "--num-prompts",
+        str(PROMPTS),
+        "--max-concurrency",
+        str(CONCURRENCY),
+        "--ignore-eos",
+        "--temperature",
+        "0",
+        "--seed",
+        str(seed),
+        "--disable-tqdm",
+        "--percentile-metrics",
+        "ttft,tpot,itl,e2el",
+        "--save-result",
+        "--result-dir",
+        str(out),
+        "--result-filename",
+        name,
+    ]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_TARGET_DEVICE": "cpu"}
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads((out / name).read_text())
+
+
+def test_ttft_and_tpot_means_agree_with_vllm_bench_serve(server: VllmServer, tmp_path: Path) -> None:
+    mine, ref = [], []
+    for r in range(ROUNDS):
+        mine.append(ours(server, seed=10 + r))
+        ref.append(theirs(server, seed=20 + r, out=tmp_path))
+    for m, v in zip(mine, ref, strict=True):
+        assert m["completed"] == PROMPTS and m["failed"] == 0 and v["completed"] == PROMPTS
+        assert m["total_input_tokens"] == PROMPTS * INPUT  # every length checked against usage
+        assert m["total_output_tokens"] == v["total_output_tokens"] == PROMPTS * OUTPUT
+    report = []
+    for key in ("mean_ttft_ms", "mean_tpot_ms"):
+        a = sum(m[key] for m in mine) / ROUNDS
+        b = sum(v[key] for v in ref) / ROUNDS
+        report.append(f"{key}: ucmctl {a:.2f} vs vllm {b:.2f} ({100 * (a / b - 1):+.1f}%)")
+        print(report[-1], [round(m[key], 2) for m in mine], [round(v[key], 2) for v in ref])
+    for key in ("mean_ttft_ms", "mean_tpot_ms"):
+        a = sum(m[key] for m in mine) / ROUNDS
+        b = sum(v[key] for v in ref) / ROUNDS
+        assert abs(a / b - 1) <= 0.10, "; ".join(report)

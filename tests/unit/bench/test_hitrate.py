@@ -1,0 +1,55 @@
+from __future__ import annotations
+
+import pytest
+
+from ucmctl.bench.hitrate import Instance, hit_rates, parse_counters
+
+EXPOSITION = """# HELP vllm:prefix_cache_queries Prefix cache queries, in tokens.
+# TYPE vllm:prefix_cache_queries counter
+vllm:prefix_cache_queries_total{engine="0",model_name="m"} 1000.0
+vllm:prefix_cache_queries_total{engine="1",model_name="m"} 500.0
+vllm:prefix_cache_queries_created{engine="0",model_name="m"} 1.7e9
+vllm:prefix_cache_hits_total{engine="0",model_name="m"} 300.0
+vllm:external_prefix_cache_queries_total{engine="0",model_name="m"} 1200.0
+vllm:external_prefix_cache_hits_total{engine="0",model_name="m"} 960.0
+vllm:prefix_cache_hits_bogus 5
+"""
+
+
+def test_parse_sums_engines_and_ignores_created() -> None:
+    c = parse_counters(EXPOSITION)
+    assert c == {
+        "local_queries": 1500.0,
+        "local_hits": 300.0,
+        "external_queries": 1200.0,
+        "external_hits": 960.0,
+    }
+
+
+def test_rates_are_deltas_per_instance_role_and_total() -> None:
+    insts = [
+        Instance("p0", "prefill", "http://a"),
+        Instance("d0", "decode", "http://b"),
+        Instance("d1", "decode", "http://c"),
+    ]
+    zero = dict.fromkeys(("local_queries", "local_hits", "external_queries", "external_hits"), 0.0)
+    before = {"p0": dict(zero, local_queries=100.0, local_hits=50.0), "d0": dict(zero), "d1": dict(zero)}
+    after = {
+        "p0": {
+            "local_queries": 1100.0,
+            "local_hits": 50.0,
+            "external_queries": 1000.0,
+            "external_hits": 800.0,
+        },
+        "d0": {"local_queries": 1000.0, "local_hits": 800.0, "external_queries": 0.0, "external_hits": 0.0},
+        "d1": None,  # /metrics did not answer
+    }
+    r = hit_rates(insts, before, after)
+    assert r["missing"] == ["d1"]
+    assert r["by_instance"]["p0"]["external_hit_rate"] == pytest.approx(0.8)
+    assert r["by_instance"]["p0"]["local_hit_rate"] == 0.0
+    assert r["by_role"]["decode"]["local_hit_rate"] == pytest.approx(0.8)
+    assert r["by_role"]["decode"]["external_hit_rate"] is None  # no queries: no rate, not 0
+    total = r["total"]
+    assert total["local_queries"] == 2000 and total["external_hits"] == 800
+    assert total["hit_rate"] == pytest.approx((800 + 800) / 2000)

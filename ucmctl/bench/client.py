@@ -1,0 +1,196 @@
+"""The load generator: streamed /v1/completions requests over one aiohttp session.
+
+Timing follows `vllm bench serve`: TTFT is the arrival of the first SSE event that carries
+choices, each later such event adds an inter-token latency, and the end-to-end latency ends at
+the last one. Token events are recognised by a byte check (no JSON decoding per token); the
+few other events (the usage chunk, errors) are decoded. Token counts come from the final
+usage chunk, and every request's `usage.prompt_tokens` must equal the prompt it was sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import numpy as np
+
+HEADERS = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+_CHOICES = b'"choices":'
+
+
+@dataclass
+class RequestResult:
+    index: int
+    prompt_len: int  # tokens sent
+    ok: bool = False
+    error: str = ""
+    usage_prompt_tokens: int | None = None
+    output_tokens: int = 0
+    cached_tokens: int | None = None
+    ttft: float = 0.0
+    itl: list[float] = field(default_factory=list)
+    latency: float = 0.0
+    start_time: float = 0.0
+
+
+@dataclass
+class PhaseRun:
+    results: list[RequestResult]
+    duration: float
+
+
+def make_body(
+    prompt: Sequence[int], max_tokens: int, model: str | None, ignore_eos: bool, temperature: float | None
+) -> bytes:
+    """The request's JSON, encoded once before the clock starts."""
+    body: dict[str, Any] = {
+        "prompt": list(prompt),
+        "max_tokens": max_tokens,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "ignore_eos": ignore_eos,
+    }
+    if model:
+        body["model"] = model
+    if temperature is not None:
+        body["temperature"] = temperature
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def has_choices(event: bytes) -> bool:
+    """Whether an SSE event is a chunk with a non-empty `choices` list (a token), without decoding."""
+    i = event.find(_CHOICES)
+    if i < 0:
+        return False
+    rest = event[i + len(_CHOICES) : i + len(_CHOICES) + 8].lstrip()
+    return rest[:1] == b"[" and rest[1:].lstrip()[:1] not in (b"]", b"")
+
+
+def _finish(out: RequestResult, tail: list[bytes], got_token: bool) -> None:
+    """Read the non-token events (usage, errors) and decide whether the request succeeded."""
+    usage: dict[str, Any] | None = None
+    for event in tail:
+        payload = event.removeprefix(b"data:").strip()
+        if not payload or payload == b"[DONE]" or event.startswith(b":"):
+            continue
+        try:
+            data = json.loads(payload)
+        except ValueError:
+            out.error = f"undecodable event: {payload[:120]!r}"
+            return
+        if isinstance(data, dict) and data.get("error"):
+            err = data["error"]
+            out.error = f"error event: {err.get('message', err) if isinstance(err, dict) else err}"
+            return
+        if isinstance(data, dict) and data.get("usage"):
+            usage = data["usage"]
+    if not got_token:
+        out.error = "no chunk with choices came (no TTFT)"
+        return
+    if usage is None:
+        out.error = "no usage in the stream (the server ignored stream_options.include_usage)"
+        return
+    out.usage_prompt_tokens = usage.get("prompt_tokens")
+    out.output_tokens = int(usage.get("completion_tokens") or 0)
+    details = usage.get("prompt_tokens_details") or {}
+    out.cached_tokens = details.get("cached_tokens")
+    if out.usage_prompt_tokens != out.prompt_len:
+        out.error = f"usage.prompt_tokens {out.usage_prompt_tokens} != {out.prompt_len} tokens sent"
+        return
+    out.ok = True
+
+
+async def send(session: aiohttp.ClientSession, url: str, body: bytes, out: RequestResult) -> None:
+    """One streamed request; fills `out` (never raises)."""
+    perf = time.perf_counter
+    start = last = perf()
+    out.start_time = start
+    tail: list[bytes] = []
+    got_token = False
+    itl = out.itl
+    try:
+        async with session.post(url, data=body, headers=HEADERS) as resp:
+            if resp.status != 200:
+                text = (await resp.text(errors="replace"))[:300]
+                out.error = f"HTTP {resp.status}: {text}"
+                return
+            buf = b""
+            async for data in resp.content.iter_any():
+                now = perf()
+                buf += data
+                if b"\n\n" not in buf:
+                    continue
+                *events, buf = buf.replace(b"\r\n", b"\n").split(b"\n\n")
+                for event in events:
+                    if has_choices(event):
+                        if got_token:
+                            itl.append(now - last)
+                        else:
+                            out.ttft = now - start
+                            got_token = True
+                        last = now
+                    elif event.strip():
+                        tail.append(event)
+            if buf.strip():
+                tail.append(buf)
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        out.error = f"{type(exc).__name__}: {exc}"
+        return
+    out.latency = last - start
+    _finish(out, tail, got_token)
+
+
+def session(concurrency: int, timeout_s: float) -> aiohttp.ClientSession:
+    """The one session of a benchmark: a pool with room for every concurrent stream."""
+    connector = aiohttp.TCPConnector(
+        limit=concurrency + 8,
+        limit_per_host=0,
+        ttl_dns_cache=300,
+        keepalive_timeout=60,
+        enable_cleanup_closed=True,
+    )
+    timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=30)
+    return aiohttp.ClientSession(
+        connector=connector, timeout=timeout, read_bufsize=2**18, auto_decompress=False
+    )
+
+
+async def run_phase(
+    http: aiohttp.ClientSession,
+    url: str,
+    bodies: Sequence[bytes],
+    prompt_lens: Sequence[int],
+    concurrency: int,
+    request_rate: float = float("inf"),
+    seed: int = 0,
+    on_done: Callable[[RequestResult], None] | None = None,
+) -> PhaseRun:
+    """Send every body, at most `concurrency` at once, arrivals Poisson at `request_rate`
+    (all at once when infinite), as `vllm bench serve --request-rate R --max-concurrency C` does."""
+    gate = asyncio.Semaphore(max(1, concurrency))
+    results = [RequestResult(i, n) for i, n in enumerate(prompt_lens)]
+
+    async def one(i: int) -> None:
+        async with gate:
+            await send(http, url, bodies[i], results[i])
+        if on_done is not None:
+            on_done(results[i])
+
+    rng = np.random.default_rng(seed)
+    start = time.perf_counter()
+    tasks = []
+    arrival = 0.0
+    for i in range(len(bodies)):
+        if request_rate != float("inf") and i > 0:
+            arrival += float(rng.exponential(1.0 / request_rate))
+            delay = start + arrival - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(one(i)))
+    await asyncio.gather(*tasks)
+    return PhaseRun(results, time.perf_counter() - start)

@@ -1,0 +1,135 @@
+"""The measured prefix-cache hit rate: deltas of every instance's Prometheus counters.
+
+vLLM counts, in tokens, local prefix-cache queries and hits (`vllm:prefix_cache_*`) and, for
+any KV connector, external ones (`vllm:external_prefix_cache_*`). A phase's rate is the delta
+of hits over the delta of queries across it, per instance, per role and over all instances.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from ucmctl.errors import UcmctlError
+
+COUNTERS = {
+    "local_queries": "vllm:prefix_cache_queries",
+    "local_hits": "vllm:prefix_cache_hits",
+    "external_queries": "vllm:external_prefix_cache_queries",
+    "external_hits": "vllm:external_prefix_cache_hits",
+}
+
+
+@dataclass(frozen=True)
+class Instance:
+    name: str
+    role: str
+    url: str  # base URL: /metrics and /reset_prefix_cache live under it
+
+
+def parse_counters(text: str) -> dict[str, float]:
+    """Our four counters from a Prometheus exposition, summed over label sets (engines)."""
+    wanted: dict[str, str] = {}
+    for key, name in COUNTERS.items():
+        wanted[name] = key
+        wanted[name + "_total"] = key
+    out = dict.fromkeys(COUNTERS, 0.0)
+    for line in text.splitlines():
+        if not line or line[0] == "#":
+            continue
+        head, _, value = line.rpartition(" ")
+        found = wanted.get(head.split("{", 1)[0])
+        if found is not None:
+            try:
+                out[found] += float(value)
+            except ValueError:
+                continue
+    return out
+
+
+async def scrape(
+    http: aiohttp.ClientSession, instances: list[Instance]
+) -> dict[str, dict[str, float] | None]:
+    """Every instance's counters; None for one whose /metrics did not answer."""
+
+    async def one(inst: Instance) -> dict[str, float] | None:
+        try:
+            async with http.get(f"{inst.url}/metrics", timeout=aiohttp.ClientTimeout(total=15)) as r:
+                if r.status != 200:
+                    return None
+                return parse_counters(await r.text())
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+            return None
+
+    values = await asyncio.gather(*(one(i) for i in instances))
+    return {inst.name: v for inst, v in zip(instances, values, strict=True)}
+
+
+def _rates(c: dict[str, float]) -> dict[str, Any]:
+    lq, lh, eq, eh = (c["local_queries"], c["local_hits"], c["external_queries"], c["external_hits"])
+    return {
+        **{k: int(v) for k, v in c.items()},
+        "local_hit_rate": lh / lq if lq else None,
+        "external_hit_rate": eh / eq if eq else None,
+        # Share of queried prompt tokens that were not recomputed (local or external hit).
+        "hit_rate": (lh + eh) / lq if lq else None,
+    }
+
+
+def hit_rates(
+    instances: list[Instance],
+    before: dict[str, dict[str, float] | None],
+    after: dict[str, dict[str, float] | None],
+) -> dict[str, Any]:
+    """Rates over all instances, per role and per instance; `missing` names unreadable ones."""
+    total = dict.fromkeys(COUNTERS, 0.0)
+    roles: dict[str, dict[str, float]] = {}
+    per: dict[str, Any] = {}
+    missing = []
+    for inst in instances:
+        a, b = before.get(inst.name), after.get(inst.name)
+        if a is None or b is None:
+            missing.append(inst.name)
+            continue
+        delta = {k: b[k] - a[k] for k in COUNTERS}
+        per[inst.name] = {"role": inst.role, **_rates(delta)}
+        role = roles.setdefault(inst.role, dict.fromkeys(COUNTERS, 0.0))
+        for k in COUNTERS:
+            total[k] += delta[k]
+            role[k] += delta[k]
+    return {
+        "total": _rates(total) if len(missing) < len(instances) else None,
+        "by_role": {r: _rates(c) for r, c in roles.items()},
+        "by_instance": per,
+        "missing": missing,
+    }
+
+
+async def reset_local_caches(http: aiohttp.ClientSession, instances: list[Instance]) -> None:
+    """POST /reset_prefix_cache on every instance: its local (HBM) cache only, not the store."""
+
+    async def one(inst: Instance) -> str | None:
+        try:
+            async with http.post(f"{inst.url}/reset_prefix_cache") as r:
+                text = await r.text()
+                if r.status == 404:
+                    return f"{inst.name}: /reset_prefix_cache not found"
+                if r.status != 200:
+                    return f"{inst.name}: /reset_prefix_cache answered {r.status}: {text[:120]}"
+                if text.strip().startswith("{") and json.loads(text).get("success") is False:
+                    return f"{inst.name}: the reset failed (requests still running?)"
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            return f"{inst.name}: {type(exc).__name__}: {exc}"
+        return None
+
+    problems = [p for p in await asyncio.gather(*(one(i) for i in instances)) if p]
+    if problems:
+        raise UcmctlError.one(
+            "--reset-hbm: " + "; ".join(problems),
+            key="--reset-hbm",
+            fix="real vLLM serves this route only with VLLM_SERVER_DEV_MODE=1",
+        )

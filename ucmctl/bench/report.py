@@ -1,0 +1,370 @@
+"""Results out: the terminal table, the versioned JSON document with provenance, CSV, Markdown
+and a PNG plot. Cells are dicts: {"scenario"?, "input_len", "repeat", "prefix_ratio",
+"preseed": phase | None, "measure": phase}; a phase carries `vllm bench serve`'s key names."""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import importlib.metadata
+import json
+import math
+import os
+import platform
+import shlex
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from ucmctl import __version__
+from ucmctl.bench.metrics import METRICS, STATS
+from ucmctl.errors import UcmctlError
+
+SCHEMA_VERSION = 1
+KIND = "ucmctl-bench-result"
+VLLM_KEYS = (
+    "duration",
+    "completed",
+    "failed",
+    "total_input_tokens",
+    "total_output_tokens",
+    "request_throughput",
+    "output_throughput",
+    "total_token_throughput",
+    *(f"{s}_{m}_ms" for m in METRICS for s in STATS),
+)
+
+
+# ---- provenance ----------------------------------------------------------------------------
+def _git_revision() -> str | None:
+    root = Path(__file__).resolve().parents[2]
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        rev = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+        ).stdout.strip()
+        return rev + ("-dirty" if dirty else "")
+    return None
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _memory_bytes() -> int | None:
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    return None
+
+
+def provenance(
+    topology_digest: str | None = None, topology_path: str | None = None, argv: list[str] | None = None
+) -> dict[str, Any]:
+    """Where a result came from: versions, revision, host, command line, topology."""
+    with contextlib.suppress(KeyError, OSError):
+        user = getpass.getuser()
+    return {
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "command_line": shlex.join(argv if argv is not None else ["ucmctl", *sys.argv[1:]]),
+        "ucmctl_version": __version__,
+        "vllm_version": _version("vllm"),
+        "git_revision": _git_revision(),
+        "topology_digest": topology_digest,
+        "topology_path": topology_path,
+        "host": {
+            "hostname": socket.gethostname(),
+            "user": locals().get("user"),
+            "platform": platform.platform(),
+            "machine": platform.machine(),
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "memory_bytes": _memory_bytes(),
+            "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        },
+    }
+
+
+# ---- the JSON document ----------------------------------------------------------------------
+def document(
+    cells: list[dict[str, Any]],
+    config: dict[str, Any],
+    prov: dict[str, Any],
+    target: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "kind": KIND,
+        "provenance": prov,
+        "config": config,
+        "target": target or {},
+        "cells": cells,
+    }
+    if len(cells) == 1:  # one measurement: also at the top, where `vllm bench serve` puts its keys
+        measure = cells[0]["measure"]
+        doc.update({k: measure[k] for k in VLLM_KEYS if k in measure})
+        doc.update(
+            {
+                "num_prompts": config.get("num_prompts"),
+                "max_concurrency": config.get("concurrency"),
+                "request_rate": config.get("request_rate"),
+            }
+        )
+    return doc
+
+
+def save_json(doc: dict[str, Any], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(finite(doc), indent=1, default=str, allow_nan=False) + "\n")
+    os.replace(tmp, path)
+
+
+def finite(value: Any) -> Any:
+    """NaN and infinities become null (strict JSON); the rest is unchanged."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
+
+
+def load_document(path: Path) -> dict[str, Any]:
+    """A saved result; UcmctlError (exit 2) when it is not one this version reads."""
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise UcmctlError.one(f"cannot read a result: {exc}", file=str(path)) from None
+    if not isinstance(doc, dict) or doc.get("kind") != KIND:
+        raise UcmctlError.one("not a `ucmctl bench --save` result", file=str(path))
+    if doc.get("schema_version") != SCHEMA_VERSION:
+        raise UcmctlError.one(
+            f"schema_version {doc.get('schema_version')} is not {SCHEMA_VERSION}",
+            file=str(path),
+            fix="re-run the benchmark with this ucmctl",
+        )
+    return doc
+
+
+# ---- flat rows: CSV, Markdown, plot ---------------------------------------------------------
+def _rate(phase: dict[str, Any] | None, key: str) -> float | None:
+    total = ((phase or {}).get("hit_rate") or {}).get("total") or {}
+    return total.get(key)
+
+
+def rows(cells: Iterable[dict[str, Any]]) -> pd.DataFrame:
+    """One row per (scenario, input length, repeat, phase)."""
+    out = []
+    for cell in cells:
+        for phase in ("preseed", "measure"):
+            p = cell.get(phase)
+            if not p:
+                continue
+            row: dict[str, Any] = {
+                "scenario": cell.get("scenario") or "",
+                "input_len": cell["input_len"],
+                "repeat": cell.get("repeat", 0),
+                "phase": phase,
+                "prompt_len": p.get("input_len"),
+                "output_len": p.get("output_len"),
+                "prefix_ratio": cell.get("prefix_ratio"),
+            }
+            row.update({k: p.get(k) for k in VLLM_KEYS})
+            for key in ("local_hit_rate", "external_hit_rate", "hit_rate"):
+                row[f"measured_{key}"] = _rate(p, key)
+            out.append(row)
+    return pd.DataFrame(out)
+
+
+def save_csv(cells: list[dict[str, Any]], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows(cells).to_csv(path, index=False, float_format="%.4f")
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{100 * v:.1f}%"
+
+
+def _ms(v: Any) -> str:
+    return "-" if v is None else f"{v:.0f}" if v >= 100 else f"{v:.2f}"
+
+
+def markdown(cells: list[dict[str, Any]]) -> str:
+    """Measure phases as a Markdown table; a suite adds one TTFT/TPOT/E2EL group per scenario."""
+    measured = [c for c in cells if c.get("measure")]
+    scenarios = list(dict.fromkeys(c.get("scenario") or "" for c in measured))
+    if scenarios != [""]:
+        return suite_markdown(measured, scenarios)
+    head = (
+        "| input | output | ok/failed | TTFT mean / p99 (ms) | TPOT mean / p99 (ms) | ITL mean (ms) "
+        "| E2EL mean / p99 (ms) | out tok/s | hit rate local / external (requested) |"
+    )
+    lines = [head, "|" + "---|" * 9]
+    for c in measured:
+        m = c["measure"]
+        lines.append(
+            f"| {c['input_len']} | {m['output_len']} | {m['completed']}/{m['failed']} "
+            f"| {_ms(m['mean_ttft_ms'])} / {_ms(m['p99_ttft_ms'])} | {_ms(m['mean_tpot_ms'])} / "
+            f"{_ms(m['p99_tpot_ms'])} | {_ms(m['mean_itl_ms'])} | {_ms(m['mean_e2el_ms'])} / "
+            f"{_ms(m['p99_e2el_ms'])} | {m['output_throughput']:.1f} | {_pct(_rate(m, 'local_hit_rate'))} / "
+            f"{_pct(_rate(m, 'external_hit_rate'))} ({_pct(c.get('prefix_ratio'))}) |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _mean_of(cells: list[dict[str, Any]], key: str) -> float | None:
+    values = [c["measure"][key] for c in cells if c["measure"].get(key) is not None]
+    return sum(values) / len(values) if values else None
+
+
+def suite_markdown(cells: list[dict[str, Any]], scenarios: list[str]) -> str:
+    """The guides' side-by-side table: input, output, then TTFT / TPOT / E2EL per scenario
+    (means over repeats), and the measured hit rate per scenario."""
+    head = "| input | output | " + " | ".join(f"{s} TTFT / TPOT / E2EL (ms)" for s in scenarios)
+    head += " | " + " | ".join(f"{s} hit rate" for s in scenarios) + " |"
+    lines = [head, "|" + "---|" * (2 + 2 * len(scenarios))]
+    for input_len in dict.fromkeys(c["input_len"] for c in cells):
+        group = [c for c in cells if c["input_len"] == input_len]
+        out_len = group[0]["measure"]["output_len"]
+        lat, hits = [], []
+        for s in scenarios:
+            mine = [c for c in group if (c.get("scenario") or "") == s]
+            if not mine:
+                lat.append("-")
+                hits.append("-")
+                continue
+            lat.append(" / ".join(_ms(_mean_of(mine, f"mean_{m}_ms")) for m in ("ttft", "tpot", "e2el")))
+            hits.append(_pct(_rate(mine[0]["measure"], "hit_rate")))
+        lines.append(f"| {input_len} | {out_len} | " + " | ".join(lat) + " | " + " | ".join(hits) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def check_plot_available() -> None:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise UcmctlError.one(
+            "--plot needs matplotlib, which is not installed",
+            key="--plot",
+            fix="pip install matplotlib, or drop --plot",
+        ) from None
+
+
+def save_plot(cells: list[dict[str, Any]], path: Path) -> None:
+    """PNG: TTFT and E2EL (means) by input length, one line per scenario."""
+    check_plot_available()
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    frame = rows(cells)
+    frame = frame[frame["phase"] == "measure"]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for ax, key, title in ((axes[0], "mean_ttft_ms", "TTFT"), (axes[1], "mean_e2el_ms", "E2EL")):
+        for scenario, group in frame.groupby("scenario", sort=False):
+            series = group.groupby("input_len")[key].mean()
+            ax.plot(series.index, series.values, marker="o", label=scenario or "run")
+        ax.set_xlabel("input length (tokens)")
+        ax.set_ylabel(f"mean {title} (ms)")
+        ax.set_title(f"{title} by input length")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ---- the terminal ----------------------------------------------------------------------------
+def _table(title: str, columns: list[str], rows_: list[list[str]]) -> Table:
+    table = Table(title=title, header_style="bold", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in columns:
+        table.add_column(col, justify="left" if col in ("scenario", "phase") else "right", no_wrap=True)
+    for r in rows_:
+        table.add_row(*r)
+    return table
+
+
+def print_cells(cells: list[dict[str, Any]], console: Console) -> None:
+    """Two tables (latencies; throughput and hit rates), then every failure and unread /metrics."""
+    has_scenario = any(c.get("scenario") for c in cells)
+    lead = ["scenario"] if has_scenario else []
+    latency, load = [], []
+    for cell in cells:
+        for phase in ("preseed", "measure"):
+            p = cell.get(phase)
+            if not p:
+                continue
+            first = [cell.get("scenario") or ""] if has_scenario else []
+            first += [
+                str(cell["input_len"]) + (f" #{cell['repeat'] + 1}" if cell.get("repeat") else ""),
+                phase,
+            ]
+            failed = f"[red]{p['failed']}[/]" if p["failed"] else "0"
+            latency.append(
+                [*first, *(f"{_ms(p[f'mean_{m}_ms'])} / {_ms(p[f'p99_{m}_ms'])}" for m in METRICS)]
+            )
+            requested = _pct(cell.get("prefix_ratio")) if phase == "measure" else "-"
+            load.append(
+                [
+                    *first,
+                    str(p["completed"]),
+                    failed,
+                    f"{p['request_throughput']:.2f}",
+                    f"{p['output_throughput']:.1f}",
+                    _pct(_rate(p, "local_hit_rate")),
+                    _pct(_rate(p, "external_hit_rate")),
+                    requested,
+                ]
+            )
+    head = [*lead, "input", "phase"]
+    metric_cols = [m.upper() for m in METRICS]
+    console.print(_table("latency, ms (mean / p99)", head + metric_cols, latency))
+    load_cols = ["ok", "failed", "req/s", "tok/s", "hit L", "hit E", "asked"]
+    console.print(
+        _table(
+            "throughput; measured hit rate (local, external) and the prefix ratio asked",
+            head + load_cols,
+            load,
+        )
+    )
+    for cell in cells:
+        for phase in ("preseed", "measure"):
+            p = cell.get(phase) or {}
+            for e in p.get("errors", []):
+                console.print(f"[red]{phase} {cell['input_len']}: {e['count']} x {e['error']}[/]")
+            rate = _rate(p, "hit_rate")
+            if phase == "preseed" and rate is not None and rate > 0.05:
+                console.print(
+                    f"[yellow]preseed {cell['input_len']}: {100 * rate:.1f}% of its prompt tokens were "
+                    "already cached (a run with the same --seed before?): the measured hit rate "
+                    "includes them; use another --seed or reset the caches[/]"
+                )
+            missing = (p.get("hit_rate") or {}).get("missing")
+            if missing:
+                console.print(f"[yellow]no /metrics from {', '.join(missing)}: hit rate without them[/]")

@@ -1,0 +1,200 @@
+"""The guides' procedure for one target: per input length, preseed, optionally reset the local
+caches, then measure; with the measured hit rate of each phase from the instances' counters."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+import aiohttp
+
+from ucmctl.bench import client, hitrate, metrics, prompts
+from ucmctl.bench.client import RequestResult
+from ucmctl.bench.hitrate import Instance
+
+
+@dataclass
+class BenchConfig:
+    input_lens: list[int]
+    prefix_ratio: float = 0.8
+    num_prompts: int = 128
+    concurrency: int = 128
+    output_len: int = 1000
+    request_rate: float = math.inf
+    ignore_eos: bool = True
+    seed: int = 0
+    reset_hbm: bool = False
+    repeats: int = 1
+    vocab: int = 8000
+    model: str | None = None
+    temperature: float | None = None
+    settle_s: float = 0.0  # pause between the phases (an asynchronous store finishing its writes)
+    timeout_s: float = 6 * 3600
+    stream_base: int = 0  # offsets the prompts' stream numbers (a suite gives each cell its own)
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["request_rate"] = "inf" if math.isinf(self.request_rate) else self.request_rate
+        return d
+
+
+@dataclass
+class Target:
+    url: str  # where requests go: the proxy, or one API server
+    instances: list[Instance] = field(default_factory=list)  # whose /metrics are read
+    endpoint: str = "/v1/completions"
+
+
+class Progress(Protocol):
+    def start(self, label: str, total: int) -> None: ...
+
+    def advance(self, result: RequestResult) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+class NoProgress:
+    def start(self, label: str, total: int) -> None:
+        pass
+
+    def advance(self, result: RequestResult) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+
+async def detect_model(http: aiohttp.ClientSession, url: str) -> str | None:
+    """The first served model name, from /v1/models; None when the endpoint has none."""
+    try:
+        async with http.get(f"{url}/v1/models", timeout=aiohttp.ClientTimeout(total=15)) as r:
+            if r.status == 200:
+                data = (await r.json()).get("data") or []
+                return str(data[0]["id"]) if data else None
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError, KeyError, TypeError):
+        pass
+    return None
+
+
+async def _phase(
+    http: aiohttp.ClientSession,
+    cfg: BenchConfig,
+    target: Target,
+    label: str,
+    length: int,
+    max_tokens: int,
+    stream: int,
+    progress: Progress,
+) -> dict[str, Any]:
+    """One phase: N prompts, each the first `length` tokens of its prompt stream."""
+    bodies = [
+        client.make_body(
+            prompts.prompt_ids(cfg.seed, i, length, cfg.vocab, stream),
+            max_tokens,
+            cfg.model,
+            cfg.ignore_eos,
+            cfg.temperature,
+        )
+        for i in range(cfg.num_prompts)
+    ]
+    before = await hitrate.scrape(http, target.instances)
+    progress.start(label, cfg.num_prompts)
+    try:
+        run = await client.run_phase(
+            http,
+            target.url + target.endpoint,
+            bodies,
+            [length] * cfg.num_prompts,
+            cfg.concurrency,
+            cfg.request_rate,
+            cfg.seed,
+            progress.advance,
+        )
+    finally:
+        progress.stop()
+    after = await hitrate.scrape(http, target.instances)
+    summary = metrics.summarize(run.results, run.duration)
+    summary.update(
+        {
+            "input_len": length,
+            "output_len": max_tokens,
+            "num_prompts": cfg.num_prompts,
+            "hit_rate": hitrate.hit_rates(target.instances, before, after),
+        }
+    )
+    summary["_results"] = run.results  # dropped before saving; kept for tests and debugging
+    return summary
+
+
+async def run_bench(
+    cfg: BenchConfig,
+    target: Target,
+    progress: Progress | None = None,
+    log: Callable[[str], None] = lambda _: None,
+) -> list[dict[str, Any]]:
+    """Every (input length, repeat) cell: {"input_len", "repeat", "seed", "preseed", "measure"}."""
+    progress = progress or NoProgress()
+    cells: list[dict[str, Any]] = []
+    async with client.session(cfg.concurrency, cfg.timeout_s) as http:
+        if cfg.model is None:
+            cfg.model = await detect_model(http, target.url)
+        for repeat in range(cfg.repeats):
+            for k, input_len in enumerate(cfg.input_lens):
+                stream = cfg.stream_base + repeat * len(cfg.input_lens) + k
+                pre_len = prompts.preseed_len(input_len, cfg.prefix_ratio)
+                cell: dict[str, Any] = {
+                    "input_len": input_len,
+                    "repeat": repeat,
+                    "stream": stream,
+                    "prefix_ratio": cfg.prefix_ratio,
+                    "preseed": None,
+                }
+                tag = f"{input_len} tokens" + (
+                    f", repeat {repeat + 1}/{cfg.repeats}" if cfg.repeats > 1 else ""
+                )
+                if pre_len > 0:
+                    cell["preseed"] = await _phase(
+                        http, cfg, target, f"preseed {tag}", pre_len, 1, stream, progress
+                    )
+                    if cfg.reset_hbm:
+                        await hitrate.reset_local_caches(http, target.instances)
+                        log(f"reset the local prefix cache of {len(target.instances)} instance(s)")
+                    if cfg.settle_s > 0:
+                        await asyncio.sleep(cfg.settle_s)
+                cell["measure"] = await _phase(
+                    http, cfg, target, f"measure {tag}", input_len, cfg.output_len, stream, progress
+                )
+                cells.append(cell)
+    return cells
+
+
+def strip_private(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The cells without per-request objects, ready for JSON."""
+    out = []
+    for cell in cells:
+        c = dict(cell)
+        for phase in ("preseed", "measure"):
+            if c.get(phase):
+                c[phase] = {k: v for k, v in c[phase].items() if not k.startswith("_")}
+        out.append(c)
+    return out
+
+
+def target_from_deployment(deployment: str) -> Target:
+    """Requests go to the proxy (or the only API server); every API server's /metrics is read."""
+    from ucmctl.deploy.state import endpoints
+
+    ep = endpoints(deployment)
+    instances = [Instance(name, role, url) for name, role, url in ep.instances]
+    url = ep.proxy or (instances[0].url if len(instances) == 1 else None)
+    if url is None:
+        from ucmctl.errors import UcmctlError
+
+        raise UcmctlError.one(
+            f"deployment '{deployment}' has no proxy and {len(instances)} API servers",
+            fix="pass --url to pick the server to load",
+        )
+    return Target(url.rstrip("/"), instances)

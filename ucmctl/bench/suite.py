@@ -1,0 +1,258 @@
+"""Scenario suites: a matrix of input lengths x scenarios on one topology, redeployed between
+scenarios, resumable.
+
+A scenario is a topology override: `recompute` (no UCM store, vLLM prefix caching off),
+`hbm` (no UCM store, prefix caching on), `ucm` (the topology as written, connector on).
+Finished cells are appended, one JSON line each, to the suite's results file; a later run of
+the same suite skips them (and a scenario whose cells are all finished is not deployed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import secrets
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ucmctl.bench.runner import BenchConfig, Target
+from ucmctl.errors import ExitStatus, UcmctlError
+from ucmctl.topology.model import FlagValue, Topology
+
+Scenario = Literal["recompute", "hbm", "ucm"]
+SCENARIOS: tuple[str, ...] = ("recompute", "hbm", "ucm")
+
+
+def _all_scenarios() -> list[Scenario]:
+    return ["recompute", "hbm", "ucm"]
+
+
+class Suite(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+    topology: str = Field(description="topology file, relative to the suite file")
+    scenarios: list[Scenario] = Field(default_factory=lambda: _all_scenarios(), min_length=1)
+    input_lens: list[int] = Field(min_length=1)
+    output_len: int = Field(1000, ge=1)
+    prefix_ratio: float = Field(0.8, ge=0, lt=1)
+    num_prompts: int = Field(128, ge=1)
+    concurrency: int = Field(128, ge=1)
+    request_rate: float | Literal["inf"] = "inf"
+    ignore_eos: bool = True
+    seed: int = Field(0, ge=0)
+    reset_hbm: bool = False
+    repeats: int = Field(1, ge=1)
+    vocab: int | None = Field(None, description="default: the model folder's, else 8000")
+    settle_s: float = Field(0.0, ge=0)
+    side_flags: dict[str, FlagValue] = Field(
+        default_factory=dict, description="vLLM flags added to every side, every scenario"
+    )
+
+    def digest(self) -> str:
+        text = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def cells(self) -> list[tuple[str, int, int]]:
+        """(scenario, input length, repeat) in run order: one deployment per scenario."""
+        return [(s, n, r) for s in self.scenarios for r in range(self.repeats) for n in self.input_lens]
+
+    def bench_config(self, vocab: int) -> BenchConfig:
+        rate = math.inf if self.request_rate == "inf" else float(self.request_rate)
+        return BenchConfig(
+            input_lens=list(self.input_lens),
+            prefix_ratio=self.prefix_ratio,
+            num_prompts=self.num_prompts,
+            concurrency=self.concurrency,
+            output_len=self.output_len,
+            request_rate=rate,
+            ignore_eos=self.ignore_eos,
+            seed=self.seed,
+            reset_hbm=self.reset_hbm,
+            vocab=vocab,
+            settle_s=self.settle_s,
+        )
+
+
+def load_suite(path: Path) -> Suite:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise UcmctlError.one(f"cannot read the suite: {exc}", file=str(path)) from None
+    try:
+        return Suite.model_validate(data)
+    except ValidationError as exc:
+        problems = [f"{'.'.join(str(x) for x in e['loc']) or '(top)'}: {e['msg']}" for e in exc.errors()]
+        raise UcmctlError.one("; ".join(problems), file=str(path)) from None
+
+
+def apply_scenario(topology: Topology, scenario: str, side_flags: dict[str, Any] | None = None) -> Topology:
+    """The topology a scenario runs: a copy with the store and prefix caching set as it says."""
+    sides: dict[str, Any] = {}
+    for name, side in topology.sides():
+        flags = {**side.flags, **(side_flags or {})}
+        if scenario == "recompute":
+            flags["enable-prefix-caching"] = False
+        sides[name] = side.model_copy(update={"flags": flags})
+    update: dict[str, Any] = dict(sides)
+    if scenario in ("recompute", "hbm"):
+        update["storage"] = None
+    elif scenario != "ucm":
+        raise UcmctlError.one(f"unknown scenario '{scenario}'", fix=f"use one of {', '.join(SCENARIOS)}")
+    new = topology.model_copy(update=update)
+    # The digest names the file as written plus the override: the same in every checkout.
+    override = json.dumps({"scenario": scenario, "side_flags": side_flags or {}}, sort_keys=True, default=str)
+    new._written_digest = hashlib.sha256(f"{topology.digest()}|{override}".encode()).hexdigest()
+    return new
+
+
+# ---- the results file -------------------------------------------------------------------------
+class ResultsFile:
+    """JSON lines: a header per start of the suite, then one line per finished cell."""
+
+    def __init__(self, path: Path, suite: Suite) -> None:
+        self.path = path
+        self.digest = suite.digest()
+        self.done: dict[tuple[str, int, int], dict[str, Any]] = {}
+        self.attempt = 0
+        self.salt = secrets.randbelow(1 << 30)  # the first header keeps it: this file's own prompts
+
+    def open(self, fresh: bool) -> None:
+        if fresh and self.path.exists():
+            self.path.unlink()
+        if self.path.exists():
+            for n, line in enumerate(self.path.read_text().splitlines(), 1):
+                if not line.strip():
+                    continue
+                try:
+                    rec = json.loads(line)
+                except ValueError:  # a line cut short by the interruption: that cell runs again
+                    continue
+                if rec.get("type") == "header":
+                    if rec.get("suite_digest") != self.digest:
+                        raise UcmctlError.one(
+                            "these results are from a different version of the suite",
+                            file=str(self.path),
+                            line=n,
+                            fix="pass --fresh to start over, or another --results file",
+                        )
+                    if self.attempt == 0:
+                        self.salt = int(rec.get("salt", self.salt))
+                    self.attempt = max(self.attempt, int(rec.get("attempt", 0)) + 1)
+                elif rec.get("type") == "cell":
+                    self.done[(rec["scenario"], rec["input_len"], rec["repeat"])] = rec["cell"]
+        self._append(
+            {
+                "type": "header",
+                "suite_digest": self.digest,
+                "attempt": self.attempt,
+                "salt": self.salt,
+                "finished_cells": len(self.done),
+            }
+        )
+
+    def stream(self, *cell: int) -> int:
+        text = ":".join(str(x) for x in (self.salt, self.attempt, *cell))
+        return int(hashlib.sha256(text.encode()).hexdigest()[:12], 16)
+
+    def record(self, key: tuple[str, int, int], cell: dict[str, Any]) -> None:
+        self.done[key] = cell
+        self._append(
+            {"type": "cell", "scenario": key[0], "input_len": key[1], "repeat": key[2], "cell": cell}
+        )
+
+    def _append(self, rec: dict[str, Any]) -> None:
+        from ucmctl.bench.report import finite
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a") as f:
+            f.write(json.dumps(finite(rec), separators=(",", ":"), default=str) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+
+# ---- running ----------------------------------------------------------------------------------
+class Deployer(Protocol):
+    def up(self, topology: Topology, topology_path: str) -> Target: ...
+
+    def down(self, deployment: str) -> None: ...
+
+
+class DeployApi:
+    """The real thing: ucmctl.deploy.api, then the deployment's endpoints from its state."""
+
+    def up(self, topology: Topology, topology_path: str) -> Target:
+        from ucmctl.bench.runner import target_from_deployment
+
+        try:
+            from ucmctl.deploy.api import deploy_up
+        except ImportError:
+            raise UcmctlError.one(
+                "this ucmctl has no deploy API (ucmctl.deploy.api) to run suites with",
+                status=ExitStatus.FAILURE,
+            ) from None
+        deploy_up(topology, topology_path)
+        return target_from_deployment(topology.name)
+
+    def down(self, deployment: str) -> None:
+        from ucmctl.deploy.api import deploy_down
+
+        deploy_down(deployment)
+
+
+CellRunner = Callable[[BenchConfig, Target], list[dict[str, Any]]]
+
+
+def run_suite(
+    suite: Suite,
+    topology: Topology,
+    topology_path: str,
+    results: ResultsFile,
+    run_cell: CellRunner,
+    deployer: Deployer,
+    vocab: int,
+    log: Callable[[str], None] = lambda _: None,
+) -> list[dict[str, Any]]:
+    """Run what the results file lacks; return every cell of the suite in matrix order."""
+    scenario_topologies = {s: apply_scenario(topology, s, suite.side_flags) for s in suite.scenarios}
+    from ucmctl.plan.build import build_plan
+
+    for t in scenario_topologies.values():  # every scenario must plan before the first one starts
+        build_plan(t)
+    base = suite.bench_config(vocab)
+    all_cells = suite.cells()
+    n_len, n_rep = len(suite.input_lens), suite.repeats
+    for si, scenario in enumerate(suite.scenarios):
+        todo = [c for c in all_cells if c[0] == scenario and c not in results.done]
+        if not todo:
+            log(f"{scenario}: all {n_len * n_rep} cells already done")
+            continue
+        log(f"{scenario}: deploying {topology.name} ({len(todo)} cells to run)")
+        target = deployer.up(scenario_topologies[scenario], topology_path)
+        try:
+            for key in todo:
+                _, input_len, repeat = key
+                li = suite.input_lens.index(input_len)
+                cfg = BenchConfig(**{**base.__dict__, "input_lens": [input_len], "repeats": 1})
+                # A stream of prompts of its own per cell, attempt and results file: a re-run never
+                # hits the store entries that an interrupted or an earlier run left behind.
+                cfg.stream_base = results.stream(si, li, repeat)
+                (cell,) = run_cell(cfg, target)
+                cell.update(
+                    {
+                        "scenario": scenario,
+                        "repeat": repeat,
+                        "topology_digest": scenario_topologies[scenario].digest(),
+                    }
+                )
+                results.record(key, cell)
+                log(f"{scenario} {input_len}: done")
+        finally:
+            deployer.down(topology.name)
+    return [results.done[c] for c in all_cells]
