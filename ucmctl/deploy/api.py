@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import posixpath
 import shlex
+import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -57,12 +58,22 @@ class Session:
             ex.close()
 
 
+# Set on Ctrl-C so that threads waiting for health give up at once.
+_cancelled = threading.Event()
+
+
 def parallel(items: Iterable[Process], work: Callable[[Process], object]) -> list[object]:
     items = list(items)
     if not items:
         return []
-    with ThreadPoolExecutor(max_workers=min(32, len(items))) as pool:
+    pool = ThreadPoolExecutor(max_workers=min(32, len(items)))
+    try:
         return list(pool.map(work, items))
+    except KeyboardInterrupt:
+        _cancelled.set()
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def deploy_up(
@@ -110,11 +121,19 @@ def deploy_up(
         _stage_files(session, plan)
         progress = Progress(plan, console)
         failure: tuple[Process, str] | None = None
-        with progress:
-            for stage in plan.stages():
-                failure = _start_stage(session, record, store, stage, progress, topology, options)
-                if failure:
-                    break
+        try:
+            with progress:
+                for stage in plan.stages():
+                    failure = _start_stage(session, record, store, stage, progress, topology, options)
+                    if failure:
+                        break
+        except KeyboardInterrupt:  # Ctrl-C mid-start: take back what started, then stop
+            console.print("interrupted: stopping what this `up` started")
+            _cancelled.clear()
+            _, not_stopped = _stop_all(session, plan, options.stop_grace, console)
+            if not not_stopped:
+                store.remove(plan.deployment)
+            raise
         if failure is None:
             record.status = "up"
             store.save(record)
@@ -201,6 +220,7 @@ def _start_stage(
             process.health,
             timeout=_health_timeout(process, topology, options),
             still_alive=lambda: lifecycle.alive(ex, process) is not None,
+            cancelled=_cancelled.is_set,
         )
         progress.set(process.name, "healthy" if reason is None else "failed")
         return reason

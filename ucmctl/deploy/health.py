@@ -21,12 +21,15 @@ def wait_healthy(
     still_alive: Callable[[], bool],
     interval: float = 0.5,
     alive_every: float = 2.0,
+    cancelled: Callable[[], bool] = lambda: False,
 ) -> str | None:
     """None when every URL answered; else why not (the process died, or time ran out)."""
     deadline = time.monotonic() + timeout
     next_alive_check = 0.0
     for url in urls:
         while not probe(url):
+            if cancelled():
+                return "interrupted"
             now = time.monotonic()
             if now >= next_alive_check:
                 if not still_alive():
