@@ -1,0 +1,202 @@
+"""Scheduler side: decide what to load from and save to the store, one step at a time.
+
+Runs in the EngineCore process. It never touches KV bytes: it asks the store which blocks
+exist and writes `UCMConnectorMetadata` for the worker side.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ucm_connector import LOGGER_NAME
+from ucm_connector.keys import KeyMaker
+from ucm_connector.metadata import BlockTransfer, UCMConnectorMetadata
+
+if TYPE_CHECKING:
+    from ucm_connector.store import StoreLike
+
+logger = logging.getLogger(LOGGER_NAME)
+
+
+@dataclass
+class _RequestState:
+    """What the scheduler side remembers about one running request."""
+
+    request: Any
+    # Which of the request's leading full blocks the store already holds (from the lookup).
+    present: list[bool] = field(default_factory=list)
+    block_ids: list[int] = field(default_factory=list)
+    # Blocks below this index were already saved (or known present): never dumped again.
+    saved_upto: int = 0
+    local_blocks: int = 0
+    external_blocks: int = 0
+    pending_load: BlockTransfer | None = None
+
+
+class SchedulerSide:
+    """The scheduler-role half of UCMConnector."""
+
+    def __init__(self, store: StoreLike, keys: KeyMaker, block_size: int, writes: bool = True) -> None:
+        self._store = store
+        self._keys = keys
+        self._block_size = block_size
+        self._writes = writes
+        self._reqs: dict[str, _RequestState] = {}
+        self._logged: set[str] = set()
+        # Lookups cached per request: vLLM may ask again for a request it could not schedule,
+        # and the answer must not change between the ask and the allocation.
+        self._lookups: dict[str, tuple[int, list[bool], int]] = {}
+        self.external_hit_tokens = 0  # connector's own count, compared with vLLM's counter
+
+    # ---- lookup -----------------------------------------------------------------------
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int, bool]:
+        """Tokens beyond the local hit that the store holds, loaded synchronously."""
+        bs = self._block_size
+        req_id = request.request_id
+        local_blocks = num_computed_tokens // bs
+        cached = self._lookups.get(req_id)
+        if cached is not None and cached[0] == local_blocks:
+            _, present, external = cached
+        else:
+            # At most (tokens - 1): vLLM must compute the last token itself to sample.
+            max_blocks = max(request.num_tokens - 1, 0) // bs
+            keys = self._keys.keys(request.block_hashes, 0, max_blocks)
+            present = self._lookup(req_id, keys)
+            external = 0
+            for flag in present[local_blocks:]:
+                if not flag:
+                    break
+                external += 1
+            self._lookups[req_id] = (local_blocks, present, external)
+        if req_id not in self._logged:
+            self._logged.add(req_id)
+            logger.info(
+                "request_id: %s, total_blocks_num: %d, hit hbm: %d, hit external: %d",
+                req_id,
+                self._keys.num_full_blocks(request.block_hashes),
+                local_blocks,
+                external,
+            )
+        return external * bs, False
+
+    def _lookup(self, req_id: str, block_keys: list[bytes]) -> list[bool]:
+        """Per block: does the store hold it for every rank (and layer) that reads it?"""
+        if not block_keys:
+            return []
+        per = self._keys.keys_per_block
+        try:
+            flags = self._store.lookup(self._keys.presence_keys(block_keys))
+        except Exception as exc:  # a store failure is a miss, never a failed request
+            logger.warning("request_id: %s: store lookup failed, treating as miss: %s", req_id, exc)
+            return [False] * len(block_keys)
+        return [all(flags[i * per : (i + 1) * per]) for i in range(len(block_keys))]
+
+    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+        req_id = request.request_id
+        lookup = self._lookups.pop(req_id, None)
+        local_blocks, present, planned = lookup if lookup is not None else (0, [], 0)
+        block_ids = list(blocks.get_block_ids()[0]) if blocks is not None else []
+        state = _RequestState(request=request, present=present, block_ids=block_ids)
+        state.local_blocks = local_blocks
+        # vLLM may grant fewer external tokens than offered (never more).
+        external = min(num_external_tokens // self._block_size, planned)
+        state.external_blocks = external
+        if external > 0:
+            idx = range(local_blocks, local_blocks + external)
+            state.pending_load = BlockTransfer(
+                req_id=req_id,
+                keys=self._keys.keys(request.block_hashes, local_blocks, local_blocks + external),
+                block_ids=[block_ids[i] for i in idx],
+            )
+            self.external_hit_tokens += external * self._block_size
+        self._reqs[req_id] = state
+
+    # ---- per-step metadata ----------------------------------------------------------------
+    def build_connector_meta(self, scheduler_output: Any) -> UCMConnectorMetadata:
+        meta = UCMConnectorMetadata()
+        for new_req in scheduler_output.scheduled_new_reqs:
+            state = self._reqs.get(new_req.req_id)
+            if state is None:
+                continue
+            state.block_ids = list(new_req.block_ids[0])
+            self._take_load(state, meta)
+            self._plan_saves(
+                state,
+                new_req.num_computed_tokens + scheduler_output.num_scheduled_tokens.get(new_req.req_id, 0),
+                meta,
+            )
+        cached = scheduler_output.scheduled_cached_reqs
+        for i, req_id in enumerate(cached.req_ids):
+            state = self._reqs.get(req_id)
+            if state is None:
+                continue
+            new_ids = cached.new_block_ids[i]
+            if req_id in cached.resumed_req_ids:
+                # After preemption vLLM hands the whole block list again.
+                state.block_ids = list(new_ids[0]) if new_ids is not None else []
+            elif new_ids is not None:
+                state.block_ids.extend(new_ids[0])
+            self._take_load(state, meta)
+            self._plan_saves(
+                state,
+                cached.num_computed_tokens[i] + scheduler_output.num_scheduled_tokens.get(req_id, 0),
+                meta,
+            )
+        return meta
+
+    def _take_load(self, state: _RequestState, meta: UCMConnectorMetadata) -> None:
+        if state.pending_load is not None:
+            meta.loads.append(state.pending_load)
+            state.pending_load = None
+
+    def _plan_saves(self, state: _RequestState, computed_after_step: int, meta: UCMConnectorMetadata) -> None:
+        """Dump the full blocks this step completes that the store does not hold yet."""
+        if not self._writes:
+            return
+        req = state.request
+        # Only blocks vLLM has hashed: a block whose tokens are not final (async scheduling,
+        # speculative tokens) has no hash yet and is saved in a later step.
+        full = min(
+            computed_after_step // self._block_size,
+            self._keys.num_full_blocks(req.block_hashes),
+            len(state.block_ids),
+        )
+        if full <= state.saved_upto:
+            return
+        todo = [i for i in range(state.saved_upto, full) if not (i < len(state.present) and state.present[i])]
+        state.saved_upto = full
+        if not todo:
+            return
+        keys = self._keys.keys(req.block_hashes, 0, full)
+        meta.saves.append(
+            BlockTransfer(
+                req_id=req.request_id,
+                keys=[keys[i] for i in todo],
+                block_ids=[state.block_ids[i] for i in todo],
+            )
+        )
+
+    # ---- feedback and lifecycle -----------------------------------------------------------
+    def on_load_errors(self, block_ids: set[int]) -> None:
+        """Blocks that failed to load will be recomputed: save them again afterwards."""
+        if not block_ids:
+            return
+        for state in self._reqs.values():
+            for i, bid in enumerate(state.block_ids):
+                if bid in block_ids and i < len(state.present):
+                    state.present[i] = False
+                    state.saved_upto = min(state.saved_upto, i)
+
+    def request_finished(self, request: Any) -> None:
+        req_id = request.request_id
+        self._reqs.pop(req_id, None)
+        self._lookups.pop(req_id, None)
+        self._logged.discard(req_id)
+
+    def reset(self) -> None:
+        """Forget cached lookups, so the next requests ask the store afresh."""
+        self._lookups.clear()
+        for state in self._reqs.values():
+            state.present = []

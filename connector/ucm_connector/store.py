@@ -1,0 +1,64 @@
+"""Opening the native store (`ucm_store`) and the interface the connector relies on."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+from ucm_connector.config import UCMConfig, UCMConfigError
+
+Shard = Any  # (address, nbytes) tuple or a buffer-protocol object
+
+
+class TaskResultLike(Protocol):
+    ok: list[bool]
+    errors: list[str]
+    all_ok: bool
+
+
+class StoreLike(Protocol):
+    """The subset of `ucm_store.Store` the connector uses."""
+
+    def lookup(self, keys: Sequence[bytes]) -> list[bool]: ...
+    def lookup_prefix(self, keys: Sequence[bytes]) -> int: ...
+    def dump(self, keys: Sequence[bytes], blocks: Sequence[Sequence[Shard]]) -> int: ...
+    def load(self, keys: Sequence[bytes], blocks: Sequence[Sequence[Shard]]) -> int: ...
+    def wait(self, tid: int, timeout: float | None = None) -> TaskResultLike: ...
+    def check(self, tid: int) -> TaskResultLike | None: ...
+    def flush(self, timeout: float | None = None) -> bool: ...
+    def stats(self) -> dict[str, Any]: ...
+    def close(self) -> None: ...
+
+
+def store_config_for_role(config: UCMConfig, lookup_only: bool) -> dict[str, Any]:
+    """The store config for one process.
+
+    The scheduler process only looks blocks up; its store needs no DRAM cache tier of its
+    own (that tier would be a second, empty copy of the worker's), so it gets the persistent
+    tiers alone and sees what the workers have persisted.
+    """
+    cfg: dict[str, Any] = dict(config.store_config)
+    if lookup_only:
+        tiers = [t for t in str(cfg["store_pipeline"]).split("|") if t != "Cache"]
+        if tiers:
+            cfg["store_pipeline"] = "|".join(tiers)
+            cfg.pop("cache_buffer_capacity_gb", None)
+    return cfg
+
+
+def open_store(config: UCMConfig, shard_sizes: Sequence[int], lookup_only: bool = False) -> StoreLike:
+    """Open the native store; a bad config becomes a UCMConfigError naming the file and key."""
+    try:
+        import ucm_store
+    except ImportError as exc:  # the connector has no fallback store by design
+        raise RuntimeError(
+            "ucm_connector needs the native ucm_store module, which failed to import "
+            f"({exc}); reinstall ucmctl (pip install ucmctl) in the vLLM environment"
+        ) from exc
+    cfg: Mapping[str, Any] = store_config_for_role(config, lookup_only)
+    try:
+        return ucm_store.Store.from_config(dict(cfg), shard_sizes=list(shard_sizes))
+    except ucm_store.ConfigError as exc:
+        raise UCMConfigError(
+            f"UCM config {config.source}: ucm_connectors[0].ucm_connector_config: {exc}"
+        ) from exc

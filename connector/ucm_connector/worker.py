@@ -1,0 +1,258 @@
+"""Worker side: move whole blocks between vLLM's paged KV cache and the store.
+
+Runs in the worker process. Loads finish before the forward that reads them; dumps finish
+(the store holds the bytes in its DRAM tier, or on disk without one) before `wait_for_save`
+returns, so vLLM never reuses a block whose bytes are still being copied out. Any store
+failure becomes a load error that vLLM recomputes, never a failed request.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ucm_connector import LOGGER_NAME
+from ucm_connector.copy_path import CopyBackend, KVLayout, make_copy_backend
+from ucm_connector.keys import KeyMaker
+from ucm_connector.metadata import BlockTransfer, UCMConnectorMetadata
+from ucm_connector.stats import UCMConnectorStats
+from ucm_connector.store import StoreLike
+
+logger = logging.getLogger(LOGGER_NAME)
+
+# A load that has not finished by then is given up and recomputed; generous, because a
+# timed-out load costs a full recompute of the prefix.
+LOAD_TIMEOUT_S = 60.0
+SAVE_TIMEOUT_S = 120.0
+
+
+@dataclass
+class _Task:
+    tid: int
+    transfers: list[BlockTransfer]
+    block_ids: list[int]
+    layers: list[int] | None
+    nbytes: int
+    started: float
+
+
+class WorkerSide:
+    """The worker-role half of UCMConnector."""
+
+    def __init__(
+        self,
+        open_store: Callable[[list[int]], StoreLike],
+        keys: KeyMaker,
+        tp_rank: int = 0,
+        event_sync: bool = True,
+    ) -> None:
+        self._open_store = open_store
+        self._keys = keys
+        self._tp_rank = tp_rank
+        self._layerwise = keys.namespace.layerwise
+        self._event_sync = event_sync
+        self._writes = keys.namespace.writer(tp_rank)
+        self._store: StoreLike | None = None
+        self._backend: CopyBackend | None = None
+        self._layout: KVLayout | None = None
+        self._load_errors: set[int] = set()
+        self._layer_loads: dict[int, _Task] = {}
+        self._layer_saves: list[_Task] = []
+        self.stats = UCMConnectorStats()
+
+    # ---- set-up -----------------------------------------------------------------------
+    def register_kv_caches(
+        self,
+        kv_caches: dict[str, torch.Tensor],
+        layer_order: Sequence[str],
+        expected_shard_bytes: int | None = None,
+    ) -> None:
+        layout = KVLayout.from_kv_caches(kv_caches, layer_order)
+        if expected_shard_bytes is not None and layout.shard_bytes != expected_shard_bytes:
+            raise RuntimeError(
+                f"UCMConnector: KV cache holds {layout.shard_bytes} bytes per block and layer, "
+                f"but the KV cache spec says {expected_shard_bytes}; keys would not match"
+            )
+        self._layout = layout
+        self._backend = make_copy_backend(layout, self._event_sync)
+        shard_sizes = [layout.shard_bytes] if self._layerwise else [layout.shard_bytes] * layout.num_layers
+        self._store = self._open_store(shard_sizes)
+        logger.info(
+            "UCMConnector worker: %d layers, %d bytes per block and layer, %s copy, %s mode",
+            layout.num_layers,
+            layout.shard_bytes,
+            type(self._backend).__name__,
+            "layerwise" if self._layerwise else "whole-block",
+        )
+
+    @property
+    def ready(self) -> bool:
+        return self._store is not None
+
+    # ---- loads ------------------------------------------------------------------------
+    def start_load(self, meta: UCMConnectorMetadata) -> None:
+        if not meta.loads or self._store is None:
+            return
+        if self._layerwise:
+            assert self._layout is not None
+            for li in range(self._layout.num_layers):
+                task = self._submit(meta.loads, "load", [li])
+                if task is not None:
+                    self._layer_loads[li] = task
+            return
+        task = self._submit(meta.loads, "load", None)
+        if task is not None:
+            self._finish(task, "load", LOAD_TIMEOUT_S)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        if not self._layer_loads or self._layout is None:
+            return
+        try:
+            li = self._layout.layer_index(layer_name)
+        except ValueError:
+            return
+        task = self._layer_loads.pop(li, None)
+        if task is not None:
+            self._finish(task, "load", LOAD_TIMEOUT_S)
+
+    # ---- saves ------------------------------------------------------------------------
+    def save_layer(self, layer_name: str, meta: UCMConnectorMetadata) -> None:
+        if not self._layerwise or not meta.saves or self._store is None or not self._writes:
+            return
+        assert self._layout is not None
+        try:
+            li = self._layout.layer_index(layer_name)
+        except ValueError:
+            return
+        task = self._submit(meta.saves, "dump", [li])
+        if task is not None:
+            self._layer_saves.append(task)
+
+    def wait_for_save(self, meta: UCMConnectorMetadata | None) -> None:
+        # Layer loads nobody waited for (a layer the model skipped) must still finish before
+        # their blocks are used again; their failures are reported like any other.
+        for li in list(self._layer_loads):
+            self._finish(self._layer_loads.pop(li), "load", LOAD_TIMEOUT_S)
+        if self._layerwise:
+            saves, self._layer_saves = self._layer_saves, []
+            for task in saves:
+                self._finish(task, "dump", SAVE_TIMEOUT_S)
+            return
+        if meta is None or not meta.saves or self._store is None or not self._writes:
+            return
+        task = self._submit(meta.saves, "dump", None)
+        if task is not None:
+            self._finish(task, "dump", SAVE_TIMEOUT_S)
+
+    def take_load_errors(self) -> set[int]:
+        errors, self._load_errors = self._load_errors, set()
+        return errors
+
+    # ---- the store calls ----------------------------------------------------------------
+    def _keys_for(self, block_keys: list[bytes], layers: list[int] | None) -> list[bytes]:
+        layer = layers[0] if layers is not None else None
+        return self._keys.store_keys(block_keys, self._tp_rank, layer)
+
+    def _submit(self, transfers: list[BlockTransfer], op: str, layers: list[int] | None) -> _Task | None:
+        assert self._store is not None and self._backend is not None and self._layout is not None
+        keys: list[bytes] = []
+        block_ids: list[int] = []
+        seen: set[bytes] = set()
+        for t in transfers:
+            for k, b in zip(t.keys, t.block_ids, strict=True):
+                # Two requests may complete the same block in one step; one dump is enough.
+                if op == "dump" and k in seen:
+                    continue
+                seen.add(k)
+                keys.append(k)
+                block_ids.append(b)
+        if not keys:
+            return None
+        nlayers = 1 if layers is not None else self._layout.num_layers
+        nbytes = len(keys) * nlayers * self._layout.shard_bytes
+        started = time.perf_counter()
+        try:
+            if op == "load":
+                shards = self._backend.load_targets(block_ids, layers)
+                tid = self._store.load(self._keys_for(keys, layers), shards)
+            else:
+                shards = self._backend.dump_sources(block_ids, layers)
+                tid = self._store.dump(self._keys_for(keys, layers), shards)
+        except Exception as exc:
+            self._failed(op, transfers, block_ids, [f"{op} not submitted: {exc}"] * len(block_ids))
+            return None
+        return _Task(tid, transfers, block_ids, layers, nbytes, started)
+
+    def _finish(self, task: _Task, op: str, timeout: float) -> None:
+        assert self._store is not None and self._backend is not None
+        try:
+            res = self._store.wait(task.tid, timeout=timeout)
+            ok, errors = list(res.ok), list(res.errors)
+            # A result of the wrong length is a store bug: count what is missing as failed.
+            ok = (ok + [False] * len(task.block_ids))[: len(task.block_ids)]
+        except Exception as exc:  # TimeoutError included: give up on the whole task
+            ok, errors = [False] * len(task.block_ids), [f"{op} wait failed: {exc!r}"] * len(task.block_ids)
+        elapsed = time.perf_counter() - task.started
+        if op == "load":
+            if any(ok):
+                self._backend.finish_load(task.block_ids, task.layers)
+        else:
+            self._backend.release_dump()
+        bad = [i for i, flag in enumerate(ok) if not flag]
+        if bad:
+            self._failed(
+                op,
+                task.transfers,
+                [task.block_ids[i] for i in bad],
+                [errors[i] if i < len(errors) and errors[i] else "failed" for i in bad],
+            )
+        done = len(ok) - len(bad)
+        per_block = task.nbytes // max(len(task.block_ids), 1)
+        # Layerwise tasks move one layer each: count a block once (on layer 0), bytes always.
+        blocks = done if task.layers is None or task.layers == [0] else 0
+        if op == "load":
+            self.stats.add(load_bytes=done * per_block, load_s=elapsed, load_blocks=blocks)
+        else:
+            self.stats.add(save_bytes=done * per_block, save_s=elapsed, save_blocks=blocks)
+
+    def _failed(
+        self, op: str, transfers: list[BlockTransfer], block_ids: list[int], errors: list[str]
+    ) -> None:
+        owner = {b: t.req_id for t in transfers for b in t.block_ids}
+        if op == "load":
+            self._load_errors.update(block_ids)
+            self.stats.add(load_errors=len(block_ids))
+            for b, err in zip(block_ids, errors, strict=True):
+                logger.warning(
+                    "UCM load error: request_id: %s, block %d: %s; the block will be recomputed",
+                    owner.get(b, "?"),
+                    b,
+                    err,
+                )
+        else:
+            self.stats.add(save_errors=len(block_ids))
+            logger.warning(
+                "UCM save error: %d block(s) not stored (first: request_id %s: %s); "
+                "they will be misses later",
+                len(block_ids),
+                owner.get(block_ids[0], "?"),
+                errors[0],
+            )
+
+    def take_stats(self) -> UCMConnectorStats | None:
+        if self.stats.is_empty():
+            return None
+        out, self.stats = self.stats, UCMConnectorStats()
+        return out
+
+    def close(self) -> None:
+        if self._store is not None:
+            try:
+                self._store.flush(timeout=30.0)
+            finally:
+                self._store.close()
+                self._store = None

@@ -1,0 +1,43 @@
+"""The CI regression run, short, on the simulator: deploy the CI suite's topology scenario by
+scenario, benchmark it, and compare with the stored baseline (benchmarks/baselines/ci-sim.json).
+The same commands gate a real cluster (see benchmarks/ci/)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.slow
+
+
+def ucmctl(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run([sys.executable, "-m", "ucmctl", *args], capture_output=True, text=True, env=env,
+                          cwd=ROOT, timeout=600)  # fmt: skip
+    assert "Traceback" not in done.stderr, done.stderr
+    return done
+
+
+def test_ci_suite_against_the_stored_baseline(tmp_path: Path) -> None:
+    env = {**os.environ, "UCMCTL_HOME": str(tmp_path / "home")}
+    new = tmp_path / "new.json"
+    run = ucmctl("bench", "suite", "benchmarks/suites/ci.yaml", "--results", str(tmp_path / "r.jsonl"),
+                 "--fresh", "--save", str(new), env=env)  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    cells = json.loads(new.read_text())["cells"]
+    assert len(cells) == 6  # 2 input lengths x 3 scenarios
+    # Simulated time is stable enough for a tight gate on a busy CI machine; a real cluster
+    # uses the default 10 % limits with --repeats.
+    gate = ucmctl("bench", "compare", "benchmarks/baselines/ci-sim.json", str(new),
+                  "--max-regression", "ttft_mean=35%,tpot_mean=35%,e2el_mean=35%",
+                  "--junit", str(tmp_path / "junit.xml"), env=env)  # fmt: skip
+    assert gate.returncode == 0, gate.stdout + gate.stderr
+    assert "| ucm |" in gate.stdout or "ucm" in gate.stdout
+    assert "<testsuite" in (tmp_path / "junit.xml").read_text()
+    assert ucmctl("status", env=env).stdout.strip() == "no deployments"  # the suite took it down

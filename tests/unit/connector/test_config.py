@@ -1,0 +1,95 @@
+"""UCM config file: the guides' keys load; every mistake is a start-up error naming its key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from ucm_connector.config import UCMConfigError, load_config, parse_config
+
+GUIDE_YAML = """\
+ucm_connectors:
+  - ucm_connector_name: "UcmPipelineStore"
+    ucm_connector_config:
+      store_pipeline: "Cache|Posix"
+      storage_backends: "/mnt/test1"
+      cache_buffer_capacity_gb: 64
+enable_event_sync: true
+use_layerwise: false
+"""
+
+
+def _raw(**store: object) -> dict:
+    cfg = {"store_pipeline": "Cache|Posix", "storage_backends": "/mnt/x"}
+    cfg.update(store)
+    return {"ucm_connectors": [{"ucm_connector_name": "UcmPipelineStore", "ucm_connector_config": cfg}]}
+
+
+def test_guide_config_loads(tmp_path: Path) -> None:
+    f = tmp_path / "ucm.yaml"
+    f.write_text(GUIDE_YAML)
+    cfg = load_config({"UCM_CONFIG_FILE": str(f)})
+    assert cfg.connector_name == "UcmPipelineStore"
+    assert cfg.store_config == {
+        "store_pipeline": "Cache|Posix",
+        "storage_backends": "/mnt/test1",
+        "cache_buffer_capacity_gb": 64,
+    }
+    assert cfg.enable_event_sync is True
+    assert cfg.use_layerwise is False
+    assert cfg.source == str(f)
+
+
+def test_missing_file_key_and_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(UCMConfigError, match="UCM_CONFIG_FILE: missing"):
+        load_config({})
+    with pytest.raises(UCMConfigError, match=r"UCM_CONFIG_FILE: cannot read .*nope\.yaml"):
+        load_config({"UCM_CONFIG_FILE": str(tmp_path / "nope.yaml")})
+
+
+def test_bad_yaml(tmp_path: Path) -> None:
+    f = tmp_path / "bad.yaml"
+    f.write_text("ucm_connectors: [\n")
+    with pytest.raises(UCMConfigError, match="not valid YAML"):
+        load_config({"UCM_CONFIG_FILE": str(f)})
+
+
+@pytest.mark.parametrize(
+    ("raw", "key"),
+    [
+        ({"ucm_connectors": []}, "ucm_connectors"),
+        (
+            {"ucm_connectors": [{"ucm_connector_name": "Nope", "ucm_connector_config": {}}]},
+            "ucm_connectors[0].ucm_connector_name",
+        ),
+        (_raw(store_pipeline="Cache|Ds3fs"), "ucm_connectors[0].ucm_connector_config.store_pipeline"),
+        (_raw(storage_backends=""), "ucm_connectors[0].ucm_connector_config.storage_backends"),
+        (_raw(cache_buffer_capacity_gb=-1), "cache_buffer_capacity_gb"),
+        (_raw(cache_buffer_capacity_gb="big"), "cache_buffer_capacity_gb"),
+        ({**_raw(), "use_layerwise": "yes"}, "use_layerwise"),
+        ({**_raw(), "enable_event_sync": 1}, "enable_event_sync"),
+        ({**_raw(), "use_layerwize": True}, "use_layerwize"),
+    ],
+)
+def test_errors_name_the_key(raw: dict, key: str) -> None:
+    with pytest.raises(UCMConfigError) as err:
+        parse_config(raw, source="ucm.yaml")
+    assert "ucm.yaml" in str(err.value)
+    assert key in str(err.value)
+
+
+def test_unknown_store_name_lists_valid_ones() -> None:
+    with pytest.raises(UCMConfigError, match="valid tiers: Cache, Posix"):
+        parse_config(_raw(store_pipeline="Mooncake"))
+
+
+def test_store_rejects_unknown_store_key_through_connector(tmp_path: Path) -> None:
+    ucm_store = pytest.importorskip("ucm_store")
+    from ucm_connector.store import open_store
+
+    cfg = parse_config(
+        _raw(storage_backends=str(tmp_path), cache_buffer_capacity_gb=0.01, bogus_key=1), source="ucm.yaml"
+    )
+    with pytest.raises(UCMConfigError, match="bogus_key"):
+        open_store(cfg, [4096])
+    assert issubclass(ucm_store.ConfigError, ValueError)

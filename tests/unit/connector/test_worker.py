@@ -1,0 +1,150 @@
+"""Worker side: whole blocks round-trip byte-exactly; store failures become load errors."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from ucm_connector.copy_path import HostCopyBackend, KVLayout, StagedCopyBackend, make_copy_backend
+from ucm_connector.keys import KeyMaker, Namespace
+from ucm_connector.metadata import BlockTransfer, UCMConnectorMetadata
+from ucm_connector.worker import LOGGER_NAME, WorkerSide
+
+from tests.unit.connector.store_double import FakeStore
+
+LAYERS, BLOCKS, HEADS, BS, HD = 3, 16, 2, 8, 4
+
+
+def kv_caches() -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    # The CPU backend's shape: one view per layer of one storage, layer outermost,
+    # [num_blocks, num_kv_heads, block_size, 2 * head_dim].
+    storage = torch.randn(LAYERS, BLOCKS, HEADS, BS, 2 * HD).to(torch.bfloat16)
+    return storage, {f"model.layers.{i}.self_attn.attn": storage[i] for i in range(LAYERS)}
+
+
+def make(layerwise: bool = False, store: FakeStore | None = None, tp_rank: int = 0, **ns_kw):
+    storage, caches = kv_caches()
+    shard = HEADS * BS * 2 * HD * 2
+    ns = Namespace(
+        model="m",
+        dtype="bfloat16",
+        layout="cpu/LBHNC",
+        block_size=BS,
+        tp_size=1,
+        num_layers=LAYERS,
+        shard_bytes=shard,
+        layerwise=layerwise,
+        **ns_kw,
+    )
+    km = KeyMaker(ns)
+    opened: list[FakeStore] = []
+
+    def open_store(sizes: list[int]) -> FakeStore:
+        s = store or FakeStore(sizes)
+        s.shard_sizes = sizes
+        opened.append(s)
+        return s
+
+    w = WorkerSide(open_store, km, tp_rank=tp_rank)
+    w.register_kv_caches(caches, list(caches), expected_shard_bytes=shard)
+    return w, storage, km, opened[0]
+
+
+def hashes(n: int) -> list[bytes]:
+    return [bytes([i + 1]) * 32 for i in range(n)]
+
+
+@pytest.mark.parametrize("layerwise", [False, True])
+def test_blocks_round_trip_byte_exact(layerwise: bool) -> None:
+    w, storage, km, store = make(layerwise)
+    keys = km.keys(hashes(4))
+    original = storage.clone()
+    save = UCMConnectorMetadata(saves=[BlockTransfer("a", keys, [1, 2, 3, 4])])
+    for name in [f"model.layers.{i}.self_attn.attn" for i in range(LAYERS)]:
+        w.save_layer(name, save)  # no-op unless layerwise
+    w.wait_for_save(save)
+    assert len(store.blocks) == (4 * LAYERS if layerwise else 4)
+
+    storage[:, 8:12] = 0
+    load = UCMConnectorMetadata(loads=[BlockTransfer("b", keys, [8, 9, 10, 11])])
+    w.start_load(load)
+    for name in [f"model.layers.{i}.self_attn.attn" for i in range(LAYERS)]:
+        w.wait_for_layer_load(name)
+    w.wait_for_save(load)
+    assert w.take_load_errors() == set()
+    assert torch.equal(storage[:, 8:12], original[:, 1:5])  # every layer, K and V rows
+    assert torch.equal(storage[:, :8], original[:, :8])  # nothing else touched
+    stats = w.take_stats()
+    assert stats is not None and stats.data["load_blocks"] == 4 and stats.data["save_blocks"] == 4
+
+
+def test_corrupt_and_missing_blocks_are_load_errors_and_logged(caplog) -> None:
+    w, storage, km, store = make()
+    keys = km.keys(hashes(3))
+    w.wait_for_save(UCMConnectorMetadata(saves=[BlockTransfer("a", keys[:2], [1, 2])]))
+    store.corrupt.add(keys[1])
+    with caplog.at_level(logging.WARNING, logger=LOGGER_NAME):
+        w.start_load(UCMConnectorMetadata(loads=[BlockTransfer("b", keys, [5, 6, 7])]))
+    assert w.take_load_errors() == {6, 7}
+    assert w.take_load_errors() == set()  # reported once
+    assert torch.equal(storage[:, 5], storage[:, 1])
+    msgs = [r.getMessage() for r in caplog.records]
+    assert any("UCM load error: request_id: b, block 6: checksum mismatch" in m for m in msgs)
+
+
+def test_store_exceptions_never_escape() -> None:
+    store = FakeStore([0])
+    w, _, km, store = make(store=store)
+    keys = km.keys(hashes(2))
+    store.fail_calls = True
+    w.wait_for_save(UCMConnectorMetadata(saves=[BlockTransfer("a", keys, [1, 2])]))
+    w.start_load(UCMConnectorMetadata(loads=[BlockTransfer("b", keys, [3, 4])]))
+    assert w.take_load_errors() == {3, 4}
+    stats = w.take_stats()
+    assert stats is not None and stats.data["save_errors"] == 2 and stats.data["load_errors"] == 2
+
+
+def test_same_block_completed_by_two_requests_is_dumped_once() -> None:
+    w, _, km, store = make()
+    keys = km.keys(hashes(1))
+    w.wait_for_save(
+        UCMConnectorMetadata(saves=[BlockTransfer("a", keys, [1]), BlockTransfer("b", keys, [2])])
+    )
+    assert [c for c in store.calls if c[0] == "dump"] == [("dump", keys)]
+
+
+def test_mla_non_zero_rank_never_writes() -> None:
+    w, _, km, store = make(tp_rank=1, mla=True)
+    w.wait_for_save(UCMConnectorMetadata(saves=[BlockTransfer("a", km.keys(hashes(1)), [1])]))
+    assert store.blocks == {}
+
+
+def test_shard_size_mismatch_is_a_startup_error() -> None:
+    _, caches = kv_caches()
+    ns = Namespace(
+        model="m", dtype="bfloat16", layout="x", block_size=BS, tp_size=1, num_layers=LAYERS, shard_bytes=1
+    )
+    w = WorkerSide(lambda sizes: FakeStore(sizes), KeyMaker(ns))
+    with pytest.raises(RuntimeError, match="bytes per block and layer"):
+        w.register_kv_caches(caches, list(caches), expected_shard_bytes=1)
+
+
+def test_copy_backend_choice_and_staged_path_on_host() -> None:
+    _storage, caches = kv_caches()
+    layout = KVLayout.from_kv_caches(caches, list(caches))
+    assert isinstance(make_copy_backend(layout, True), HostCopyBackend)
+    # A layout whose blocks are not contiguous per layer (K and V planes apart) is staged.
+    split = torch.randn(LAYERS, 2, BLOCKS, HEADS, BS, HD).to(torch.bfloat16)
+    split_caches = {f"l{i}": split[i].transpose(0, 1) for i in range(LAYERS)}
+    split_layout = KVLayout.from_kv_caches(split_caches, list(split_caches))
+    staged = make_copy_backend(split_layout, True)
+    assert isinstance(staged, StagedCopyBackend)
+    original = split.clone()
+    store = FakeStore([split_layout.shard_bytes] * LAYERS)
+    keys = [bytes([i]) * 16 for i in range(2)]
+    store.wait(store.dump(keys, staged.dump_sources([3, 4])))
+    split[:, :, 9:11] = 0
+    store.wait(store.load(keys, staged.load_targets([9, 10])))
+    staged.finish_load([9, 10])
+    assert torch.equal(split[:, :, 9:11], original[:, :, 3:5])
