@@ -68,7 +68,11 @@ def main() -> None:
     ap.add_argument("--ratio", type=float, default=0.8)
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
-    vocab = json.loads((args.model / "config.json").read_text())["vocab_size"]
+    from tokenizers import Tokenizer
+
+    # Servers refuse ids their tokenizer does not know; the config may declare more.
+    vocab = min(json.loads((args.model / "config.json").read_text())["vocab_size"],
+                Tokenizer.from_file(str(args.model / "tokenizer.json")).get_vocab_size())  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="ucm-fidelity-") as tmp:
         server = VllmServer(model=args.model, log_path=Path(tmp) / "vllm.log", cache_root=Path(tmp) / "cache",
                             extra_args=["--block-size", "128"])  # fmt: skip

@@ -180,12 +180,18 @@ def _already_running(session: Session, plan: Plan) -> list[str]:
 
 
 def _stage_files(session: Session, plan: Plan) -> None:
-    def put_all(process: Process) -> None:
-        ex = session[process.node]
-        for f in process.files:
+    """Every node at once; on a node, one round trip for the folders, then the files."""
+
+    def stage(node: str) -> None:
+        ex = session[node]
+        files = [f for p in plan.on_node(node) for f in p.files]
+        ex.makedirs([posixpath.dirname(f.path) for f in files])
+        for f in files:
             ex.put(f.path, f.content, f.mode)
 
-    parallel(plan.processes, put_all)
+    nodes = list(session.all())
+    with ThreadPoolExecutor(max_workers=max(1, len(nodes))) as pool:
+        list(pool.map(stage, nodes))
 
 
 def _health_timeout(process: Process, topology: Topology, options: Options) -> float:

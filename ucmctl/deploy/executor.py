@@ -46,6 +46,10 @@ class Executor(Protocol):
         """Write a file on the node atomically (parent folders are created)."""
         ...
 
+    def makedirs(self, paths: list[str]) -> None:
+        """Create folders (with their parents)."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -67,6 +71,10 @@ class LocalExecutor:
         except subprocess.TimeoutExpired:
             raise NodeError(self.node.name, f"command timed out after {timeout:.0f} s") from None
         return Result(command, done.returncode, done.stdout, done.stderr)
+
+    def makedirs(self, paths: list[str]) -> None:
+        for p in paths:
+            Path(p).mkdir(parents=True, exist_ok=True)
 
     def put(self, path: str, content: str | bytes, mode: int = 0o644) -> None:
         target = Path(path)
@@ -105,6 +113,7 @@ class SshExecutor:
             connect_kwargs=connect_kwargs,
         )
         self._lock = threading.Lock()  # one paramiko transport, used from several threads
+        self._dirs: set[str] = set()
 
     def _connect(self) -> None:
         try:
@@ -132,9 +141,7 @@ class SshExecutor:
 
         parent = os.path.dirname(path)
         tmp = f"{path}.{os.getpid()}.tmp"
-        made = self.run(f"mkdir -p {shlex.quote(parent)}")
-        if not made.ok:
-            raise NodeError(self.node.name, f"cannot create {parent}: {made.stderr.strip()}")
+        self.makedirs([parent])
         with self._lock:
             self._connect()
             try:
@@ -145,6 +152,16 @@ class SshExecutor:
                 sftp.posix_rename(tmp, path)
             except OSError as exc:
                 raise NodeError(self.node.name, f"cannot write {path}: {exc}") from None
+
+    def makedirs(self, paths: list[str]) -> None:
+        """Create folders in one round trip; remembered, so a later put needs no second one."""
+        missing = sorted({p for p in paths if p not in self._dirs})
+        if not missing:
+            return
+        made = self.run("mkdir -p " + " ".join(shlex.quote(p) for p in missing))
+        if not made.ok:
+            raise NodeError(self.node.name, f"cannot create {', '.join(missing)}: {made.stderr.strip()}")
+        self._dirs.update(missing)
 
     def close(self) -> None:
         self._conn.close()

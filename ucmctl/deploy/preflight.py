@@ -14,9 +14,7 @@ from ucmctl.topology.model import Engine, Topology
 # One round trip per node: facts as KEY=VALUE lines.
 _FACTS = r"""
 PY={python}
-echo "python=$($PY -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])' 2>/dev/null)"
-echo "engine=$($PY -c '{engine_probe}' 2>/dev/null)"
-echo "connector=$($PY -c '{connector_probe}' 2>/dev/null)"
+$PY -c '{python_probe}' 2>/dev/null
 echo "nvidia=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')"
 echo "npu=$(npu-smi info -l 2>/dev/null | awk -F: '/Total Count/ {{gsub(/ /, "", $2); print $2}}')"
 echo "cpus=$(nproc 2>/dev/null)"
@@ -26,13 +24,19 @@ echo "listening=$(ss -ltnH 2>/dev/null | awk '{{n=split($4, a, ":"); print a[n]}
 echo "mooncake=$(command -v {mooncake} >/dev/null 2>&1 && echo 1 || echo 0)"
 """
 
-_CONNECTOR_PROBE = (
-    "import importlib.util as u; "
-    'print(int(all(u.find_spec(m) is not None for m in ("ucm_connector", "ucm_store"))))'
-)
+# One interpreter start for all three facts: Python's version, the engine's, the connector.
+_PYTHON_PROBE = """
+import sys, importlib.util as u
+print("python=%d.%d.%d" % sys.version_info[:3])
+try:
+    {engine}
+except Exception:
+    print("engine=")
+print("connector=%d" % all(u.find_spec(m) is not None for m in ("ucm_connector", "ucm_store")))
+"""
 _ENGINE_PROBES = {
-    Engine.vllm: 'import importlib.metadata as m; print(m.version("vllm"))',
-    Engine.sim: 'import ucmctl; print("sim " + ucmctl.__version__)',
+    Engine.vllm: 'import importlib.metadata as m; print("engine=" + m.version("vllm"))',
+    Engine.sim: 'import ucmctl; print("engine=sim " + ucmctl.__version__)',
 }
 
 
@@ -66,8 +70,7 @@ def _node_checks(topology: Topology, plan: Plan, ex: Executor) -> NodeFacts:
     mooncake = _mooncake_tool(plan)
     script = _FACTS.format(
         python=shlex.quote(node.python),
-        engine_probe=_ENGINE_PROBES[topology.engine],
-        connector_probe=_CONNECTOR_PROBE,
+        python_probe=_PYTHON_PROBE.format(engine=_ENGINE_PROBES[topology.engine]).replace("'", "'\\''"),
         mooncake=shlex.quote(mooncake or "mooncake_master"),
     )
     try:

@@ -125,20 +125,23 @@ class Engine:
             if not self.waiting and not self.running:
                 self._wake.clear()
                 await self._wake.wait()
+                free_at = time.monotonic()  # the device was idle: the schedule starts now
             started = time.monotonic()
             chunks, decoding, compute_ms = await self._schedule()  # loads happen here, for real
-            loaded = time.monotonic()
-            # Steps follow each other on a fixed schedule: Python overhead inside a step does not
-            # stretch simulated time unless it exceeds the step itself.
-            done = max(free_at, started) + (loaded - started) + compute_ms / 1000
+            load_s = time.monotonic() - started
+            # Steps follow each other on an absolute schedule: the Python work between steps
+            # (emitting tokens, writing them to clients) overlaps the next step's simulated
+            # compute instead of stretching it; only work longer than a step makes it late.
+            done = free_at + load_s + compute_ms / 1000
             delay = done - time.monotonic()
             await asyncio.sleep(max(delay, 0))
+            saving = time.monotonic()
             await self._save_new_blocks(chunks)  # the connector's wait_for_save, for real
-            free_at = max(done, time.monotonic())
-            self._advance(chunks, decoding, free_at)
+            free_at = done + (time.monotonic() - saving)
+            self._advance(chunks, decoding, time.monotonic())
             self.stats.steps += 1
             self.stats.planned_ms += compute_ms
-            self.stats.elapsed_ms += (free_at - started) * 1000
+            self.stats.elapsed_ms += (time.monotonic() - started) * 1000
 
     def _drop_cancelled(self) -> None:
         if any(r.cancelled for r in self.waiting):
@@ -166,7 +169,7 @@ class Engine:
             n = min(len(r.prompt) - r.computed, budget)
             chunks.append((r, n))
             budget -= n
-        compute_ms = self.profile.base_ms if (chunks or decoding) else 0.0
+        compute_ms = self.profile.base_ms if chunks else 0.0  # the fixed cost of a prefill step
         compute_ms += sum(self.profile.prefill_ms(n, r.computed) for r, n in chunks)
         context = sum(len(r.prompt) + r.generated for r in decoding)
         compute_ms += self.profile.decode_ms(len(decoding), context)

@@ -3,7 +3,7 @@
 A step runs the decode token of every running request plus a budget of prefill tokens, as
 vLLM's scheduler does. Its duration is
 
-    step_ms = base_ms
+    step_ms = base_ms (when the step prefills)
             + sum over prefill chunks of n * (prefill_us_per_token + prefill_attn_ns * (c + n/2)) / 1000
             + decode_seq_us * decode_batch / 1000 + decode_ctx_ns * decode_context_tokens / 1e6
             + decode_step_ms (once, when any request decodes)
@@ -25,7 +25,7 @@ class Profile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = "custom"
-    base_ms: float = Field(0.0, ge=0, description="fixed cost of any step")
+    base_ms: float = Field(0.0, ge=0, description="fixed cost of a step that prefills")
     prefill_us_per_token: float = Field(0.0, ge=0)
     prefill_attn_ns: float = Field(0.0, ge=0, description="per token per token of context")
     decode_step_ms: float = Field(0.0, ge=0, description="fixed cost of a step that decodes")
