@@ -19,7 +19,7 @@ CONFIG_FILE_KEY = "UCM_CONFIG_FILE"
 KNOWN_CONNECTORS = ("UcmPipelineStore",)
 # Tiers the native store implements; a pipeline is one or more joined by "|".
 KNOWN_TIERS = ("Cache", "Posix")
-_TOP_LEVEL_KEYS = {"ucm_connectors", "enable_event_sync", "use_layerwise"}
+_TOP_LEVEL_KEYS = {"ucm_connectors", "enable_event_sync", "use_layerwise", "wait_persisted"}
 
 
 class UCMConfigError(ValueError):
@@ -34,6 +34,9 @@ class UCMConfig:
     store_config: dict[str, Any] = field(default_factory=dict)
     enable_event_sync: bool = True
     use_layerwise: bool = False
+    # Finish a step's dumps only once they are in the last (shared) tier: in disaggregated PD
+    # the prefill instance must not answer before the decode instance can find its blocks.
+    wait_persisted: bool = False
     source: str = "<inline>"
 
 
@@ -101,6 +104,7 @@ def parse_config(raw: Any, source: str = "<inline>") -> UCMConfig:
         store_config=store_cfg,
         enable_event_sync=_as_bool(source, "enable_event_sync", raw.get("enable_event_sync", True)),
         use_layerwise=_as_bool(source, "use_layerwise", raw.get("use_layerwise", False)),
+        wait_persisted=_as_bool(source, "wait_persisted", raw.get("wait_persisted", False)),
         source=source,
     )
 

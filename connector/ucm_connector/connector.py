@@ -128,6 +128,7 @@ class UCMConnector(KVConnectorBase_V1):
                 keys=self._keys,
                 tp_rank=_tp_rank(),
                 event_sync=config.enable_event_sync,
+                wait_persisted=config.wait_persisted,
             )
 
     @staticmethod

@@ -49,8 +49,10 @@ class WorkerSide:
         keys: KeyMaker,
         tp_rank: int = 0,
         event_sync: bool = True,
+        wait_persisted: bool = False,
     ) -> None:
         self._open_store = open_store
+        self._wait_persisted = wait_persisted
         self._keys = keys
         self._tp_rank = tp_rank
         self._layerwise = keys.namespace.layerwise
@@ -190,7 +192,10 @@ class WorkerSide:
     def _finish(self, task: _Task, op: str, timeout: float) -> None:
         assert self._store is not None and self._backend is not None
         try:
-            res = self._store.wait(task.tid, timeout=timeout)
+            if op == "dump" and self._wait_persisted:
+                res = self._store.wait_persisted(task.tid, timeout=timeout)
+            else:
+                res = self._store.wait(task.tid, timeout=timeout)
             ok, errors = list(res.ok), list(res.errors)
             # A result of the wrong length is a store bug: count what is missing as failed.
             ok = (ok + [False] * len(task.block_ids))[: len(task.block_ids)]

@@ -153,6 +153,8 @@ def _server(t: Topology, nodes: dict[str, NodePlan], s: Server, deps: list[str])
         files["ucm_config.yaml"] = render(
             "ucm_config.yaml.j2", deployment=t.name, storage=t.storage,
             backends=":".join(t.storage.storage_backends),
+            # Centralized PD: prefill answers only once decode can find the blocks on disk.
+            wait_persisted=t.mode is Mode.centralized and s.side == "prefill",
         )  # fmt: skip
     if t.mode is Mode.p2p:
         files["mooncake.json"] = _mooncake_json(t)

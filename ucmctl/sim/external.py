@@ -21,7 +21,7 @@ class ExternalTier:
     def __init__(self, ucm_config_file: str, block_bytes: int, shards: int = 4) -> None:
         import ucm_store  # the native store is only needed when the connector is configured
 
-        cfg = load_ucm_config(ucm_config_file)
+        cfg, self.wait_persisted = load_ucm_config(ucm_config_file)
         shard = max(1, block_bytes // shards)
         self.shard_sizes = [shard] * shards
         self.store = ucm_store.Store.from_config(cfg, shard_sizes=self.shard_sizes)
@@ -51,7 +51,9 @@ class ExternalTier:
         if not keys:
             return
         blocks = [[_pattern(key, size) for size in self.shard_sizes] for key in keys]
-        result = self.store.wait(self.store.dump(list(keys), blocks))
+        task = self.store.dump(list(keys), blocks)
+        # As the connector: with wait_persisted the step ends once the blocks are on disk.
+        result = self.store.wait_persisted(task) if self.wait_persisted else self.store.wait(task)
         self.saved_blocks += sum(result.ok)
         if not result.all_ok:
             log.warning("sim: %d block dumps failed: %s", len(keys) - sum(result.ok), result.errors[0])
@@ -64,10 +66,11 @@ def _pattern(key: bytes, size: int) -> bytes:
     return (key * (size // len(key) + 1))[:size]
 
 
-def load_ucm_config(path: str) -> dict[str, Any]:
-    """The `ucm_connector_config` of the first UcmPipelineStore in a UCM config file."""
+def load_ucm_config(path: str) -> tuple[dict[str, Any], bool]:
+    """The `ucm_connector_config` of the first UcmPipelineStore in a UCM config file, and
+    whether dumps wait until persisted."""
     data = yaml.safe_load(Path(path).read_text())
     for entry in data.get("ucm_connectors", []):
         if entry.get("ucm_connector_name") == "UcmPipelineStore":
-            return dict(entry["ucm_connector_config"])
+            return dict(entry["ucm_connector_config"]), bool(data.get("wait_persisted", False))
     raise ValueError(f"{path}: no ucm_connectors entry named UcmPipelineStore")

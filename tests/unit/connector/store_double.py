@@ -95,6 +95,9 @@ class FakeStore:
     def wait(self, tid: int, timeout: float | None = None) -> FakeTaskResult:
         return self._results.pop(tid)
 
+    def wait_persisted(self, tid: int, timeout: float | None = None) -> FakeTaskResult:
+        return self._results.pop(tid)  # one tier: written is persisted
+
     def check(self, tid: int) -> FakeTaskResult | None:
         return self._results.pop(tid, None)
 

@@ -148,3 +148,27 @@ def test_copy_backend_choice_and_staged_path_on_host() -> None:
     store.wait(store.load(keys, staged.load_targets([9, 10])))
     staged.finish_load([9, 10])
     assert torch.equal(split[:, :, 9:11], original[:, :, 3:5])
+
+
+def test_wait_persisted_finishes_a_step_only_when_blocks_are_on_disk(tmp_path) -> None:
+    """Disaggregated PD: the prefill side must not answer before decode can find its blocks."""
+    import ucm_store
+
+    cfg = {
+        "store_pipeline": "Cache|Posix",
+        "storage_backends": str(tmp_path),
+        "cache_buffer_capacity_gb": 0.01,
+    }
+    _, caches = kv_caches()
+    shard = HEADS * BS * 2 * HD * 2
+    ns = Namespace(model="m", dtype="bfloat16", layout="cpu/LBHNC", block_size=BS, tp_size=1,
+                   num_layers=LAYERS, shard_bytes=shard)  # fmt: skip
+    km = KeyMaker(ns)
+    w = WorkerSide(lambda sizes: ucm_store.Store.from_config(cfg, shard_sizes=sizes), km, wait_persisted=True)
+    w.register_kv_caches(caches, list(caches), expected_shard_bytes=shard)
+    keys = km.keys(hashes(6))
+    w.wait_for_save(UCMConnectorMetadata(saves=[BlockTransfer("a", keys, [1, 2, 3, 4, 5, 6])]))
+    # Another process's view: the files alone, looked up at once, with no wait.
+    with ucm_store.Store.from_config({"store_pipeline": "Posix", "storage_backends": str(tmp_path)},
+                                     shard_sizes=[shard] * LAYERS) as disk:  # fmt: skip
+        assert disk.lookup_prefix(km.store_keys(keys, 0, None)) == 6
