@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import statistics
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -116,13 +117,13 @@ def test_ttft_and_tpot_means_agree_with_vllm_bench_serve(server: VllmServer, tmp
         assert m["completed"] == PROMPTS and m["failed"] == 0 and v["completed"] == PROMPTS
         assert m["total_input_tokens"] == PROMPTS * INPUT  # every length checked against usage
         assert m["total_output_tokens"] == v["total_output_tokens"] == PROMPTS * OUTPUT
-    report = []
+    # Rounds interleave the two tools; the median over rounds keeps one disturbed round (a busy
+    # machine) from deciding the comparison.
+    report, ratios = [], []
     for key in ("mean_ttft_ms", "mean_tpot_ms"):
-        a = sum(m[key] for m in mine) / ROUNDS
-        b = sum(v[key] for v in ref) / ROUNDS
+        a = statistics.median(m[key] for m in mine)
+        b = statistics.median(v[key] for v in ref)
+        ratios.append(a / b)
         report.append(f"{key}: ucmctl {a:.2f} vs vllm {b:.2f} ({100 * (a / b - 1):+.1f}%)")
         print(report[-1], [round(m[key], 2) for m in mine], [round(v[key], 2) for v in ref])
-    for key in ("mean_ttft_ms", "mean_tpot_ms"):
-        a = sum(m[key] for m in mine) / ROUNDS
-        b = sum(v[key] for v in ref) / ROUNDS
-        assert abs(a / b - 1) <= 0.10, "; ".join(report)
+    assert all(abs(r - 1) <= 0.10 for r in ratios), "; ".join(report)

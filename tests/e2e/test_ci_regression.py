@@ -32,10 +32,10 @@ def test_ci_suite_against_the_stored_baseline(tmp_path: Path) -> None:
     assert run.returncode == 0, run.stderr
     cells = json.loads(new.read_text())["cells"]
     assert len(cells) == 6  # 2 input lengths x 3 scenarios
-    # Simulated time is stable enough for a tight gate on a busy CI machine; a real cluster
-    # uses the default 10 % limits with --repeats.
+    # Simulated time is steady, but a busy CI machine still stretches it a little; a real
+    # cluster uses tight limits with --repeats (benchmarks/ci/). A 2x slowdown fails this gate.
     gate = ucmctl("bench", "compare", "benchmarks/baselines/ci-sim.json", str(new),
-                  "--max-regression", "ttft_mean=35%,tpot_mean=35%,e2el_mean=35%",
+                  "--max-regression", "ttft_mean=50%,tpot_mean=50%,e2el_mean=50%",
                   "--junit", str(tmp_path / "junit.xml"), env=env)  # fmt: skip
     assert gate.returncode == 0, gate.stdout + gate.stderr
     assert "| ucm |" in gate.stdout or "ucm" in gate.stdout

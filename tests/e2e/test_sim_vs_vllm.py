@@ -1,0 +1,81 @@
+"""The simulator against the real thing: the same protocol assertions pass on real vLLM, and
+`vllm bench serve` runs against the simulator and reads its answers."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.vllm_server import VENV_BIN, VllmServer
+from tests.support.openai_checks import check_completion, check_completion_stream, check_error, parse_sse
+from tests.support.processes import sim_server
+
+pytestmark = pytest.mark.slow
+
+
+def post(url: str, body: dict[str, Any], raw: bool = False) -> tuple[int, Any]:
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            data = r.read()
+            return r.status, data if raw else json.loads(data)
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def conformance(url: str) -> None:
+    """What the simulator's own protocol test asserts, on any server (served name "m")."""
+    prompt = list(range(20, 120))
+    status, body = post(f"{url}/v1/completions", {"model": "m", "prompt": prompt, "max_tokens": 7,
+                                                  "ignore_eos": True})  # fmt: skip
+    assert status == 200
+    check_completion(body, prompt_tokens=100, max_tokens=7)
+    streamed = {"model": "m", "prompt": prompt, "max_tokens": 5, "stream": True, "ignore_eos": True,
+                "stream_options": {"include_usage": True}}  # fmt: skip
+    status, raw = post(f"{url}/v1/completions", streamed, raw=True)
+    assert status == 200
+    assert len(check_completion_stream(parse_sse(raw), prompt_tokens=100, max_tokens=5)) == 5
+    status, body = post(f"{url}/v1/completions", {"model": "m", "prompt": prompt * 30, "max_tokens": 10})
+    assert "maximum context length is 2048" in check_error(status, body)
+
+
+def test_protocol_assertions_hold_on_real_vllm_and_the_simulator(tmp_path: Path, tiny_model: Path,
+                                                                  compile_cache: Path) -> None:  # fmt: skip
+    server = VllmServer(model=tiny_model, log_path=tmp_path / "vllm.log", cache_root=compile_cache,
+                        max_model_len=2048, extra_args=["--block-size", "128"])  # fmt: skip
+    try:
+        server.start().wait_ready(600)
+        conformance(server.url)
+    finally:
+        server.stop()
+    with sim_server(
+        tmp_path, "--served-model-name", "m", "--max-model-len", "2048", model=str(tiny_model)
+    ) as sim:
+        conformance(sim.url)
+
+
+def test_vllm_bench_serve_runs_against_the_simulator(tmp_path: Path, tiny_model: Path) -> None:
+    with sim_server(
+        tmp_path, "--served-model-name", "m", "--decode-step-ms", "2", model=str(tiny_model)
+    ) as sim:
+        cmd = [str(VENV_BIN / "vllm"), "bench", "serve", "--backend", "vllm", "--base-url", sim.url,
+               "--model", "m", "--tokenizer", str(tiny_model), "--dataset-name", "random",
+               "--random-input-len", "200", "--random-output-len", "16", "--num-prompts", "8",
+               "--ignore-eos", "--seed", "1", "--save-result", "--result-dir", str(tmp_path),
+               "--result-filename", "bench.json", "--percentile-metrics", "ttft,tpot,itl,e2el"]  # fmt: skip
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
+                              env={"HF_HUB_OFFLINE": "1", "PATH": f"{VENV_BIN}:/usr/bin:/bin"})  # fmt: skip
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    result = json.loads((tmp_path / "bench.json").read_text())
+    assert result["completed"] == 8 and result.get("failed", 0) == 0
+    assert result["total_output_tokens"] == 8 * 16
+    assert 8 * 190 <= result["total_input_tokens"] <= 8 * 210  # as the sim counted them
+    assert result["mean_ttft_ms"] > 0 and result["mean_tpot_ms"] >= 2 * 0.9  # the 2 ms decode step

@@ -1,0 +1,102 @@
+"""1P1D with the real vLLM (tiny model) over SSH on two network-namespace hosts sharing one
+storage folder: requests through the proxy, decode loads the prefix that prefill stored, and
+its greedy tokens equal those of an instance holding the same prefix in its own cache."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.netns import Cluster, available, cluster
+
+pytestmark = [pytest.mark.slow, pytest.mark.root]
+BLOCK = 128
+
+
+@pytest.fixture(scope="module")
+def hosts() -> Iterator[Cluster]:
+    reason = available()
+    if reason:
+        pytest.skip(f"needs real SSH hosts: {reason}")
+    with cluster(2) as c:
+        yield c
+
+
+def topology(c: Cluster, model: Path) -> str:
+    env = '{VLLM_CPU_KVCACHE_SPACE: "1", HF_HUB_OFFLINE: "1", TRANSFORMERS_OFFLINE: "1"}'
+    flags = "{max-model-len: 2048, block-size: 128, max-num-seqs: 4}"
+    line = "  {n}: {{host: {addr}, key: {key}, platform: cpu, devices: 0, python: {py}}}"
+    nodes = "\n".join(
+        line.format(n=n, addr=c.host(n).address, key=c.key, py=sys.executable) for n in ("h1", "h2")
+    )
+    return f"""
+name: e2e-two-hosts
+mode: centralized
+model: {{path: {model}, served_name: m, dtype: bfloat16, hash_seed: 0}}
+nodes:
+{nodes}
+storage: {{storage_backends: {c.shared / "store"}, cache_buffer_capacity_gb: 0.25}}
+prefill: {{nodes: [h1], port: 8100, env: {env}, flags: {flags}}}
+decode: {{nodes: [h2], port: 8200, env: {env}, flags: {flags}}}
+proxy: {{node: h1, port: 8000}}
+"""
+
+
+def complete(url: str, prompt: list[int]) -> tuple[list[int], list[Any]]:
+    body = {"model": "m", "prompt": prompt, "max_tokens": 8, "temperature": 0.0, "logprobs": 3,
+            "ignore_eos": True, "return_tokens_as_token_ids": True}  # fmt: skip
+    req = urllib.request.Request(f"{url}/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})  # fmt: skip
+    with urllib.request.urlopen(req, timeout=300) as r:
+        lp = json.loads(r.read())["choices"][0]["logprobs"]
+    return [int(t.removeprefix("token_id:")) for t in lp["tokens"]], lp["top_logprobs"]
+
+
+def counter(url: str, name: str) -> float:
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return sum(float(x.rsplit(" ", 1)[1]) for x in text.splitlines() if x.startswith(name + "{"))
+
+
+def test_1p1d_over_ssh_decode_hits_what_prefill_stored(hosts: Cluster, tmp_path: Path) -> None:
+    from ucmctl.model import make_model
+
+    model = make_model(hosts.shared / "tiny", size="tiny", seed=0)
+    topo = tmp_path / "topology.yaml"
+    topo.write_text(topology(hosts, model))
+    env = {**os.environ, "UCMCTL_HOME": str(tmp_path / "home"), "UCMCTL_SSH_CONFIG": str(hosts.ssh_config)}
+
+    def ucmctl(*args: str) -> subprocess.CompletedProcess[str]:
+        cmd = [sys.executable, "-m", "ucmctl", *args]
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+        assert "Traceback" not in done.stderr, done.stderr
+        return done
+
+    up = ucmctl("up", str(topo))
+    assert up.returncode == 0, up.stderr[-3000:]
+    try:
+        prefill = f"http://{hosts.host('h1').address}:8100"
+        decode = f"http://{hosts.host('h2').address}:8200"
+        prompt = [(i * 37) % 3000 + 20 for i in range(3 * BLOCK + 40)]  # 3 full blocks + 40 tokens
+        via_proxy = complete(f"http://{hosts.host('h1').address}:8000", prompt)
+        external = counter(decode, "vllm:external_prefix_cache_hits_total")
+        assert external == 3 * BLOCK  # decode loaded every full block prefill stored
+        logs = ucmctl("logs", "e2e-two-hosts", "decode-0", "-n", "400").stdout
+        assert "hit external: 3" in logs
+        # Prefill holds the same prefix in its own cache (it computed it): a local hit there.
+        local = complete(prefill, prompt)
+        assert counter(prefill, "vllm:prefix_cache_hits_total") >= 3 * BLOCK
+        assert via_proxy[0] == local[0]  # the same greedy tokens ...
+        assert via_proxy[1] == local[1]  # ... and the same top logprobs: the same KV bytes
+    finally:
+        down = ucmctl("down", str(topo))
+    assert down.returncode == 0, down.stderr
+    assert hosts.processes_of("e2e-two-hosts") == []
