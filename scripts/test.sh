@@ -4,5 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --engine
-.venv/bin/ruff check .
-exec .venv/bin/python -m pytest "$@"
+# As after `. .venv/bin/activate`: local topologies run `python3`, `vllm` and `mooncake_master`
+# from PATH, as a user's shell would.
+export PATH="$PWD/.venv/bin:$PATH"
+ruff check .
+exec python -m pytest "$@"

@@ -49,6 +49,7 @@ def start(ex: Executor, process: Process, *, wait: float = 10) -> Started:
     script = f"""
 set -u
 rm -f {pidfile}
+[ -f {log} ] && mv -f {log} {log}.1  # the last 50 lines shown on failure are this run's
 setsid env {mark} sh -c 'echo $$ > "$0.tmp" && mv "$0.tmp" "$0"; exec sh "$1"' {pidfile} {launch} \\
   >>{log} 2>&1 </dev/null &
 i=0

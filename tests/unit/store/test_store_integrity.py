@@ -208,6 +208,9 @@ def test_capacity_is_enforced_in_the_background(make_store):
     keys = [key(i, "bg") for i in range(40)]
     for k in keys:
         assert store.wait(store.dump([k], [block(k, shards)])).all_ok
+        # File times come from the kernel's coarse clock (a few ms): space the writes so that
+        # "oldest first" has an order to follow.
+        time.sleep(0.01)
     deadline = time.time() + 30  # generous: metadata ops stall when the disk is contended
     while time.time() < deadline:
         used = sum(f.stat().st_size for f in Path(store.settings.backends[0]).rglob("*") if f.is_file())
