@@ -127,8 +127,9 @@ def deploy_up(
                     failure = _start_stage(session, record, store, stage, progress, topology, options)
                     if failure:
                         break
-        except KeyboardInterrupt:  # Ctrl-C mid-start: take back what started, then stop
-            console.print("interrupted: stopping what this `up` started")
+        except (KeyboardInterrupt, Exception) as exc:  # Ctrl-C or a bug mid-start: take back what started
+            what = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"internal error ({exc!r})"
+            console.print(f"{what}: stopping what this `up` started")
             _cancelled.clear()
             _, not_stopped = _stop_all(session, plan, options.stop_grace, console)
             if not not_stopped:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +49,9 @@ class Endpoints:
     instances: list[tuple[str, str, str]]  # (process name, role, base URL)
 
 
+_SAVE_LOCK = threading.Lock()
+
+
 def state_dir() -> Path:
     return Path(os.environ.get("UCMCTL_HOME") or Path.home() / ".ucmctl") / "deployments"
 
@@ -66,9 +70,12 @@ class StateStore:
     def save(self, record: Record) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         target = self.path(record.deployment)
-        tmp = target.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps(record.model_dump(mode="json"), indent=1))
-        os.replace(tmp, target)  # a reader never sees half a record
+        # Processes start in parallel threads, each saving the record as it learns a pgid.
+        with _SAVE_LOCK:
+            text = json.dumps(record.model_dump(mode="json"), indent=1)
+            tmp = target.with_suffix(f".tmp{os.getpid()}.{threading.get_ident()}")
+            tmp.write_text(text)
+            os.replace(tmp, target)  # a reader never sees half a record
 
     def load(self, deployment: str) -> Record | None:
         path = self.path(deployment)

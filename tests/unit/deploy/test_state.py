@@ -1,0 +1,68 @@
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from ucmctl.deploy.state import ProcessState, Record, StateStore, endpoints
+from ucmctl.errors import UcmctlError
+from ucmctl.plan.build import build_plan
+from ucmctl.topology.load import load_topology
+
+TOPOLOGY = Path(__file__).resolve().parents[3] / "topologies" / "2p2d-centralized.yaml"
+
+
+def record() -> Record:
+    plan = build_plan(load_topology(TOPOLOGY))
+    processes = {p.name: ProcessState(name=p.name, node=p.node) for p in plan.processes}
+    return Record(
+        deployment=plan.deployment,
+        topology_path=str(TOPOLOGY),
+        topology_digest=plan.topology_digest,
+        plan=plan,
+        processes=processes,
+    )
+
+
+def test_parallel_saves_never_collide(tmp_path: Path) -> None:
+    """Servers start in parallel threads, each saving the record when it learns its pgid."""
+    store = StateStore(tmp_path)
+    rec = record()
+    errors: list[BaseException] = []
+
+    def save_many(i: int) -> None:
+        try:
+            for n in range(50):
+                rec.processes["prefill-0"].pgid = i * 1000 + n
+                store.save(rec)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=save_many, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    loaded = store.load(rec.deployment)
+    assert loaded is not None and loaded.plan == rec.plan
+    assert [p.name for p in tmp_path.iterdir()] == ["2p2d-centralized.json"]  # no temp files left
+
+
+def test_endpoints_and_bad_names(tmp_path: Path) -> None:
+    store = StateStore(tmp_path)
+    store.save(record())
+    ep = endpoints("2p2d-centralized", store)
+    assert ep.proxy == "http://192.168.10.1:7805"
+    names = [(n, r) for n, r, _ in ep.instances]
+    assert names == [
+        ("prefill-0", "prefill"),
+        ("prefill-1", "prefill"),
+        ("decode-0", "decode"),
+        ("decode-1", "decode"),
+    ]
+    with pytest.raises(UcmctlError, match="no deployment named 'nope'"):
+        endpoints("nope", store)
+    with pytest.raises(UcmctlError, match="is not a deployment name"):
+        store.load("../../etc/passwd")
