@@ -171,6 +171,10 @@ def load_document(path: Path) -> dict[str, Any]:
 
 
 # ---- flat rows: CSV, Markdown, plot ---------------------------------------------------------
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
 def _rate(phase: dict[str, Any] | None, key: str) -> float | None:
     total = ((phase or {}).get("hit_rate") or {}).get("total") or {}
     return total.get(key)
@@ -358,7 +362,17 @@ def print_cells(cells: list[dict[str, Any]], console: Console) -> None:
             p = cell.get(phase) or {}
             for e in p.get("errors", []):
                 console.print(f"[red]{phase} {cell['input_len']}: {e['count']} x {e['error']}[/]")
-            rate = _rate(p, "hit_rate")
+            by_role = (p.get("hit_rate") or {}).get("by_role") or {}
+            # In PD the decode leg finds what the prefill leg just stored: judge the first leg.
+            first = by_role.get("prefill") or by_role.get("mixed")
+            rate = first.get("hit_rate") if first else _rate(p, "hit_rate")
+            if len(by_role) > 1:
+                parts = []
+                for role, r in by_role.items():
+                    local, ext = r.get("local_hit_rate"), r.get("external_hit_rate")
+                    parts.append(f"{role} local {_pct(local)}, external {_pct(ext)}")
+                console.print(f"{cell.get('scenario') or 'run'} {cell['input_len']} {phase} hit rates: "
+                              + "; ".join(parts), markup=False)  # fmt: skip
             if phase == "preseed" and rate is not None and rate > 0.05:
                 console.print(
                     f"[yellow]preseed {cell['input_len']}: {100 * rate:.1f}% of its prompt tokens were "
