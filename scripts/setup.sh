@@ -19,7 +19,7 @@ done
 
 # System packages: a C++ compiler for the native store, iproute2/openssh for the multi-host
 # tests, and the libraries the real mooncake_master links against.
-APT_PACKAGES=(g++ make python3-venv iproute2 openssh-server openssh-client procps
+APT_PACKAGES=(g++ make python3-venv python3-dev iproute2 openssh-server openssh-client procps
               libibverbs1 librdmacm1 libnuma1)
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
