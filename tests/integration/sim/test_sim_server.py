@@ -173,18 +173,19 @@ async def _ttft(url: str, prompt: list[int]) -> float:
 
 
 def test_contention_makes_ttft_grow_with_concurrency(tmp_path: Path) -> None:
-    flags = ["--prefill-us-per-token", "100", "--max-num-batched-tokens", "1024", "--block-size", str(BLOCK)]
+    flags = ["--prefill-us-per-token", "400", "--max-num-batched-tokens", "1024", "--block-size", str(BLOCK)]
     with sim_server(tmp_path, *flags) as sim:
 
         async def run(n: int) -> list[float]:
-            prompts = [[(i * 7919 + j) % 30000 + 1 for j in range(1000)] for i in range(n)]
+            prompts = [[(i * 7919 + j) % 30000 + 1 for j in range(500)] for i in range(n)]
             return await asyncio.gather(*(_ttft(sim.url, p) for p in prompts))
 
         alone = asyncio.run(run(1))[0]
         together = asyncio.run(run(8))
-    assert alone == pytest.approx(0.1, abs=0.06)  # 1000 tokens x 100 us
-    assert sorted(together)[-1] > 6 * alone  # the last of 8 waits for the others' prefill
-    assert sum(together) / 8 > 3 * alone
+    cost = 500 * 400e-6  # 0.2 s of simulated prefill per prompt; never faster than that
+    assert alone >= cost
+    assert sorted(together)[-1] >= 7 * cost  # the last of 8 waits for the others' prefill
+    assert sum(together) / 8 >= 3.5 * cost
 
 
 def test_client_disconnect_frees_the_engine(tmp_path: Path) -> None:
