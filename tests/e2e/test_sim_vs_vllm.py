@@ -5,30 +5,16 @@ from __future__ import annotations
 
 import json
 import subprocess
-import urllib.error
-import urllib.request
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.e2e.vllm_server import VENV_BIN, VllmServer
+from tests.support.http import post
 from tests.support.openai_checks import check_completion, check_completion_stream, check_error, parse_sse
 from tests.support.processes import sim_server
 
 pytestmark = pytest.mark.slow
-
-
-def post(url: str, body: dict[str, Any], raw: bool = False) -> tuple[int, Any]:
-    req = urllib.request.Request(
-        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
-    )
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            data = r.read()
-            return r.status, data if raw else json.loads(data)
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
 
 
 def conformance(url: str) -> None:

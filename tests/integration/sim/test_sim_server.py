@@ -6,14 +6,12 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import pytest
 
+from tests.support.http import get, post
 from tests.support.openai_checks import (
     check_chat,
     check_chat_stream,
@@ -26,22 +24,6 @@ from tests.support.openai_checks import (
 from tests.support.processes import sim_server
 
 BLOCK = 16
-
-
-def post(url: str, body: Any, raw: bool = False) -> tuple[int, Any]:
-    data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            payload = r.read()
-            return r.status, payload if raw else json.loads(payload)
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
-
-
-def get(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=10) as r:
-        return r.read().decode()
 
 
 def ucm_config(tmp: Path, store: Path) -> Path:

@@ -1,0 +1,25 @@
+"""Small HTTP helpers for tests that talk to a server the way a client does."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from typing import Any
+
+
+def post(url: str, body: Any, raw: bool = False, timeout: float = 120) -> tuple[int, Any]:
+    """POST JSON (or bytes as they are); returns (status, decoded JSON or raw bytes), 4xx/5xx included."""
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            payload = r.read()
+            return r.status, payload if raw else json.loads(payload)
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return r.read().decode()
