@@ -5,9 +5,12 @@
 #include <cstdlib>
 #include <new>
 
+#include <sys/mman.h>
+
 namespace ucm {
 
 constexpr size_t kAlign = 4096;
+constexpr size_t kHuge = 2u << 20;
 
 inline size_t align_up(size_t n, size_t a = kAlign) { return (n + a - 1) / a * a; }
 
@@ -25,9 +28,14 @@ public:
             data_ = nullptr;
             cap_ = 0;
             void* p = nullptr;
-            if (posix_memalign(&p, kAlign, align_up(n)) != 0) throw std::bad_alloc();
+            // Blocks of 2 MiB and more: huge pages, so an O_DIRECT request is a few large
+            // physically contiguous segments instead of one per 4 KiB page.
+            size_t align = n >= kHuge ? kHuge : kAlign;
+            size_t cap = align_up(n, align);
+            if (posix_memalign(&p, align, cap) != 0) throw std::bad_alloc();
+            if (align == kHuge) madvise(p, cap, MADV_HUGEPAGE);
             data_ = static_cast<uint8_t*>(p);
-            cap_ = align_up(n);
+            cap_ = cap;
         }
         return data_;
     }

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <ctime>
 
@@ -42,6 +43,32 @@ bool is_shard_dir(const char* name) {
     for (int i = 0; i < 3; ++i)
         if (!isxdigit(static_cast<unsigned char>(name[i])) || isupper(name[i])) return false;
     return true;
+}
+
+uint32_t crc_of(const std::vector<ConstSpan>& parts) {
+    uint32_t crc = 0;
+    for (size_t i = 0; i < parts.size(); ++i) {
+        uint32_t pc = crc32c(parts[i].p, parts[i].n);
+        crc = i ? crc32c_combine(crc, pc, parts[i].n) : pc;
+    }
+    return crc;
+}
+
+// The whole file as one gather list: header, shards, and (buffered) zero padding to the
+// file size; O_DIRECT shards are whole pages already.
+std::vector<iovec> with_header(const Layout& layout, const uint8_t* hdr,
+                               const std::vector<ConstSpan>& parts, bool pad) {
+    static const uint8_t zeros[kAlign] = {};
+    std::vector<iovec> iov;
+    iov.reserve(parts.size() + 2);
+    iov.push_back({const_cast<uint8_t*>(hdr), layout.header});
+    uint64_t end = layout.header;
+    for (const auto& p : parts) {
+        iov.push_back({const_cast<uint8_t*>(p.p), p.n});
+        end += p.n;
+    }
+    if (pad && end < layout.file_size) iov.push_back({const_cast<uint8_t*>(zeros), layout.file_size - end});
+    return iov;
 }
 
 }  // namespace
@@ -113,20 +140,27 @@ std::string PosixTier::write(const Key& key, const std::vector<ConstSpan>& parts
         c_.posix_write_skipped.add();
         return "";
     }
-    if (mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
-        int e = errno;
-        return e == ENOENT ? "backend directory " + b.root + " is missing"
-                           : io_error("cannot create", dir, e);
-    }
     const std::string tmp = final_path + ".tmp." + host_name() + "." + std::to_string(getpid()) +
                             "." + std::to_string(counter_.fetch_add(1));
     bool direct = b.direct.load(std::memory_order_relaxed);
-    int fd = open(tmp.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC | (direct ? O_DIRECT : 0),
-                  0644);
-    if (fd < 0 && direct && errno == EINVAL) {
-        b.direct = false;
-        direct = false;
-        fd = open(tmp.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0644);
+    auto create = [&] {
+        int f = open(tmp.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC | (direct ? O_DIRECT : 0), 0644);
+        if (f < 0 && direct && errno == EINVAL) {
+            b.direct = false;
+            direct = false;
+            f = open(tmp.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0644);
+        }
+        return f;
+    };
+    int fd = create();
+    if (fd < 0 && errno == ENOENT) {
+        // First block of this shard directory (or the backend itself is gone).
+        if (mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
+            int e = errno;
+            return e == ENOENT ? "backend directory " + b.root + " is missing"
+                               : io_error("cannot create", dir, e);
+        }
+        fd = create();
     }
     if (fd < 0) {
         int e = errno;
@@ -147,20 +181,10 @@ std::string PosixTier::write(const Key& key, const std::vector<ConstSpan>& parts
         zero_copy = zero_copy && reinterpret_cast<uintptr_t>(p.p) % kAlign == 0 && p.n % kAlign == 0;
     int rc = 0;
     if (zero_copy) {
-        uint32_t crc = 0;
-        std::vector<iovec> iov;
-        iov.reserve(parts.size());
-        for (size_t i = 0; i < parts.size(); ++i) {
-            uint32_t pc = crc32c(parts[i].p, parts[i].n);
-            crc = i ? crc32c_combine(crc, pc, parts[i].n) : pc;
-            iov.push_back({const_cast<uint8_t*>(parts[i].p), parts[i].n});
-        }
-        rc = writev_all(fd, iov, off_t(layout_.header));
-        if (rc == 0) {
-            uint8_t* hdr = scratch().reserve(layout_.header);
-            encode_header(hdr, layout_, key, crc);
-            rc = write_all(fd, hdr, layout_.header, 0);
-        }
+        // One pwritev per block: the header (the checksum is computed first) then the shards.
+        uint8_t* hdr = scratch().reserve(layout_.header);
+        encode_header(hdr, layout_, key, crc_of(parts));
+        rc = writev_all(fd, with_header(layout_, hdr, parts, false), 0);
         if (rc == EINVAL) {  // the device wants stricter alignment: stage like below
             zero_copy = false;
             rc = 0;
@@ -183,28 +207,10 @@ std::string PosixTier::write(const Key& key, const std::vector<ConstSpan>& parts
             rc = write_all(fd, buf, layout_.file_size, 0);
         }
     } else if (!direct) {
-        // Buffered: write straight from the caller's shards, header last.
-        uint32_t crc = 0;
-        bool first = true;
-        off_t off = off_t(layout_.header);
-        for (const auto& p : parts) {
-            uint32_t pc = crc32c(p.p, p.n);
-            crc = first ? pc : crc32c_combine(crc, pc, p.n);
-            first = false;
-        }
-        for (size_t i = 0; i < parts.size() && rc == 0; ++i) {
-            rc = write_all(fd, parts[i].p, parts[i].n, off);
-            off += off_t(parts[i].n);
-        }
-        if (rc == 0 && uint64_t(off) < layout_.file_size) {
-            static const uint8_t zeros[kAlign] = {};
-            rc = write_all(fd, zeros, layout_.file_size - uint64_t(off), off);
-        }
-        if (rc == 0) {
-            uint8_t* hdr = scratch().reserve(layout_.header);
-            encode_header(hdr, layout_, key, crc);
-            rc = write_all(fd, hdr, layout_.header, 0);
-        }
+        // Buffered: one pwritev straight from the caller's shards, zero padding at the end.
+        uint8_t* hdr = scratch().reserve(layout_.header);
+        encode_header(hdr, layout_, key, crc_of(parts));
+        rc = writev_all(fd, with_header(layout_, hdr, parts, true), 0);
     }
     if (rc) return fail("cannot write", rc);
     if (opts_.fsync && fdatasync(fd) != 0) return fail("cannot fsync", errno);

@@ -35,7 +35,7 @@ struct StoreConfig {
     PosixOptions posix_opts;
     std::vector<uint64_t> shard_sizes;
     unsigned copy_threads = 2;
-    unsigned io_threads = 4;
+    unsigned io_threads = 8;
     unsigned lookup_threads = 2;
 };
 

@@ -46,7 +46,7 @@ _KEYS: dict[str, tuple[Any, str]] = {
     "io_direct": (False, "bool"),
     "io_fsync": (False, "bool"),
     "cache_copy_threads": (2, "threads"),
-    "posix_io_threads": (4, "threads"),
+    "posix_io_threads": (8, "threads"),
     "lookup_threads": (2, "threads"),
     "cache_prefault": (True, "bool"),
     "cache_on_load": (True, "bool"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -129,16 +130,35 @@ def test_unwritable_shard_dir_fails_only_its_blocks(make_store):
     assert store.lookup(keys) == expect
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root bypasses directory permissions")
-def test_permission_denied_is_a_reason(make_store):
-    store = make_store(SHARDS, store_pipeline="Posix")
-    backend = Path(store.settings.backends[0])
+DUMP_ONE = """
+import json, sys, ucm_store
+store = ucm_store.Store.from_config({"store_pipeline": "Posix", "storage_backends": sys.argv[1]},
+                                    shard_sizes=[4096])
+res = store.wait(store.dump([bytes(16)], [[bytes(4096)]]))
+print(json.dumps({"ok": res.ok, "errors": res.errors}))
+"""
+
+
+def test_permission_denied_is_a_reason(tmp_path):
+    backend = tmp_path / "b0"
+    backend.mkdir()
     backend.chmod(0o500)
+    cmd = [sys.executable, "-c", DUMP_ONE, str(backend)]
+    if os.geteuid() == 0:
+        # Root ignores directory modes through CAP_DAC_OVERRIDE: run the writer without it.
+        setpriv = shutil.which("setpriv")
+        if setpriv is None:
+            pytest.fail("setpriv (util-linux) is needed to drop root's DAC capabilities")
+        cmd = [setpriv, "--bounding-set=-dac_override,-dac_read_search", "--inh-caps=-all", *cmd]
     try:
-        res = store.wait(store.dump([key(1)], [block(key(1), SHARDS)]))
+        run = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     finally:
         backend.chmod(0o755)
-    assert res.ok == [False] and "Permission denied" in res.errors[0]
+    assert run.returncode == 0, run.stderr
+    res = json.loads(run.stdout.splitlines()[-1])
+    assert res["ok"] == [False]
+    assert "Permission denied" in res["errors"][0] and str(backend) in res["errors"][0]
+    assert list(backend.iterdir()) == []  # nothing half-written left behind
 
 
 def test_write_through_failure_is_reported_as_not_persisted(make_store):
@@ -184,21 +204,24 @@ def test_capacity_removes_oldest_blocks_first(make_store):
     shards = [4096]
     file_size = 8192  # header page + payload page
     capacity = 20 * file_size
-    store = make_store(shards, store_pipeline="Posix", posix_capacity_gb=capacity / 2**30)
+    # Written without a limit (no pass can run before the ages are set), then collected by a
+    # store that has one.
+    writer = make_store(shards, store_pipeline="Posix")
     keys = [key(i, "gc") for i in range(30)]
-    assert store.wait(store.dump(keys, [block(k, shards) for k in keys])).all_ok
+    assert writer.wait(writer.dump(keys, [block(k, shards) for k in keys])).all_ok
     # Give every block a distinct age: keys[0] oldest.
     now = time.time()
     for i, k in enumerate(keys):
         t = now - 1000 + i
-        os.utime(block_path(store, k), (t, t))
+        os.utime(block_path(writer, k), (t, t))
+    store = make_store(shards, store_pipeline="Posix", posix_capacity_gb=capacity / 2**30)
     report = store.collect_garbage()
+    # The store's own first pass (it measures what is stored) may have done the work already:
+    # judge the outcome, not which pass did it.
     assert report["used_bytes"] <= capacity * 0.9
-    kept = store.lookup(keys)
-    n_removed = report["removed_blocks"]
-    assert n_removed == 30 - 18  # down to 90% of 20 files
-    assert kept == [False] * n_removed + [True] * (30 - n_removed)
-    assert store.stats()["gc_removed_blocks"] >= n_removed
+    assert report["blocks"] == 18  # down to 90% of 20 files
+    assert store.stats()["gc_removed_blocks"] == 12
+    assert store.lookup(keys) == [False] * 12 + [True] * 18
 
 
 def test_capacity_is_enforced_in_the_background(make_store):
