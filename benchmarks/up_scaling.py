@@ -1,13 +1,15 @@
 """`ucmctl up` on 8 hosts against the same per-host work on 1 host (target: at most 1.5x).
 
-    sudo python benchmarks/up_scaling.py [--hosts 8] [--repeats 3]
+    sudo python benchmarks/up_scaling.py [--hosts 8] [--repeats 3] [--load-seconds 0,5]
 
 Both runs happen here, on network-namespace hosts with real sshd (as the tests make them), each
 host running one simulator server: preflight over SSH, staging, start, health gate, then `down`.
 Serial orchestration would take about N times the one-host time; the ratio shows how close to
 fully parallel `up` is. All hosts share this machine's cores, so the CPU seconds that the run
 used are printed too: where they exceed the wall time x cores, the machine, not ucmctl, is the
-limit.
+limit. The servers are measured twice: starting at once (`--load-seconds 0`: all per-host work
+is CPU, which 8 hosts here share on this machine's cores) and taking a few seconds to load like
+a real server loading weights (`sim serve --load-seconds`; a real vLLM takes minutes).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from ucmctl.deploy.state import StateStore
 from ucmctl.topology.load import parse_topology
 
 
-def topology(c: Cluster, names: list[str], tag: str) -> str:
+def topology(c: Cluster, names: list[str], tag: str, load_seconds: float) -> str:
     line = "  {n}: {{host: {addr}, key: {key}, platform: cpu, python: {py}}}"
     nodes = "\n".join(line.format(n=n, addr=c.host(n).address, key=c.key, py=sys.executable) for n in names)
     return f"""
@@ -40,7 +42,7 @@ model: {{path: sim-model}}
 nodes:
 {nodes}
 storage: {{storage_backends: {c.shared / tag}, cache_buffer_capacity_gb: 0.1}}
-mixed: {{nodes: [{", ".join(names)}], port: 8500}}
+mixed: {{nodes: [{", ".join(names)}], port: 8500, flags: {{load-seconds: {load_seconds}}}}}
 """
 
 
@@ -55,9 +57,11 @@ def own_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def timed_up(c: Cluster, names: list[str], tag: str, store: StateStore) -> tuple[float, float, float]:
+def timed_up(
+    c: Cluster, names: list[str], tag: str, store: StateStore, load_seconds: float
+) -> tuple[float, float, float]:
     """Wall seconds, machine CPU seconds and ucmctl's own CPU seconds of one `up`."""
-    topo = parse_topology(topology(c, names, tag))
+    topo = parse_topology(topology(c, names, tag, load_seconds))
     quiet = Console(file=open(os.devnull, "w"))  # noqa: SIM115 - closed with the process
     cpu0, own0, t0 = cpu_seconds(), own_cpu(), time.perf_counter()
     deploy_up(topo, "<bench>", console=quiet, store=store)
@@ -70,30 +74,41 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--hosts", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--load-seconds", default="0,5", help="comma-separated server load times to measure")
     args = ap.parse_args()
     reason = available()
     if reason:
         sys.exit(f"up_scaling: {reason}")
+    loads = [float(x) for x in args.load_seconds.split(",")]
+    runs: dict[float, tuple[list, list]] = {}
     with cluster(args.hosts) as c:
         os.environ["UCMCTL_SSH_CONFIG"] = str(c.ssh_config)
         store = StateStore(c.base / "state")
         names = [h.name for h in c.hosts]
-        one, many = [], []
-        for i in range(args.repeats):  # interleaved, so drifts in machine load hit both alike
-            one.append(timed_up(c, names[:1], f"one{i}", store))
-            many.append(timed_up(c, names, f"many{i}", store))
+        for load in loads:
+            one, many = runs.setdefault(load, ([], []))
+            for i in range(args.repeats):  # interleaved, so drifts in machine load hit both alike
+                tag = f"{i}-{int(load * 10)}"
+                one.append(timed_up(c, names[:1], f"one{tag}", store, load))
+                many.append(timed_up(c, names, f"many{tag}", store, load))
+    for load, (one, many) in runs.items():
+        report(load, one, many, args.hosts, args.repeats)
+
+
+def report(load: float, one: list, many: list, hosts: int, repeats: int) -> None:
     t1 = statistics.median(w for w, _, _ in one)
     tn = statistics.median(w for w, _, _ in many)
     cpu_n = statistics.median(cpu for _, cpu, _ in many)
     own_1 = statistics.median(own for _, _, own in one)
     own_n = statistics.median(own for _, _, own in many)
     cores = os.cpu_count() or 1
-    print(f"up + health on 1 host:  {t1:.2f} s (median of {args.repeats})")
-    print(f"up + health on {args.hosts} hosts: {tn:.2f} s -> ratio {tn / t1:.2f}x (target <= 1.5x; "
-          f"serial would be ~{args.hosts}x)")  # fmt: skip
-    print(f"CPU used by the {args.hosts}-host run: {cpu_n:.2f} CPU-s over {tn:.2f} s wall on {cores} cores "
+    print(f"servers loading {load:g} s:")
+    print(f"  up + health on 1 host:  {t1:.2f} s (median of {repeats})")
+    print(f"  up + health on {hosts} hosts: {tn:.2f} s -> ratio {tn / t1:.2f}x (target <= 1.5x; "
+          f"serial would be ~{hosts}x)")  # fmt: skip
+    print(f"  CPU used by the {hosts}-host run: {cpu_n:.2f} CPU-s over {tn:.2f} s wall on {cores} cores "
           f"({cpu_n / (tn * cores):.0%} of the machine); ucmctl itself used {own_1:.2f} CPU-s for 1 host "
-          f"and {own_n:.2f} for {args.hosts}: the rest is the hosts' own work (sshd, Python starts, "
+          f"and {own_n:.2f} for {hosts}: the rest is the hosts' own work (sshd, Python starts, "
           "the servers), which a real cluster runs on separate machines")  # fmt: skip
 
 

@@ -49,13 +49,13 @@ def server(
         srv.stop()  # the process group, and the TMPDIR with vLLM's sockets
 
 
-def ours(srv: VllmServer, seed: int) -> dict[str, float]:
+def ours(srv: VllmServer, seed: int, output_len: int = OUTPUT) -> dict[str, float]:
     cfg = BenchConfig(
         input_lens=[INPUT],
         prefix_ratio=0.0,
         num_prompts=PROMPTS,
         concurrency=CONCURRENCY,
-        output_len=OUTPUT,
+        output_len=output_len,
         seed=seed,
         vocab=vocab_from_model(srv.model),
         model="m",
@@ -65,7 +65,7 @@ def ours(srv: VllmServer, seed: int) -> dict[str, float]:
     return cell["measure"]
 
 
-def theirs(srv: VllmServer, seed: int, out: Path) -> dict[str, float]:
+def theirs(srv: VllmServer, seed: int, out: Path, output_len: int = OUTPUT) -> dict[str, float]:
     name = f"vllm-{seed}.json"
     cmd = [
         str(VENV_BIN / "vllm"),
@@ -84,7 +84,7 @@ def theirs(srv: VllmServer, seed: int, out: Path) -> dict[str, float]:
         "--random-input-len",
         str(INPUT),
         "--random-output-len",
-        str(OUTPUT),
+        str(output_len),
         "--num-prompts",
         str(PROMPTS),
         "--max-concurrency",

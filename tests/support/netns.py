@@ -64,21 +64,36 @@ class Cluster:
             h.sshd.wait(timeout=10)
             h.sshd = None
 
+    def pids(self) -> list[tuple[str, int]]:
+        """(host, pid) of every process in the hosts' network namespaces."""
+        found = []
+        for h in self.hosts:
+            listed = subprocess.run(["ip", "netns", "pids", h.netns], capture_output=True, text=True)
+            found += [(h.name, int(pid)) for pid in listed.stdout.split()]
+        return found
+
+    def commands_mentioning(self, text: str) -> list[str]:
+        """Command lines of live processes on the hosts that contain `text` (say, helper shells
+        that ucmctl left running there)."""
+        found = []
+        for _, pid in self.pids():
+            with contextlib.suppress(OSError):
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+                if text in cmdline:
+                    found.append(cmdline)
+        return found
+
     def processes_of(self, deployment: str) -> list[tuple[str, int]]:
         """(host, pid) of every live process anywhere that carries a marker of `deployment`."""
         found = []
-        for h in self.hosts:
-            pids = subprocess.run(
-                ["ip", "netns", "pids", h.netns], capture_output=True, text=True
-            ).stdout.split()
-            for pid in pids:
-                with contextlib.suppress(OSError):
-                    env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-                    stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-                    mark = f"/{deployment}/".encode()
-                    ours = any(e.startswith(b"UCMCTL_PROCESS=") and mark in e for e in env)
-                    if stat != "Z" and ours:
-                        found.append((h.name, int(pid)))
+        mark = f"/{deployment}/".encode()
+        for host, pid in self.pids():
+            with contextlib.suppress(OSError):
+                env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+                ours = any(e.startswith(b"UCMCTL_PROCESS=") and mark in e for e in env)
+                if stat != "Z" and ours:
+                    found.append((host, pid))
         return found
 
 

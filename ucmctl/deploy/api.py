@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import posixpath
 import shlex
 import threading
@@ -18,6 +19,7 @@ from ucmctl.deploy.executor import Executor, NodeError, executor_for
 from ucmctl.deploy.health import wait_healthy
 from ucmctl.deploy.preflight import preflight
 from ucmctl.deploy.progress import Progress
+from ucmctl.deploy.staging import stage_node
 from ucmctl.deploy.state import ProcessState, Record, StateStore
 from ucmctl.errors import ExitStatus, Problem, UcmctlError
 from ucmctl.plan.build import build_plan
@@ -104,12 +106,21 @@ def deploy_up(
                     f"deployment '{plan.deployment}' is already up ({len(running)} processes running)",
                     fix=f"run `ucmctl down {plan.deployment}` first",
                 )
+        cleanup: dict[str, list[str]] = {}
         if not options.skip_preflight:
             console.print(f"preflight on {len(session.all())} nodes ...")
-            problems = preflight(topology, plan, session.all())
-            problems += _already_running(session, plan)
-            if problems:
-                raise UcmctlError([Problem(p) for p in problems], status=ExitStatus.NOT_READY)
+            checked = preflight(topology, plan, session.all())
+            cleanup = checked.cleanup
+            if checked.problems:
+                _run_each(session, cleanup)
+                raise UcmctlError([Problem(p) for p in checked.problems], status=ExitStatus.NOT_READY)
+        running = _stage_files(session, plan, cleanup)
+        if running:
+            raise UcmctlError.one(
+                f"deployment '{plan.deployment}' already runs on the nodes ({', '.join(running)})",
+                fix=f"run `ucmctl down {plan.deployment}` first",
+                status=ExitStatus.NOT_READY,
+            )
         record = Record(
             deployment=plan.deployment,
             topology_path=topology_path,
@@ -118,7 +129,6 @@ def deploy_up(
             processes={p.name: ProcessState(name=p.name, node=p.node) for p in plan.processes},
         )
         store.save(record)  # before anything starts: `down` can always find what this run did
-        _stage_files(session, plan)
         progress = Progress(plan, console)
         failure: tuple[Process, str] | None = None
         try:
@@ -169,30 +179,24 @@ def _alive(session: Session, process: Process) -> bool:
         return False
 
 
-def _already_running(session: Session, plan: Plan) -> list[str]:
-    """Pidfiles of a live earlier run of this deployment (say, after the local record was lost)."""
-    running = parallel(plan.processes, lambda p: _alive(session, p))
-    found = [p for p, alive in zip(plan.processes, running, strict=True) if alive]
-    if not found:
-        return []
-    names = ", ".join(p.name for p in found)
-    return [f"deployment '{plan.deployment}' already runs on the nodes ({names}): "
-            f"run `ucmctl down {plan.deployment}` first"]  # fmt: skip
-
-
-def _stage_files(session: Session, plan: Plan) -> None:
-    """Every node at once; on a node, one round trip for the folders, then the files."""
-
-    def stage(node: str) -> None:
-        ex = session[node]
-        files = [f for p in plan.on_node(node) for f in p.files]
-        ex.makedirs([posixpath.dirname(f.path) for f in files])
-        for f in files:
-            ex.put(f.path, f.content, f.mode)
-
+def _stage_files(session: Session, plan: Plan, cleanup: dict[str, list[str]]) -> list[str]:
+    """Every node at once, one round trip each; returns processes of this deployment found
+    running (say, after the local record was lost): then nothing was staged on their nodes."""
     nodes = list(session.all())
     with ThreadPoolExecutor(max_workers=max(1, len(nodes))) as pool:
-        list(pool.map(stage, nodes))
+        found = pool.map(lambda n: stage_node(session[n], plan.on_node(n), cleanup.get(n)), nodes)
+        return [name for names in found for name in names]
+
+
+def _run_each(session: Session, commands: dict[str, list[str]]) -> None:
+    """Best effort, in parallel: commands that tidy up after a failed preflight."""
+
+    def run(node: str) -> None:
+        with contextlib.suppress(NodeError):
+            session[node].run("; ".join(commands[node]))
+
+    with ThreadPoolExecutor(max_workers=max(1, len(commands))) as pool:
+        list(pool.map(run, commands))
 
 
 def _health_timeout(process: Process, topology: Topology, options: Options) -> float:
@@ -223,12 +227,18 @@ def _start_stage(
         record.processes[process.name].started_at = time.time()
         store.save(record)
         progress.set(process.name, "waiting for health")
-        reason = wait_healthy(
-            process.health,
-            timeout=_health_timeout(process, topology, options),
-            still_alive=lambda: lifecycle.alive(ex, process) is not None,
-            cancelled=_cancelled.is_set,
-        )
+        watch = lifecycle.watch(ex, process)
+        try:
+            reason = wait_healthy(
+                process.health,
+                timeout=_health_timeout(process, topology, options),
+                # The watch ending is the news; one direct look confirms it (not a lost channel).
+                still_alive=lambda: not watch.finished() or lifecycle.alive(ex, process) is not None,
+                alive_every=0.5,
+                cancelled=_cancelled.is_set,
+            )
+        finally:
+            watch.close()
         progress.set(process.name, "healthy" if reason is None else "failed")
         return reason
 

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shlex
+import signal
 import subprocess
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from ucmctl.plan.model import NodePlan
 
@@ -35,6 +37,16 @@ class NodeError(Exception):
         self.reason = message
 
 
+class Watch(Protocol):
+    """A command left running on a node, for as long as something there holds."""
+
+    def finished(self) -> bool: ...
+
+    def close(self) -> None:
+        """Stop it (a remote loop ends at its next write to the closed channel)."""
+        ...
+
+
 class Executor(Protocol):
     node: NodePlan
 
@@ -48,6 +60,10 @@ class Executor(Protocol):
 
     def makedirs(self, paths: list[str]) -> None:
         """Create folders (with their parents)."""
+        ...
+
+    def watch(self, command: str) -> Watch:
+        """Start `command` and return at once: one round trip for a long wait, not one per look."""
         ...
 
     def close(self) -> None: ...
@@ -75,6 +91,17 @@ class LocalExecutor:
     def makedirs(self, paths: list[str]) -> None:
         for p in paths:
             Path(p).mkdir(parents=True, exist_ok=True)
+
+    def watch(self, command: str) -> Watch:
+        return _LocalWatch(
+            subprocess.Popen(
+                ["/bin/sh", "-c", command],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        )
 
     def put(self, path: str, content: str | bytes, mode: int = 0o644) -> None:
         target = Path(path)
@@ -163,8 +190,43 @@ class SshExecutor:
             raise NodeError(self.node.name, f"cannot create {', '.join(missing)}: {made.stderr.strip()}")
         self._dirs.update(missing)
 
+    def watch(self, command: str) -> Watch:
+        with self._lock:
+            self._connect()
+            try:
+                channel = self._conn.client.get_transport().open_session()
+                channel.exec_command(f"/bin/sh -c {shlex.quote(command)}")
+            except Exception as exc:
+                raise NodeError(self.node.name, f"SSH command failed: {exc}") from None
+        return _SshWatch(channel)
+
     def close(self) -> None:
         self._conn.close()
+
+
+class _LocalWatch:
+    def __init__(self, process: subprocess.Popen[bytes]) -> None:
+        self._process = process
+
+    def finished(self) -> bool:
+        return self._process.poll() is not None
+
+    def close(self) -> None:
+        if self._process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self._process.pid, signal.SIGTERM)
+        self._process.wait()
+
+
+class _SshWatch:
+    def __init__(self, channel: Any) -> None:
+        self._channel = channel
+
+    def finished(self) -> bool:
+        return bool(self._channel.exit_status_ready() or self._channel.closed)
+
+    def close(self) -> None:
+        self._channel.close()
 
 
 def executor_for(node: NodePlan, *, connect_timeout: float = 10) -> Executor:

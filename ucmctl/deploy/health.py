@@ -25,7 +25,9 @@ def wait_healthy(
 ) -> str | None:
     """None when every URL answered; else why not (the process died, or time ran out)."""
     deadline = time.monotonic() + timeout
-    next_alive_check = 0.0
+    # The first look at the process (a round trip to its node) only after `alive_every`: most
+    # processes answer before that, and one that died is still found within seconds.
+    next_alive_check = time.monotonic() + alive_every
     for url in urls:
         while not probe(url):
             if cancelled():

@@ -13,7 +13,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
-from ucmctl.deploy.executor import Executor, NodeError
+from ucmctl.deploy.executor import Executor, NodeError, Watch
 from ucmctl.plan.model import Process
 
 # Prints the number of live (non-zombie) members of process group $1 that carry marker $2.
@@ -80,6 +80,33 @@ exit 0
     done = ex.run(script, timeout=30)
     out = done.stdout.strip()
     return int(out) if out.isdigit() else None
+
+
+def watch(ex: Executor, process: Process) -> Watch:
+    """A loop on the node that lasts while the process runs: `finished()` turns true when the
+    process is gone. It prints a byte a second, so closing it ends the loop within a second."""
+    pidfile, mark = shlex.quote(process.pidfile), shlex.quote(marker(process))
+    script = (
+        _MEMBERS
+        + f"""
+g=$(cat {pidfile} 2>/dev/null)
+while [ -n "$g" ] && [ "$(members "$g" {mark})" -gt 0 ]; do echo . || exit 0; sleep 1; done
+"""
+    )
+    return ex.watch(script)
+
+
+def running_lines(processes: list[Process]) -> str:
+    """Shell printing `running NAME` for each process whose pidfile names a live, marked group
+    (the check of `alive`, for many processes in one round trip)."""
+    lines = [_MEMBERS]
+    for p in processes:
+        pidfile, mark, name = shlex.quote(p.pidfile), shlex.quote(marker(p)), shlex.quote(p.name)
+        lines.append(
+            f'if [ -s {pidfile} ] && [ "$(members "$(cat {pidfile})" {mark})" -gt 0 ]; '
+            f"then echo running {name}; fi"
+        )
+    return "\n".join(lines)
 
 
 def stop(ex: Executor, process: Process, *, grace: float = 10) -> Stopped:

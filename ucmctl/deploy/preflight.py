@@ -7,6 +7,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from ucmctl.deploy import lifecycle
 from ucmctl.deploy.executor import Executor, NodeError
 from ucmctl.plan.model import Plan, Process
 from ucmctl.topology.model import Engine, Topology
@@ -45,12 +46,22 @@ class NodeFacts:
     node: str
     facts: dict[str, str] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
+    running: list[str] = field(default_factory=list)  # this deployment's processes still up there
 
 
-def preflight(topology: Topology, plan: Plan, executors: dict[str, Executor]) -> list[str]:
-    """Every problem found on every node (empty: ready to start)."""
+@dataclass
+class Preflight:
+    problems: list[str]
+    # Per node, shell commands for the staging round trip: the shared-storage markers to remove.
+    cleanup: dict[str, list[str]] = field(default_factory=dict)
+
+
+def preflight(topology: Topology, plan: Plan, executors: dict[str, Executor]) -> Preflight:
+    """Every problem found on every node (none: ready to start), one round trip per node plus,
+    with several storage nodes, one more on each of the others to read the first one's marker."""
+    shared = _SharedCheck(topology, plan)
     with ThreadPoolExecutor(max_workers=max(1, len(executors))) as pool:
-        results = list(pool.map(lambda n: _node_checks(topology, plan, executors[n]), executors))
+        results = list(pool.map(lambda n: _node_checks(topology, plan, executors[n], shared), executors))
     problems = [p for r in results for p in r.problems]
     reachable = [r for r in results if r.facts]
     if topology.engine is Engine.vllm:
@@ -58,12 +69,17 @@ def preflight(topology: Topology, plan: Plan, executors: dict[str, Executor]) ->
         if len(set(versions.values())) > 1:
             listed = ", ".join(f"{n} {v}" for n, v in sorted(versions.items()))
             problems.append(f"vLLM versions differ between nodes ({listed}): install one version everywhere")
-    if topology.storage is not None and len(reachable) == len(results):
-        problems += _shared_storage(topology, plan, executors)
-    return problems
+    if shared.writer is not None:
+        writer = next(r for r in results if r.node == shared.writer)
+        problems += shared.judge(writer, executors, all_reachable=len(reachable) == len(results))
+    running = [name for r in results for name in r.running]
+    if running:
+        problems.append(f"deployment '{plan.deployment}' already runs on the nodes ({', '.join(running)}): "
+                        f"run `ucmctl down {plan.deployment}` first")  # fmt: skip
+    return Preflight(problems, shared.cleanup)
 
 
-def _node_checks(topology: Topology, plan: Plan, ex: Executor) -> NodeFacts:
+def _node_checks(topology: Topology, plan: Plan, ex: Executor, shared: _SharedCheck) -> NodeFacts:
     node = plan.nodes[ex.node.name]
     out = NodeFacts(node.name)
     where = f"node {node.name} ({node.host})"
@@ -73,12 +89,18 @@ def _node_checks(topology: Topology, plan: Plan, ex: Executor) -> NodeFacts:
         python_probe=_PYTHON_PROBE.format(engine=_ENGINE_PROBES[topology.engine]).replace("'", "'\\''"),
         mooncake=shlex.quote(mooncake or "mooncake_master"),
     )
+    if node.name == shared.writer:
+        script += shared.write_lines()
+    script += "\n" + lifecycle.running_lines(plan.on_node(node.name)) + "\n"
     try:
         done = ex.run(script, timeout=60)
     except NodeError as exc:
         out.problems.append(f"{where}: unreachable: {exc.reason}")
         return out
     for line in done.stdout.splitlines():
+        if line.startswith("running "):
+            out.running.append(line.split(" ", 1)[1])
+            continue
         key, _, value = line.partition("=")
         out.facts[key] = value.strip()
     f = out.facts
@@ -147,32 +169,56 @@ def _devices(where: str, platform: str, devices: int, servers: list[Process], f:
     return []
 
 
-def _shared_storage(topology: Topology, plan: Plan, executors: dict[str, Executor]) -> list[str]:
-    """A marker written on one node must be read back on every other: one shared filesystem."""
-    assert topology.storage is not None
-    store_nodes = sorted({p.node for p in plan.processes if p.role in ("prefill", "decode", "mixed")
-                          and any("ucm_config" in f.path for f in p.files)})  # fmt: skip
-    if not store_nodes:
-        return []
-    problems: list[str] = []
-    token = uuid.uuid4().hex
-    for backend in topology.storage.storage_backends:
-        marker = f"{backend}/.ucmctl-shared-check-{token}"
-        writer = executors[store_nodes[0]]
-        made = writer.run(f"mkdir -p {shlex.quote(backend)} && echo {token} > {shlex.quote(marker)}")
-        if not made.ok:
-            problems.append(f"node {store_nodes[0]}: cannot write to storage backend {backend}: "
-                            f"{made.stderr.strip()}")  # fmt: skip
-            continue
-        try:
-            for name in store_nodes[1:]:
-                seen = executors[name].run(f"cat {shlex.quote(marker)} 2>/dev/null")
-                if seen.stdout.strip() != token:
+class _SharedCheck:
+    """The storage backend must be one shared filesystem: the first storage node writes a marker
+    (inside its facts round trip), every other storage node must read it back."""
+
+    def __init__(self, topology: Topology, plan: Plan) -> None:
+        self.backends = list(topology.storage.storage_backends) if topology.storage else []
+        nodes = sorted({p.node for p in plan.processes if p.role in ("prefill", "decode", "mixed")
+                        and any("ucm_config" in f.path for f in p.files)})  # fmt: skip
+        self.writer = nodes[0] if nodes and self.backends else None
+        self.readers = nodes[1:]
+        self.token = uuid.uuid4().hex
+        self.markers = [f"{b}/.ucmctl-shared-check-{self.token}" for b in self.backends]
+        self.cleanup: dict[str, list[str]] = {}
+
+    def write_lines(self) -> str:
+        """Shell for the writer's facts round trip: `sharedI=ok`, or `sharedI=<the error>`."""
+        lines = [""]
+        for i, (backend, marker) in enumerate(zip(self.backends, self.markers, strict=True)):
+            made = f"mkdir -p {shlex.quote(backend)} && echo {self.token} > {shlex.quote(marker)}"
+            one_line = "$(printf %s \"$err\" | tr '\\n' ' ')"
+            lines.append(
+                f"if err=$( {{ {made}; }} 2>&1 ); then echo shared{i}=ok; "
+                f"else printf 'shared{i}=%s\\n' \"{one_line}\"; fi"
+            )
+        return "\n".join(lines) + "\n"
+
+    def judge(self, writer: NodeFacts, executors: dict[str, Executor], *, all_reachable: bool) -> list[str]:
+        assert self.writer is not None
+        written = [i for i in range(len(self.backends)) if writer.facts.get(f"shared{i}") == "ok"]
+        if written:
+            self.cleanup[self.writer] = ["rm -f " + " ".join(shlex.quote(self.markers[i]) for i in written)]
+        problems = [
+            f"node {self.writer}: cannot write to storage backend {b}: {writer.facts.get(f'shared{i}', '')}"
+            for i, b in enumerate(self.backends)
+            if writer.facts and i not in written
+        ]
+        if not all_reachable or not written:
+            return problems
+        read = " ; ".join(
+            f'echo "seen{i}=$(cat {shlex.quote(self.markers[i])} 2>/dev/null)"' for i in written
+        )
+        with ThreadPoolExecutor(max_workers=max(1, len(self.readers))) as pool:
+            seen = list(pool.map(lambda n: executors[n].run(read).stdout, self.readers))
+        for name, out in zip(self.readers, seen, strict=True):
+            facts = dict(line.partition("=")[::2] for line in out.splitlines())
+            for i in written:
+                if facts.get(f"seen{i}", "").strip() != self.token:
                     problems.append(
-                        f"node {name}: storage backend {backend} is not the filesystem node "
-                        f"{store_nodes[0]} wrote to: mount the same shared storage (NFS, 3FS) at {backend} "
-                        "on every node"
+                        f"node {name}: storage backend {self.backends[i]} is not the filesystem node "
+                        f"{self.writer} wrote to: mount the same shared storage (NFS, 3FS) at "
+                        f"{self.backends[i]} on every node"
                     )
-        finally:
-            writer.run(f"rm -f {shlex.quote(marker)}")
-    return problems
+        return problems

@@ -43,6 +43,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-bytes-per-token", type=int, help="override the profile")
     p.add_argument("--kv-cache-gib", type=float,
                    help="local KV capacity (default: $VLLM_CPU_KVCACHE_SPACE or 4)")  # fmt: skip
+    p.add_argument("--load-seconds", type=float, default=0.0,
+                   help="wait this long before opening the port, as a real server loads weights")  # fmt: skip
     for flag in ACCEPTED_SILENTLY:
         if flag == "--trust-remote-code":
             p.add_argument(flag, action="store_true")
@@ -76,6 +78,8 @@ def parse_serve_args(argv: list[str]) -> tuple[SimConfig, list[str]]:
                  "data_parallel_size"):  # fmt: skip
         if getattr(args, name) < 1:
             raise UcmctlError.one(f"--{name.replace('_', '-')} must be at least 1")
+    if not 0 <= args.load_seconds <= 3600:
+        raise UcmctlError.one("--load-seconds must be between 0 and 3600")
     config = SimConfig(
         model=args.model,
         served_name=args.served_model_name or args.model,
@@ -92,6 +96,7 @@ def parse_serve_args(argv: list[str]) -> tuple[SimConfig, list[str]]:
         ucm_config_file=ucm_config,
         kv_role=role,
         profile=profile,
+        load_seconds=args.load_seconds,
     )
     return config, ignored
 

@@ -38,6 +38,7 @@ class SimConfig:
     ucm_config_file: str | None
     kv_role: str | None
     profile: Profile
+    load_seconds: float = 0.0  # before the port opens, as a real server loads its weights
 
 
 class BadRequest(Exception):
@@ -368,6 +369,9 @@ def _error(message: str, param: str | None) -> web.Response:
 
 async def serve(server: SimServer) -> None:
     """Run until cancelled."""
+    if server.config.load_seconds:
+        log.info("sim: loading (waiting %.1f s before serving)", server.config.load_seconds)
+        await asyncio.sleep(server.config.load_seconds)
     runner = web.AppRunner(server.app(), handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, server.config.host, server.config.port, reuse_address=True)

@@ -65,6 +65,16 @@ def test_2p2d_centralized_end_to_end(tmp_path: Path, hosts: Cluster, cli: Cli) -
     up = cli("up", str(topo))
     assert up.returncode == 0, up.stderr
     assert "deployment t-2p2d is up: 5 processes" in up.stdout
+    assert list((hosts.shared / "t-2p2d").glob(".ucmctl-shared-check-*")) == []  # preflight tidied up
+
+    # The health gates' watch loops end with their channels (at their next heartbeat, <= 1 s).
+    def watch_loops() -> list[str]:
+        return [c for c in hosts.commands_mentioning("/t-2p2d/") if "members()" in c]
+
+    deadline = time.monotonic() + 5
+    while watch_loops() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert watch_loops() == []
     proxy = f"http://{hosts.host('h1').address}:8000"
     prompt = list(range(1, 161))  # 10 blocks of 16
     first = completion(proxy, prompt)
@@ -180,6 +190,16 @@ def test_storage_that_is_not_shared_fails_preflight(tmp_path: Path, hosts: Clust
         in up.stderr
     )
     assert hosts.processes_of("t-private") == []
+    assert list((hosts.base / "h1" / "private" / "store").glob(".ucmctl-shared-check-*")) == []  # tidied
+
+
+def test_unwritable_storage_fails_preflight_with_the_reason(tmp_path: Path, hosts: Cluster, cli: Cli) -> None:
+    topo = write(tmp_path, centralized(hosts, "t-nostore", backend=Path("/proc/ucmctl-no-store")))
+    up = cli("up", str(topo))
+    assert up.returncode == 3
+    assert "node h1: cannot write to storage backend /proc/ucmctl-no-store: mkdir: " in up.stderr
+    assert "No such file or directory" in up.stderr
+    assert hosts.processes_of("t-nostore") == []
 
 
 def test_a_server_that_dies_during_start_fails_up_and_leaves_nothing(

@@ -94,6 +94,14 @@ def test_unknown_flags_get_one_warning_line(tmp_path: Path) -> None:
     assert len(warnings) == 1 and "--gpu-memory-utilization --enforce-eager" in warnings[0]
 
 
+def test_load_seconds_keep_the_port_closed_like_a_loading_server(tmp_path: Path) -> None:
+    t0 = time.monotonic()
+    with sim_server(tmp_path, "--load-seconds", "1.5") as s:
+        assert time.monotonic() - t0 >= 1.5  # the health gate could not pass earlier
+        assert "waiting 1.5 s before serving" in s.log.read_text()
+        assert get(f"{s.url}/v1/models")  # and serves once loaded
+
+
 def test_local_prefix_cache_hits_and_reset(tmp_path: Path) -> None:
     with sim_server(tmp_path, "--block-size", str(BLOCK)) as sim:
         prompt = list(range(1, 101))  # 6 full blocks; hits stop one token short of the prompt

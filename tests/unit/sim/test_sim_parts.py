@@ -77,6 +77,8 @@ def test_args_from_a_rendered_command_line() -> None:
     assert config.kv_cache_blocks == 2**30 // (1024 * 128)
     internal, _ = parse_serve_args(["/m", "--data-parallel-size", "2"])
     assert internal.data_parallel_size == 2
+    assert config.load_seconds == 0.0
+    assert parse_serve_args(["/m", "--load-seconds", "2.5"])[0].load_seconds == 2.5
 
 
 def test_bad_args_are_user_errors() -> None:
@@ -84,6 +86,8 @@ def test_bad_args_are_user_errors() -> None:
         parse_serve_args(["/m", "--profile", "nope"])
     with pytest.raises(UcmctlError, match="not JSON"):
         parse_serve_args(["/m", "--kv-transfer-config", "{oops"])
+    with pytest.raises(UcmctlError, match="--load-seconds must be between 0 and 3600"):
+        parse_serve_args(["/m", "--load-seconds", "-1"])
 
 
 def test_histogram_and_exposition() -> None:
