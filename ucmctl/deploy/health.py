@@ -25,8 +25,8 @@ def wait_healthy(
 ) -> str | None:
     """None when every URL answered; else why not (the process died, or time ran out)."""
     deadline = time.monotonic() + timeout
-    # The first look at the process (a round trip to its node) only after `alive_every`: most
-    # processes answer before that, and one that died is still found within seconds.
+    # The first look at the process only after `alive_every` (a look may be a round trip to its
+    # node): most processes answer before that, and one that died is still found within seconds.
     next_alive_check = time.monotonic() + alive_every
     for url in urls:
         while not probe(url):
