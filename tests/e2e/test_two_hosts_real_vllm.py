@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.netns import Cluster, available, cluster
+from tests.support.netns import Cluster, cluster_or_skip
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 BLOCK = 128
@@ -23,10 +23,7 @@ BLOCK = 128
 
 @pytest.fixture(scope="module")
 def hosts() -> Iterator[Cluster]:
-    reason = available()
-    if reason:
-        pytest.skip(f"needs real SSH hosts: {reason}")
-    with cluster(2) as c:
+    with cluster_or_skip(2) as c:
         yield c
 
 

@@ -195,3 +195,15 @@ def _teardown(c: Cluster, bridge: str) -> None:
         subprocess.run(["ip", "netns", "del", h.netns], capture_output=True)
     subprocess.run(["ip", "link", "del", bridge], capture_output=True)
     shutil.rmtree(c.base, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def cluster_or_skip(count: int) -> Iterator[Cluster]:
+    """`cluster(count)` for a test, which is skipped where real SSH hosts cannot be made."""
+    import pytest
+
+    reason = available()
+    if reason:
+        pytest.skip(f"needs real SSH hosts: {reason}")
+    with cluster(count) as c:
+        yield c

@@ -8,15 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.netns import Cluster, available, cluster
+from tests.support.netns import Cluster, cluster_or_skip
 
 
 @pytest.fixture(scope="module")
 def hosts() -> Iterator[Cluster]:
-    reason = available()
-    if reason:
-        pytest.skip(f"multi-host tests need real SSH hosts: {reason}")
-    with cluster(4) as c:
+    with cluster_or_skip(4) as c:
         yield c
 
 
