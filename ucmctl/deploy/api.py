@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from rich.console import Console
 
@@ -60,11 +61,15 @@ class Session:
             ex.close()
 
 
+T = TypeVar("T")
+R = TypeVar("R")
+
 # Set on Ctrl-C so that threads waiting for health give up at once.
 _cancelled = threading.Event()
 
 
-def parallel(items: Iterable[Process], work: Callable[[Process], object]) -> list[object]:
+def parallel(items: Iterable[T], work: Callable[[T], R]) -> list[R]:
+    """`work` on every item at once (processes, nodes); Ctrl-C also stops health waits."""
     items = list(items)
     if not items:
         return []
@@ -182,10 +187,8 @@ def _alive(session: Session, process: Process) -> bool:
 def _stage_files(session: Session, plan: Plan, cleanup: dict[str, list[str]]) -> list[str]:
     """Every node at once, one round trip each; returns processes of this deployment found
     running (say, after the local record was lost): then nothing was staged on their nodes."""
-    nodes = list(session.all())
-    with ThreadPoolExecutor(max_workers=max(1, len(nodes))) as pool:
-        found = pool.map(lambda n: stage_node(session[n], plan.on_node(n), cleanup.get(n)), nodes)
-        return [name for names in found for name in names]
+    found = parallel(session.all(), lambda n: stage_node(session[n], plan.on_node(n), cleanup.get(n)))
+    return [name for names in found for name in names]
 
 
 def _run_each(session: Session, commands: dict[str, list[str]]) -> None:
@@ -195,8 +198,7 @@ def _run_each(session: Session, commands: dict[str, list[str]]) -> None:
         with contextlib.suppress(NodeError):
             session[node].run("; ".join(commands[node]))
 
-    with ThreadPoolExecutor(max_workers=max(1, len(commands))) as pool:
-        list(pool.map(run, commands))
+    parallel(commands, run)
 
 
 def _health_timeout(process: Process, topology: Topology, options: Options) -> float:
@@ -264,7 +266,7 @@ def _stop_all(
                 console.print(f"[yellow]could not stop {process.name}:[/] {exc.reason}")
                 return process, None
 
-        for process, stopped in parallel(stage, stop_one):  # type: ignore[misc]
+        for process, stopped in parallel(stage, stop_one):
             if stopped is None:
                 failed.append(process)
             else:

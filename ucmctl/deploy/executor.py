@@ -58,10 +58,6 @@ class Executor(Protocol):
         """Write a file on the node atomically (parent folders are created)."""
         ...
 
-    def makedirs(self, paths: list[str]) -> None:
-        """Create folders (with their parents)."""
-        ...
-
     def watch(self, command: str) -> Watch:
         """Start `command` and return at once: one round trip for a long wait, not one per look."""
         ...
@@ -87,10 +83,6 @@ class LocalExecutor:
         except subprocess.TimeoutExpired:
             raise NodeError(self.node.name, f"command timed out after {timeout:.0f} s") from None
         return Result(command, done.returncode, done.stdout, done.stderr)
-
-    def makedirs(self, paths: list[str]) -> None:
-        for p in paths:
-            Path(p).mkdir(parents=True, exist_ok=True)
 
     def watch(self, command: str) -> Watch:
         return _LocalWatch(
@@ -168,7 +160,7 @@ class SshExecutor:
 
         parent = os.path.dirname(path)
         tmp = f"{path}.{os.getpid()}.tmp"
-        self.makedirs([parent])
+        self._makedirs([parent])
         with self._lock:
             self._connect()
             try:
@@ -180,7 +172,7 @@ class SshExecutor:
             except OSError as exc:
                 raise NodeError(self.node.name, f"cannot write {path}: {exc}") from None
 
-    def makedirs(self, paths: list[str]) -> None:
+    def _makedirs(self, paths: list[str]) -> None:
         """Create folders in one round trip; remembered, so a later put needs no second one."""
         missing = sorted({p for p in paths if p not in self._dirs})
         if not missing:
