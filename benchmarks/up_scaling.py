@@ -70,16 +70,27 @@ def timed_up(
     return wall, cpu, own
 
 
+def seconds_list(text: str) -> list[float]:
+    try:
+        values = [float(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of seconds") from None
+    if any(v < 0 or v > 3600 for v in values):
+        raise argparse.ArgumentTypeError("load times must be between 0 and 3600 s")
+    return values
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--hosts", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--load-seconds", default="0,5", help="comma-separated server load times to measure")
+    ap.add_argument("--load-seconds", default="0,5", type=seconds_list,
+                    help="comma-separated server load times to measure")  # fmt: skip
     args = ap.parse_args()
     reason = available()
     if reason:
         sys.exit(f"up_scaling: {reason}")
-    loads = [float(x) for x in args.load_seconds.split(",")]
+    loads = args.load_seconds
     runs: dict[float, tuple[list, list]] = {}
     with cluster(args.hosts) as c:
         os.environ["UCMCTL_SSH_CONFIG"] = str(c.ssh_config)
