@@ -28,7 +28,11 @@ def conformance(url: str) -> None:
                 "stream_options": {"include_usage": True}}  # fmt: skip
     status, raw = post(f"{url}/v1/completions", streamed, raw=True)
     assert status == 200
-    assert len(check_completion_stream(parse_sse(raw), prompt_tokens=100, max_tokens=5)) == 5
+    # Tokens are counted by usage (checked inside). vLLM holds back a token whose bytes are not
+    # yet a whole UTF-8 character and sends it with the next one, so a random-weight model's
+    # stream can carry fewer text chunks than tokens (seen: 4 for 5); the simulator's own test
+    # keeps one chunk per token.
+    assert 1 <= len(check_completion_stream(parse_sse(raw), prompt_tokens=100, max_tokens=5)) <= 5
     status, body = post(f"{url}/v1/completions", {"model": "m", "prompt": prompt * 30, "max_tokens": 10})
     assert "maximum context length is 2048" in check_error(status, body)
 
