@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pwd
 import random
+import shlex
 import shutil
 import signal
 import socket
@@ -25,6 +27,7 @@ class Host:
     address: str
     netns: str
     sshd: subprocess.Popen[bytes] | None = None
+    cgroup: Path | None = None  # its own CPU share, when the cluster was made with one
 
 
 @dataclass
@@ -48,6 +51,11 @@ class Cluster:
     def private(self) -> Path:
         """The same path on every host, but a different folder behind it on each."""
         return self.base / "private"
+
+    @property
+    def private_homes(self) -> bool:
+        """Whether every host has its own home folder (an overlay on this machine's)."""
+        return all((self.base / h.name / "private-home").exists() for h in self.hosts)
 
     def host(self, name: str) -> Host:
         return next(h for h in self.hosts if h.name == name)
@@ -107,12 +115,65 @@ def available() -> str | None:
     return None
 
 
+def _cpu_hierarchy() -> tuple[Path, str] | None:
+    """Where per-host CPU cgroups can be made: cgroup v1's cpu hierarchy, or v2 with the cpu
+    controller; None if neither is writable here."""
+    v1, v2 = Path("/sys/fs/cgroup/cpu"), Path("/sys/fs/cgroup")
+    if (v1 / "cpu.cfs_quota_us").exists() and os.access(v1, os.W_OK):
+        return v1, "v1"
+    with contextlib.suppress(OSError):
+        if "cpu" in (v2 / "cgroup.controllers").read_text().split() and os.access(v2, os.W_OK):
+            return v2, "v2"
+    return None
+
+
+def cpu_limits_available() -> str | None:
+    """Why hosts cannot get their own CPU shares here, or None."""
+    return None if _cpu_hierarchy() else "no writable cgroup cpu controller (cgroup v1 cpu or v2 +cpu)"
+
+
+def _cpu_cgroup(name: str, cpus: float) -> Path:
+    """A new cgroup limited to `cpus` cores (CFS quota over a 100 ms period)."""
+    found = _cpu_hierarchy()
+    if found is None:
+        raise RuntimeError(cpu_limits_available())
+    root, version = found
+    period, quota = 100_000, max(1_000, round(cpus * 100_000))
+    group = root / name
+    group.mkdir()
+    if version == "v1":
+        (group / "cpu.cfs_period_us").write_text(str(period))
+        (group / "cpu.cfs_quota_us").write_text(str(quota))
+    else:
+        with contextlib.suppress(OSError):  # already enabled is fine
+            (root / "cgroup.subtree_control").write_text("+cpu")
+        (group / "cpu.max").write_text(f"{quota} {period}")
+    return group
+
+
+def _remove_cgroup(group: Path) -> None:
+    deadline = time.monotonic() + 10
+    while True:  # killed processes leave their cgroup a moment after SIGKILL
+        try:
+            group.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
 def _sh(*argv: str) -> None:
     subprocess.run(argv, check=True, capture_output=True)
 
 
 @contextlib.contextmanager
-def cluster(count: int = 4) -> Iterator[Cluster]:
+def cluster(count: int = 4, cpus_per_host: float | None = None) -> Iterator[Cluster]:
+    """`count` hosts; with `cpus_per_host`, each host's sshd and everything started under it
+    (sessions, servers) shares one CPU cgroup limited to that many cores, as if each host were a
+    machine of its own, rather than all hosts taking turns on every core here."""
     tag = f"{random.randrange(16**4):04x}"
     subnet = f"10.213.{random.randrange(1, 250)}"
     base = Path("/var/tmp") / f"ucmctl-hosts-{uuid.uuid4().hex[:8]}"
@@ -150,8 +211,17 @@ def cluster(count: int = 4) -> Iterator[Cluster]:
                 "Subsystem sftp /usr/lib/openssh/sftp-server\nMaxStartups 200\nMaxSessions 200\n"
                 "AcceptEnv LANG\nPrintMotd no\n"
             )
-            # Its own hostname (UTS namespace) and its own folder behind <base>/private.
+            # Its own hostname (UTS namespace), its own folder behind <base>/private, and its own
+            # home folder: an overlay on the user's, so what logins write there (shell start-up
+            # files such as pyenv's rehash do, under a lock) stays on this host, as on a machine
+            # of its own. Without overlayfs, the hosts share the home folder (`private_homes`).
+            user_home = pwd.getpwuid(os.geteuid()).pw_dir
+            layers = f"lowerdir={user_home},upperdir={home}/home-upper,workdir={home}/home-work"
+            (home / "home-upper").mkdir()
+            (home / "home-work").mkdir()
+            overlay = f"mount -t overlay overlay -o {shlex.quote(layers)} {shlex.quote(user_home)}"
             boot = (f"hostname {name} && mount --bind {home}/private {c.private} && "
+                    f"{{ ! {overlay} || touch {home}/private-home; }} && "
                     f"exec {SSHD} -D -e -f {cfg}")  # fmt: skip
             c.private.mkdir(exist_ok=True)
             h = c.hosts[-1]
@@ -161,6 +231,9 @@ def cluster(count: int = 4) -> Iterator[Cluster]:
                  "sh", "-c", boot],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
             )  # fmt: skip
+            if cpus_per_host is not None:  # before sshd listens, so every session starts inside
+                h.cgroup = _cpu_cgroup(f"ucmctl-{tag}-{name}", cpus_per_host)
+                (h.cgroup / "cgroup.procs").write_text(str(h.sshd.pid))
             config_lines += [f"Host {name} {address}", f"  HostName {address}", "  User root",
                              f"  IdentityFile {key}", "  IdentitiesOnly yes", "  StrictHostKeyChecking no",
                              "  UserKnownHostsFile /dev/null", "  LogLevel ERROR", ""]  # fmt: skip
@@ -191,6 +264,8 @@ def _teardown(c: Cluster, bridge: str) -> None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 h.sshd.wait(timeout=10)
     for h in c.hosts:
+        if h.cgroup is not None:
+            _remove_cgroup(h.cgroup)
         subprocess.run(["ip", "link", "del", f"ucv{bridge[4:]}{h.name[1:]}"], capture_output=True)
         subprocess.run(["ip", "netns", "del", h.netns], capture_output=True)
     subprocess.run(["ip", "link", "del", bridge], capture_output=True)
@@ -198,12 +273,12 @@ def _teardown(c: Cluster, bridge: str) -> None:
 
 
 @contextlib.contextmanager
-def cluster_or_skip(count: int) -> Iterator[Cluster]:
-    """`cluster(count)` for a test, which is skipped where real SSH hosts cannot be made."""
+def cluster_or_skip(count: int, cpus_per_host: float | None = None) -> Iterator[Cluster]:
+    """`cluster(...)` for a test, which is skipped where real SSH hosts cannot be made."""
     import pytest
 
     reason = available()
     if reason:
         pytest.skip(f"needs real SSH hosts: {reason}")
-    with cluster(count) as c:
+    with cluster(count, cpus_per_host) as c:
         yield c
