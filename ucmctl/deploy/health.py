@@ -1,17 +1,57 @@
-"""Health gates: a process is up when each of its health URLs answers 200, in order."""
+"""Health gates: a process is up when each of its health URLs answers 200, in order.
+
+URLs are probed from the machine that runs ucmctl: when one never answers, the reason of the
+last try is kept, and a timeout or unreachable network (not a refused port) says so, since a
+node's ports firewalled from here look just like a server that hangs.
+"""
 
 from __future__ import annotations
 
-import contextlib
+import http.client
+import socket
 import time
+import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable
 
+# Reasons that point at the network between this machine and the node, not at the server.
+_NETWORK = ("timed out", "no route to host", "network is unreachable", "name not resolved")
+
+
+def why_not(url: str, timeout: float = 2.0) -> str | None:
+    """None when `url` answers 200; else why not, in a few words."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return None if r.status == 200 else f"HTTP {r.status}"
+    except urllib.error.HTTPError as exc:
+        return f"HTTP {exc.code}"
+    except urllib.error.URLError as exc:
+        return _os_reason(exc.reason)
+    except (OSError, http.client.HTTPException) as exc:
+        return _os_reason(exc)
+    except ValueError:
+        return "not a valid URL"
+
+
+def _os_reason(exc: object) -> str:
+    if isinstance(exc, TimeoutError | socket.timeout):
+        return "timed out"
+    if isinstance(exc, socket.gaierror):
+        return "name not resolved"
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(exc, ConnectionResetError):
+        return "connection reset"
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror.lower()
+    if isinstance(exc, http.client.HTTPException):
+        return "no valid HTTP answer"
+    return str(exc) or type(exc).__name__
+
 
 def probe(url: str, timeout: float = 2.0) -> bool:
-    with contextlib.suppress(OSError, ValueError), urllib.request.urlopen(url, timeout=timeout) as r:
-        return bool(r.status == 200)
-    return False
+    return why_not(url, timeout) is None
 
 
 def wait_healthy(
@@ -29,7 +69,7 @@ def wait_healthy(
     # node): most processes answer before that, and one that died is still found within seconds.
     next_alive_check = time.monotonic() + alive_every
     for url in urls:
-        while not probe(url):
+        while (last := why_not(url)) is not None:
             if cancelled():
                 return "interrupted"
             now = time.monotonic()
@@ -38,6 +78,15 @@ def wait_healthy(
                     return "the process exited before it became healthy"
                 next_alive_check = now + alive_every
             if now > deadline:
-                return f"{url} did not answer within {timeout:.0f} s"
+                return _timed_out(url, timeout, last)
             time.sleep(interval)
     return None
+
+
+def _timed_out(url: str, timeout: float, last: str) -> str:
+    reason = f"{url} did not answer 200 within {timeout:.0f} s (last try from this machine: {last})"
+    if last in _NETWORK:
+        where = urllib.parse.urlsplit(url)
+        reason += (f"; the process is running, so check that this machine can reach {where.hostname} "
+                   f"port {where.port}: ucmctl probes health from where it runs")  # fmt: skip
+    return reason
