@@ -12,7 +12,7 @@ from rich.table import Table
 from ucmctl.deploy import lifecycle
 from ucmctl.deploy.api import Session
 from ucmctl.deploy.executor import NodeError
-from ucmctl.deploy.health import probe
+from ucmctl.deploy.health import why_not
 from ucmctl.deploy.state import Record
 from ucmctl.plan.model import Process
 
@@ -27,7 +27,10 @@ def status_table(record: Record) -> Table:
             return "node unreachable", "?"
         if not running:
             return "stopped", "-"
-        return "running", ("healthy" if p.health and probe(p.health[-1]) else "unhealthy")
+        if not p.health:
+            return "running", "-"
+        reason = why_not(p.health[-1])
+        return "running", "healthy" if reason is None else f"unhealthy ({reason})"
 
     try:
         with ThreadPoolExecutor(max_workers=16) as pool:
@@ -42,7 +45,7 @@ def status_table(record: Record) -> Table:
         ps = record.processes.get(p.name)
         started = ps.started_at if ps else None
         uptime = _duration(now - started) if started and state == "running" else "-"
-        color = {"healthy": "green", "unhealthy": "red"}.get(health, "dim")
+        color = "green" if health == "healthy" else "red" if health.startswith("unhealthy") else "dim"
         ports = ",".join(f"{k}:{v}" for k, v in p.ports.items())
         table.add_row(p.name, p.node, p.role, ports, state, f"[{color}]{health}[/]", uptime,
                       str(ps.restarts if ps else 0))  # fmt: skip

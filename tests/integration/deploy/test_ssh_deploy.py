@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 import urllib.request
 from pathlib import Path
@@ -87,7 +88,8 @@ def test_2p2d_centralized_end_to_end(tmp_path: Path, hosts: Cluster, cli: Cli) -
                    if line.startswith("vllm:external_prefix_cache_hits_total"))  # fmt: skip
     assert external > 0
     status = cli("status", "t-2p2d")
-    assert status.returncode == 0 and status.stdout.count("healthy") == 5
+    assert status.returncode == 0 and len(re.findall(r"\bhealthy\b", status.stdout)) == 5
+    assert "unhealthy" not in status.stdout
     logs = cli("logs", "t-2p2d", "decode-1", "-n", "5")
     assert logs.returncode == 0 and "decode-1@h2 | " in logs.stdout
     assert len(hosts.processes_of("t-2p2d")) >= 5
