@@ -7,6 +7,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from ucmctl.deploy import lifecycle
@@ -47,7 +48,7 @@ def status_table(record: Record) -> Table:
         uptime = _duration(now - started) if started and state == "running" else "-"
         color = "green" if health == "healthy" else "red" if health.startswith("unhealthy") else "dim"
         ports = ",".join(f"{k}:{v}" for k, v in p.ports.items())
-        table.add_row(p.name, p.node, p.role, ports, state, f"[{color}]{health}[/]", uptime,
+        table.add_row(p.name, p.node, p.role, ports, state, f"[{color}]{escape(health)}[/]", uptime,
                       str(ps.restarts if ps else 0))  # fmt: skip
     return table
 
