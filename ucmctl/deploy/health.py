@@ -50,10 +50,6 @@ def _os_reason(exc: object) -> str:
     return str(exc) or type(exc).__name__
 
 
-def probe(url: str, timeout: float = 2.0) -> bool:
-    return why_not(url, timeout) is None
-
-
 def wait_healthy(
     urls: list[str],
     *,
