@@ -69,11 +69,14 @@ _cancelled = threading.Event()
 
 
 def parallel(items: Iterable[T], work: Callable[[T], R]) -> list[R]:
-    """`work` on every item at once (processes, nodes); Ctrl-C also stops health waits."""
+    """`work` on every item at once (processes, nodes); Ctrl-C also stops health waits.
+
+    One thread per item: the work waits on nodes (SSH, health), and a cap would make item 33
+    wait for another item's whole health gate before its own start."""
     items = list(items)
     if not items:
         return []
-    pool = ThreadPoolExecutor(max_workers=min(32, len(items)))
+    pool = ThreadPoolExecutor(max_workers=len(items))
     try:
         return list(pool.map(work, items))
     except KeyboardInterrupt:
