@@ -5,18 +5,15 @@ from __future__ import annotations
 import contextlib
 import posixpath
 import shlex
-import threading
 import time
-from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
 
 from rich.console import Console
 
 from ucmctl.deploy import lifecycle
 from ucmctl.deploy.executor import Executor, NodeError, executor_for
+from ucmctl.deploy.fanout import cancelled, parallel
 from ucmctl.deploy.health import wait_healthy
 from ucmctl.deploy.preflight import preflight
 from ucmctl.deploy.progress import Progress
@@ -59,31 +56,6 @@ class Session:
     def close(self) -> None:
         for ex in self._executors.values():
             ex.close()
-
-
-T = TypeVar("T")
-R = TypeVar("R")
-
-# Set on Ctrl-C so that threads waiting for health give up at once.
-_cancelled = threading.Event()
-
-
-def parallel(items: Iterable[T], work: Callable[[T], R]) -> list[R]:
-    """`work` on every item at once (processes, nodes); Ctrl-C also stops health waits.
-
-    One thread per item: the work waits on nodes (SSH, health), and a cap would make item 33
-    wait for another item's whole health gate before its own start."""
-    items = list(items)
-    if not items:
-        return []
-    pool = ThreadPoolExecutor(max_workers=len(items))
-    try:
-        return list(pool.map(work, items))
-    except KeyboardInterrupt:
-        _cancelled.set()
-        raise
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def deploy_up(
@@ -148,7 +120,7 @@ def deploy_up(
         except (KeyboardInterrupt, Exception) as exc:  # Ctrl-C or a bug mid-start: take back what started
             what = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"internal error ({exc!r})"
             console.print(f"{what}: stopping what this `up` started")
-            _cancelled.clear()
+            cancelled.clear()
             _, not_stopped = _stop_all(session, plan, options.stop_grace, console)
             if not not_stopped:
                 store.remove(plan.deployment)
@@ -240,7 +212,7 @@ def _start_stage(
                 # The watch ending is the news; one direct look confirms it (not a lost channel).
                 still_alive=lambda: not watch.finished() or lifecycle.alive(ex, process) is not None,
                 alive_every=0.5,
-                cancelled=_cancelled.is_set,
+                cancelled=cancelled.is_set,
             )
         finally:
             watch.close()
@@ -350,8 +322,7 @@ def install_wheel(topology: Topology, wheel: Path, *, no_deps: bool = False) -> 
         return node, f"installed {wheel.name}"
 
     try:
-        with ThreadPoolExecutor(max_workers=max(1, len(plan.nodes))) as pool:
-            return list(pool.map(one, list(plan.nodes)))
+        return parallel(plan.nodes, one)
     except NodeError as exc:
         raise UcmctlError.one(str(exc), status=ExitStatus.FAILURE) from None
     finally:

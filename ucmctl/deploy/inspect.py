@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import shlex
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 from rich.console import Console
 from rich.markup import escape
@@ -13,6 +12,7 @@ from rich.table import Table
 from ucmctl.deploy import lifecycle
 from ucmctl.deploy.api import Session
 from ucmctl.deploy.executor import NodeError
+from ucmctl.deploy.fanout import parallel
 from ucmctl.deploy.health import why_not
 from ucmctl.deploy.state import Record
 from ucmctl.plan.model import Process
@@ -34,8 +34,7 @@ def status_table(record: Record) -> Table:
         return "running", "healthy" if reason is None else f"unhealthy ({reason})"
 
     try:
-        with ThreadPoolExecutor(max_workers=16) as pool:
-            looks = list(pool.map(look, record.plan.processes))
+        looks = parallel(record.plan.processes, look)
     finally:
         session.close()
     table = Table(title=f"deployment {record.deployment} ({record.status})")

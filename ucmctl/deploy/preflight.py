@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import shlex
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from ucmctl.deploy import lifecycle
 from ucmctl.deploy.executor import Executor, NodeError
+from ucmctl.deploy.fanout import parallel
 from ucmctl.plan.model import Plan, Process
 from ucmctl.topology.model import Engine, Topology
 
@@ -60,8 +60,7 @@ def preflight(topology: Topology, plan: Plan, executors: dict[str, Executor]) ->
     """Every problem found on every node (none: ready to start), one round trip per node plus,
     with several storage nodes, one more on each of the others to read the first one's marker."""
     shared = _SharedCheck(topology, plan)
-    with ThreadPoolExecutor(max_workers=max(1, len(executors))) as pool:
-        results = list(pool.map(lambda n: _node_checks(topology, plan, executors[n], shared), executors))
+    results = parallel(executors, lambda n: _node_checks(topology, plan, executors[n], shared))
     problems = [p for r in results for p in r.problems]
     reachable = [r for r in results if r.facts]
     if topology.engine is Engine.vllm:
@@ -210,8 +209,7 @@ class _SharedCheck:
         read = " ; ".join(
             f'echo "seen{i}=$(cat {shlex.quote(self.markers[i])} 2>/dev/null)"' for i in written
         )
-        with ThreadPoolExecutor(max_workers=max(1, len(self.readers))) as pool:
-            seen = list(pool.map(lambda n: executors[n].run(read).stdout, self.readers))
+        seen = parallel(self.readers, lambda n: executors[n].run(read).stdout)
         for name, out in zip(self.readers, seen, strict=True):
             facts = dict(line.partition("=")[::2] for line in out.splitlines())
             for i in written:
