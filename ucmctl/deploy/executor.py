@@ -9,6 +9,7 @@ import shlex
 import signal
 import subprocess
 import threading
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -98,7 +99,7 @@ class LocalExecutor:
     def put(self, path: str, content: str | bytes, mode: int = 0o644) -> None:
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:12]}.tmp")  # unique: see SshExecutor.put
         tmp.write_bytes(content.encode() if isinstance(content, str) else content)
         os.chmod(tmp, mode)
         os.replace(tmp, target)
@@ -159,7 +160,9 @@ class SshExecutor:
         import io
 
         parent = os.path.dirname(path)
-        tmp = f"{path}.{os.getpid()}.tmp"
+        # A name of its own for each write: several nodes may put the same path on one shared
+        # filesystem at once (install --wheel), and a shared temp name loses all but one rename.
+        tmp = f"{path}.{uuid.uuid4().hex[:12]}.tmp"
         self._makedirs([parent])
         with self._lock:
             self._connect()
