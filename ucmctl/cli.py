@@ -89,8 +89,12 @@ def up(
     keep_on_failure: bool = typer.Option(False, "--keep-on-failure", help="leave a failed start running"),
     skip_preflight: bool = typer.Option(False, "--skip-preflight", help="start without checking the nodes"),
     health_timeout: float | None = typer.Option(None, "--health-timeout", help="seconds per process"),
+    skip_kv_probe: bool = typer.Option(
+        False, "--skip-kv-probe", help="do not prove with one request that KV reaches decode"
+    ),
 ) -> None:
-    """Check the nodes, then start Mooncake, the servers and the proxy, each gated on health."""
+    """Check the nodes, then start Mooncake, the servers and the proxy, each gated on health,
+    then prove with one request through the proxy that KV reaches decode."""
     from ucmctl.deploy.api import Options, deploy_up
     from ucmctl.plan.build import build_plan
     from ucmctl.plan.show import print_plan
@@ -106,7 +110,7 @@ def up(
         print_plan(plan, out)
         return
     options = Options(keep_on_failure=keep_on_failure, skip_preflight=skip_preflight,
-                      health_timeout=health_timeout)  # fmt: skip
+                      health_timeout=health_timeout, kv_probe=not skip_kv_probe)  # fmt: skip
     record = deploy_up(topo, str(topology.resolve()), options=options, console=err)
     proxy = next((p.url for p in record.plan.processes if p.role == "proxy"), None)
     out.print(f"deployment {record.deployment} is up: {len(record.plan.processes)} processes"

@@ -17,20 +17,25 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorMetadata,
     KVConnectorRole,
 )
-from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from ucm_connector import LOGGER_NAME
+from ucm_connector.compat import cache_hit_source, register_with_factory
 from ucm_connector.config import UCMConfig, load_config
 from ucm_connector.keys import KeyMaker, Namespace
 from ucm_connector.metadata import UCMConnectorMetadata
 from ucm_connector.scheduler import SchedulerSide
-from ucm_connector.stats import UCMConnectorStats
+from ucm_connector.stats import UCMConnectorStats, UCMPromMetrics
 from ucm_connector.store import StoreLike, open_store
 from ucm_connector.worker import WorkerSide
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
-    from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
+    from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
+        KVConnectorPromMetrics,
+        KVConnectorStats,
+        PromMetric,
+        PromMetricT,
+    )
     from vllm.forward_context import ForwardContext
     from vllm.v1.attention.backend import AttentionMetadata
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
@@ -63,15 +68,17 @@ def _namespace(
     if isinstance(model, (list, tuple)):
         model = model[0]
     block_size = spec.block_size
-    hash_block = kv_cache_config.hash_block_size or block_size
+    # Older vLLM (0.23 and before) hashes whole blocks and has no separate hash block size.
+    hash_block = getattr(kv_cache_config, "hash_block_size", None) or block_size
     if block_size % hash_block:
         raise ValueError(f"UCMConnector: block size {block_size} is not a multiple of hash size {hash_block}")
+    kv_layout = getattr(kv_cache_config, "kv_cache_layout", None) or "default"  # 0.32 and later
     ns = Namespace(
         model=str(model or vllm_config.model_config.model),
         dtype=str(spec.dtype).removeprefix("torch."),
         # The byte layout inside a block differs between platforms (the CPU kernel stores all
         # K rows then all V rows), so the platform is part of the layout.
-        layout=f"{current_platform.device_type}/{kv_cache_config.kv_cache_layout or 'default'}",
+        layout=f"{current_platform.device_type}/{kv_layout}",
         block_size=block_size,
         tp_size=vllm_config.parallel_config.tensor_parallel_size,
         num_layers=len(groups[0].layer_names),
@@ -91,11 +98,19 @@ def _tp_rank() -> int:
         return 0
 
 
-class UCMConnector(KVConnectorBase_V1):
-    """KV connector to the UCM store: external prefix cache shared through DRAM and files."""
+class UcmctlConnector(KVConnectorBase_V1):
+    """KV connector to the UCM store: external prefix cache shared through DRAM and files.
 
-    # Blocks come from the store's tiers; disk is the outermost one that can supply them.
-    _cache_hit_source = CacheHitSource.DISK
+    vLLM loads it as `UCMConnector` (the guides' name, an alias below) through
+    `kv_connector_module_path`. The class has a name of its own because vLLM's MultiConnector
+    keys its children's stats by class name and rebuilds them through the connector registry
+    by that name, and vllm-ascend registers a different `UCMConnector` of its own.
+    """
+
+    # Blocks come from the store's tiers; disk is the outermost one that can supply them
+    # (vLLM 0.32 and later label hits by source; earlier versions have no such label).
+    # With no label (None) the base class's default stays in place.
+    _cache_hit_source = cache_hit_source("DISK") or getattr(KVConnectorBase_V1, "_cache_hit_source", None)
 
     def __init__(
         self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig
@@ -202,6 +217,18 @@ class UCMConnector(KVConnectorBase_V1):
     def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVConnectorStats | None:
         return UCMConnectorStats.from_data(data)
 
+    @classmethod
+    def build_prom_metrics(
+        cls,
+        vllm_config: VllmConfig,
+        metric_types: dict[type[PromMetric], type[PromMetricT]],
+        labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
+    ) -> KVConnectorPromMetrics | None:
+        # The stats this connector reports reach Prometheus; MultiConnector requires it of
+        # every child that reports stats.
+        return UCMPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+
     def shutdown(self) -> None:
         if self._worker is not None:
             self._worker.close()
@@ -240,3 +267,12 @@ class UCMConnector(KVConnectorBase_V1):
         if self._scheduler is not None:
             self._scheduler.reset()
         return True
+
+
+UCMConnector = UcmctlConnector
+
+# vLLM's MultiConnector looks its children up by class name (to rebuild their stats); a connector
+# loaded by module path is not in that registry unless it registers itself. The guides' name is
+# registered too where no other connector holds it.
+register_with_factory(UcmctlConnector.__name__, __name__, UcmctlConnector.__name__)
+register_with_factory("UCMConnector", __name__, UcmctlConnector.__name__)

@@ -7,6 +7,8 @@ from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
+from ucm_connector.prom import CounterMetrics
+
 _FIELDS = (
     "load_bytes",
     "load_s",
@@ -65,3 +67,22 @@ class UCMConnectorStats(KVConnectorStats):
     @classmethod
     def from_data(cls, data: dict[str, Any] | None) -> UCMConnectorStats:
         return cls(data=dict(data or {}))
+
+
+class UCMPromMetrics(CounterMetrics):
+    """The connector's transfer stats as Prometheus counters, one per stats field."""
+
+    COUNTERS = (
+        ("load_blocks", "vllm:ucm_load_blocks", "Blocks loaded from the UCM store"),
+        ("load_bytes", "vllm:ucm_load_bytes", "Bytes loaded from the UCM store"),
+        ("load_s", "vllm:ucm_load_seconds", "Seconds spent loading from the UCM store"),
+        ("load_errors", "vllm:ucm_load_errors", "Blocks the UCM store could not deliver (recomputed)"),
+        ("save_blocks", "vllm:ucm_save_blocks", "Blocks saved to the UCM store"),
+        ("save_bytes", "vllm:ucm_save_bytes", "Bytes saved to the UCM store"),
+        ("save_s", "vllm:ucm_save_seconds", "Seconds spent saving to the UCM store"),
+        ("save_errors", "vllm:ucm_save_errors", "Blocks the UCM store failed to save"),
+    )
+
+    def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
+        for key, _, _ in self.COUNTERS:
+            self.add(key, engine_idx, transfer_stats_data.get(key, 0))

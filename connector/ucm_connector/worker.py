@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from ucm_connector import LOGGER_NAME
+from ucm_connector.compat import blocks_first
 from ucm_connector.copy_path import CopyBackend, KVLayout, make_copy_backend
 from ucm_connector.keys import KeyMaker
 from ucm_connector.metadata import BlockTransfer, UCMConnectorMetadata
@@ -73,7 +74,7 @@ class WorkerSide:
         layer_order: Sequence[str],
         expected_shard_bytes: int | None = None,
     ) -> None:
-        layout = KVLayout.from_kv_caches(kv_caches, layer_order)
+        layout = KVLayout.from_kv_caches(blocks_first(kv_caches, expected_shard_bytes), layer_order)
         if expected_shard_bytes is not None and layout.shard_bytes != expected_shard_bytes:
             raise RuntimeError(
                 f"UCMConnector: KV cache holds {layout.shard_bytes} bytes per block and layer, "

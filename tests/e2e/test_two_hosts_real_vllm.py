@@ -79,12 +79,15 @@ def test_1p1d_over_ssh_decode_hits_what_prefill_stored(hosts: Cluster, tmp_path:
 
     up = ucmctl("up", str(topo))
     assert up.returncode == 0, up.stderr[-3000:]
+    # the KV probe (1100 tokens: 8 whole blocks) proved the path before `up` said so
+    assert "KV probe: centralized: decode's external prefix hits grew by 1024" in up.stderr
     try:
         prefill = f"http://{hosts.host('h1').address}:8100"
         decode = f"http://{hosts.host('h2').address}:8200"
+        before = counter(decode, "vllm:external_prefix_cache_hits_total")
         prompt = [(i * 37) % 3000 + 20 for i in range(3 * BLOCK + 40)]  # 3 full blocks + 40 tokens
         via_proxy = complete(f"http://{hosts.host('h1').address}:8000", prompt)
-        external = counter(decode, "vllm:external_prefix_cache_hits_total")
+        external = counter(decode, "vllm:external_prefix_cache_hits_total") - before
         assert external == 3 * BLOCK  # decode loaded every full block prefill stored
         logs = ucmctl("logs", "e2e-two-hosts", "decode-0", "-n", "400").stdout
         assert "hit external: 3" in logs

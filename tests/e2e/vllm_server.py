@@ -93,6 +93,7 @@ class VllmServer:
     dtype: str = "bfloat16"
     max_model_len: int = 8192
     extra_args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)  # on top of server_env()
     port: int = 0
     proc: subprocess.Popen | None = None
     tmpdir: Path | None = None
@@ -130,7 +131,7 @@ class VllmServer:
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env=server_env(self.cache_root, self.tmpdir),
+            env={**server_env(self.cache_root, self.tmpdir), **self.env},
             start_new_session=True,
         )
         log.close()

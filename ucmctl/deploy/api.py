@@ -11,7 +11,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from ucmctl.deploy import lifecycle
+from ucmctl.deploy import kv_probe, lifecycle
 from ucmctl.deploy.executor import Executor, NodeError, executor_for
 from ucmctl.deploy.fanout import cancelled, parallel
 from ucmctl.deploy.health import wait_healthy
@@ -35,6 +35,7 @@ class Options:
     connect_timeout: float = 10.0
     stop_grace: float = 15.0
     health_timeout: float | None = None  # overrides HEALTH_TIMEOUT
+    kv_probe: bool = True  # after the health gate, prove KV reaches decode (deploy/kv_probe.py)
 
 
 class Session:
@@ -126,14 +127,19 @@ def deploy_up(
                 store.remove(plan.deployment)
             raise
         if failure is None:
-            record.status = "up"
-            store.save(record)
-            return record
-        process, reason = failure
-        tail = lifecycle.log_tail(session[process.node], process, 50)
-        console.print(f"[red]{process.name}[/] on node {process.node} failed: {reason}")
-        console.print(f"last 50 lines of {process.log}:", markup=False)
-        console.print(tail or "(empty)", markup=False, highlight=False)
+            probe_failed = _probe(plan, record, options, console)
+            if probe_failed is None:
+                record.status = "up"
+                store.save(record)
+                return record
+            reason = f"KV probe: {probe_failed}"
+        else:
+            process, why = failure
+            tail = lifecycle.log_tail(session[process.node], process, 50)
+            console.print(f"[red]{process.name}[/] on node {process.node} failed: {why}")
+            console.print(f"last 50 lines of {process.log}:", markup=False)
+            console.print(tail or "(empty)", markup=False, highlight=False)
+            reason = f"{process.name} on node {process.node} failed: {why}"
         record.status = "failed"
         store.save(record)
         if not options.keep_on_failure:
@@ -143,13 +149,28 @@ def deploy_up(
                 console.print("stopped everything this `up` started")
         else:
             console.print(f"kept running for debugging: `ucmctl down {plan.deployment}` stops it")
-        raise UcmctlError.one(
-            f"{process.name} on node {process.node} failed: {reason}", status=ExitStatus.FAILURE
-        )
+        raise UcmctlError.one(reason, status=ExitStatus.FAILURE)
     except NodeError as exc:
         raise UcmctlError.one(str(exc), status=ExitStatus.FAILURE) from None
     finally:
         session.close()
+
+
+def _probe(plan: Plan, record: Record, options: Options, console: Console) -> str | None:
+    """Run the KV probe unless opted out or moot; the failure's one line, or None."""
+    if not options.kv_probe:
+        return None
+    moot = kv_probe.applies(plan)
+    if moot is not None:
+        console.print(f"KV probe skipped: {moot}", markup=False)
+        return None
+    console.print("KV probe: one request through the proxy ...")
+    result = kv_probe.run_probe(plan)
+    record.kv_probe = result
+    if result.ok:
+        console.print(f"KV probe: {result.detail}", markup=False)
+        return None
+    return result.detail
 
 
 def _alive(session: Session, process: Process) -> bool:

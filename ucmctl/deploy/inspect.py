@@ -37,7 +37,12 @@ def status_table(record: Record) -> Table:
         looks = parallel(record.plan.processes, look)
     finally:
         session.close()
-    table = Table(title=f"deployment {record.deployment} ({record.status})")
+    probe = record.kv_probe
+    caption = None
+    if probe is not None:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(probe.at))
+        caption = f"KV probe {'passed' if probe.ok else 'FAILED'} at {when}: {escape(probe.detail)}"
+    table = Table(title=f"deployment {record.deployment} ({record.status})", caption=caption)
     for column in ("process", "node", "role", "ports", "state", "health", "uptime", "restarts"):
         table.add_column(column)
     now = time.time()

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ucmctl.deploy.kv_probe import ProbeResult
 from ucmctl.errors import UcmctlError
 from ucmctl.plan.model import Plan
 from ucmctl.topology.model import NAME_RE
@@ -41,6 +42,7 @@ class Record(BaseModel):
     status: str = "starting"  # starting | up | failed | stopped
     plan: Plan
     processes: dict[str, ProcessState] = Field(default_factory=dict)
+    kv_probe: ProbeResult | None = None  # the last proof that KV reached decode (deploy/kv_probe.py)
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,10 @@ from ucmctl.plan.model import NodePlan, PlacedFile, Plan, Process
 from ucmctl.plan.render import render
 from ucmctl.topology.checks import DEVICE_VARIABLE
 from ucmctl.topology.model import Engine, Mode, Node, Platform, Side, Topology, Transport
+from ucmctl.topology.mooncake import ASCEND_MOONCAKE, MooncakeConnectorFacts, connector_for, protocol_for
 
 CONNECTOR_MODULE = "ucm_connector.connector"
+MOONCAKE_MODULE = "ucm_connector.mooncake"
 LOCAL_ADDRESS = "127.0.0.1"
 
 
@@ -156,9 +158,16 @@ def _server(t: Topology, nodes: dict[str, NodePlan], s: Server, deps: list[str])
             # Centralized PD: prefill answers only once decode can find the blocks on disk.
             wait_persisted=t.mode is Mode.centralized and s.side == "prefill",
         )  # fmt: skip
-    if t.mode is Mode.p2p:
+    if t.mode is Mode.p2p and _mooncake_facts(t, node).reads_mooncake_json:
         files["mooncake.json"] = _mooncake_json(t)
         env["MOONCAKE_CONFIG_PATH"] = posixpath.join(work, "mooncake.json")
+    if s.bootstrap_port:
+        env["VLLM_MOONCAKE_BOOTSTRAP_PORT"] = str(s.bootstrap_port)
+    announces = t.mode is Mode.p2p and not _mooncake_facts(t, node).reads_mooncake_json
+    if announces and (node.transport is Transport.local or _is_ip(node.host)):
+        # the address vLLM's Mooncake transfer engine and side channel announce to peers (both
+        # sides: prefill pushes to the address decode announces)
+        env["VLLM_HOST_IP"] = _address(node)
     env.update(node.env)
     env.update(side.env)
 
@@ -191,6 +200,8 @@ def _server(t: Topology, nodes: dict[str, NodePlan], s: Server, deps: list[str])
     ports = {"http": s.port}
     if s.kv_port:
         ports["kv"] = s.kv_port
+    if s.bootstrap_port:
+        ports["bootstrap"] = s.bootstrap_port
     if s.dp_rank == 0 and s.dp_rpc_port:
         ports["dp_rpc"] = s.dp_rpc_port
     return _process(
@@ -249,6 +260,10 @@ def _ucm_connector(ucm_config: str) -> dict[str, Any]:
         "kv_role": "kv_both",
         "kv_connector_module_path": CONNECTOR_MODULE,
         "kv_connector_extra_config": {"UCM_CONFIG_FILE": ucm_config},
+        # A block the store cannot deliver is recomputed, never a failed request. vLLM reads the
+        # top level's policy; inside a MultiConnector the child carries it too, so the
+        # connector's own check of it sees the same value.
+        "kv_load_failure_policy": "recompute",
     }
 
 
@@ -256,30 +271,41 @@ def _kv_transfer_config(t: Topology, s: Server, ucm_config: str | None) -> dict[
     if t.mode is not Mode.p2p:
         if ucm_config is None:
             return None
-        # A block the store cannot deliver is recomputed, never a failed request.
-        return {**_ucm_connector(ucm_config), "kv_load_failure_policy": "recompute"}
-    prefill, decode = _side(t, "prefill"), _side(t, "decode")
-    peer = (prefill if s.side == "decode" else decode).kv_peer
+        return _ucm_connector(ucm_config)
     mc = t.mooncake
     assert mc is not None
-    name = mc.connector or (
-        "MooncakeConnectorV1" if t.nodes[s.node].platform is Platform.ascend else "MooncakeConnector"
-    )
-    parallel = {
-        "prefill": {"dp_size": prefill.dp, "tp_size": prefill.tp},
-        "decode": {"dp_size": decode.dp, "tp_size": decode.tp},
-    }
-    if peer is not None:  # checks guarantee it equals the other side; written as the user wrote it
-        other = "decode" if s.side == "prefill" else "prefill"
-        parallel[other] = {"dp_size": peer.dp, "tp_size": peer.tp}
+    node = t.nodes[s.node]
+    facts = _mooncake_facts(t, node)
     role = "kv_producer" if s.side == "prefill" else "kv_consumer"
-    mooncake = {
-        "kv_connector": name,
-        "kv_role": role,
-        "kv_port": s.kv_port,
-        "kv_connector_extra_config": parallel,
-    }
-    if s.side == "decode" or ucm_config is None:
+    multi = s.side == "prefill" and ucm_config is not None
+    if facts.reads_mooncake_json:  # vllm-ascend's MooncakeConnectorV1: the guides' keys
+        prefill, decode = _side(t, "prefill"), _side(t, "decode")
+        peer = (prefill if s.side == "decode" else decode).kv_peer
+        extra: dict[str, Any] = {
+            "prefill": {"dp_size": prefill.dp, "tp_size": prefill.tp},
+            "decode": {"dp_size": decode.dp, "tp_size": decode.tp},
+        }
+        if peer is not None:  # checks guarantee it equals the other side; written as the user wrote it
+            other = "decode" if s.side == "prefill" else "prefill"
+            extra[other] = {"dp_size": peer.dp, "tp_size": peer.tp}
+        mooncake: dict[str, Any] = {
+            "kv_connector": facts.name,
+            "kv_role": role,
+            "kv_port": s.kv_port,
+            "kv_connector_extra_config": extra,
+        }
+    else:  # vLLM's MooncakeConnector reads only these
+        extra = {"mooncake_protocol": protocol_for(node.platform, facts, mc.protocol)}
+        if mc.device_name:
+            extra["device_name"] = mc.device_name
+        if mc.num_workers is not None:
+            extra["num_workers"] = mc.num_workers
+        mooncake = {"kv_connector": facts.name, "kv_role": role, "kv_connector_extra_config": extra}
+        if multi:
+            # Same connector, plus the Prometheus metrics MultiConnector requires of every child
+            # that reports transfer stats (vLLM's has none yet).
+            mooncake["kv_connector_module_path"] = MOONCAKE_MODULE
+    if not multi:
         return mooncake
     return {
         "kv_connector": "MultiConnector",
@@ -289,6 +315,13 @@ def _kv_transfer_config(t: Topology, s: Server, ucm_config: str | None) -> dict[
     }
 
 
+def _mooncake_facts(t: Topology, node: Node) -> MooncakeConnectorFacts:
+    assert t.mooncake is not None
+    facts = connector_for(node.platform, t.mooncake.connector)
+    assert facts is not None, "checks refuse a P2P node without a known connector"
+    return facts
+
+
 def _mooncake_json(t: Topology) -> str:
     mc = t.mooncake
     assert mc is not None
@@ -296,7 +329,7 @@ def _mooncake_json(t: Topology) -> str:
     return render(
         "mooncake.json.j2",
         metadata_server="P2PHANDSHAKE",
-        protocol=mc.protocol,
+        protocol=protocol_for(master.platform, ASCEND_MOONCAKE, mc.protocol),
         device_name=mc.device_name,
         master_server_address=f"{master.host}:{mc.port}",
         global_segment_size=mc.global_segment_size,
@@ -314,10 +347,17 @@ def _proxy(t: Topology, nodes: dict[str, NodePlan], upstream: list[Process]) -> 
             argv += ["--instance", str(p.url)]
     else:
         argv += ["--mode", "pd"]
+        router = None
         if t.mode is Mode.p2p:
-            argv.append("--p2p")
+            router = _mooncake_facts(t, t.nodes[upstream[0].node]).router
+            argv += ["--p2p", router]
         for p in upstream:
             argv += ["--prefiller" if p.role == "prefill" else "--decoder", str(p.url)]
+        if router == "mooncake":  # the router asks each prefiller's bootstrap server for its engine
+            for p in upstream:
+                if p.role == "prefill":
+                    host = _address(t.nodes[p.node])
+                    argv += ["--bootstrap", f"http://{host}:{p.ports['bootstrap']}"]
     if proxy.routing == "prefix":
         argv.append("--prefix-affinity")
     base = f"http://{_address(node)}:{proxy.port}"

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ucmctl.topology.model import DpMode, Mode, Platform, Side, Topology
+from ucmctl.topology.mooncake import connector_for
 
 
 @dataclass(frozen=True)
@@ -26,7 +27,8 @@ class Server:
     dp_rank: int | None  # set for external DP (one API server per rank)
     dp_address: str | None
     dp_rpc_port: int | None
-    kv_port: int | None  # Mooncake kv_port (p2p only); the server uses kv_port .. kv_port + tp - 1
+    kv_port: int | None  # Mooncake kv_port (MooncakeConnectorV1); the server uses kv_port .. + tp - 1
+    bootstrap_port: int | None = None  # MooncakeConnector bootstrap server (p2p prefill)
 
     @property
     def name(self) -> str:
@@ -34,7 +36,12 @@ class Server:
 
     @property
     def kv_ports(self) -> range:
-        return range(self.kv_port, self.kv_port + self.tp_size) if self.kv_port else range(0)
+        """The ports MooncakeConnectorV1 binds on a prefill server: its kv_port plus the global
+        DP rank times tp (vllm-ascend 0.23 adds that itself), then one per TP rank."""
+        if not self.kv_port or self.side != "prefill":
+            return range(0)  # a consumer connects, it binds nothing
+        base = self.kv_port + (self.dp_rank or 0) * self.tp_size
+        return range(base, base + self.tp_size)
 
 
 def devices_per_server(side: Side) -> int:
@@ -64,7 +71,13 @@ def servers(topology: Topology) -> list[Server]:
                 rank = index % side.dp
                 address = topology.nodes[slots[index - rank][0]].host
                 rpc = side.dp_rpc_port
-            kv_port = side.kv_port + local * side.tp if topology.mode is Mode.p2p else None
+            kv_port = bootstrap = None
+            if topology.mode is Mode.p2p and topology.mooncake is not None:
+                facts = connector_for(node.platform, topology.mooncake.connector)
+                if facts is not None and facts.reads_mooncake_json:
+                    kv_port = side.kv_port + local * side.tp
+                if facts is not None and facts.bootstrap_port and side_name == "prefill":
+                    bootstrap = side.bootstrap_port + local
             out.append(
                 Server(
                     side=side_name,
@@ -79,6 +92,7 @@ def servers(topology: Topology) -> list[Server]:
                     dp_address=address,
                     dp_rpc_port=rpc,
                     kv_port=kv_port,
+                    bootstrap_port=bootstrap,
                 )
             )
     return out

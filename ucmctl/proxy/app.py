@@ -236,7 +236,7 @@ def run(config: ProxyConfig) -> None:
         sides = f"{len(config.prefillers)} prefill, {len(config.decoders)} decode"
     else:
         sides = f"{len(config.instances)} mixed"
-    mode = config.mode + (" p2p" if config.p2p else "")
+    mode = config.mode + (f" p2p {config.p2p}" if config.p2p else "")
     key = ", API key on" if config.api_key else ""
 
     def announce(_: str) -> None:

@@ -13,8 +13,16 @@ def proxy(
     mode: str = typer.Option(
         "pd", "--mode", help="pd (prefill then decode) or mixed (one instance does both)"
     ),
-    p2p: bool = typer.Option(False, "--p2p", help="ask prefillers for P2P KV transfer (kv_transfer_params)"),
+    p2p: str | None = typer.Option(
+        None,
+        "--p2p",
+        help="P2P KV transfer protocol: mooncake (vLLM's MooncakeConnector) or ascend "
+        "(vllm-ascend's MooncakeConnectorV1)",
+    ),
     prefiller: list[str] = typer.Option([], "--prefiller", help="prefill instance URL (repeat)"),
+    bootstrap: list[str] = typer.Option(
+        [], "--bootstrap", help="--p2p mooncake: each prefiller's bootstrap server URL, same order"
+    ),
     decoder: list[str] = typer.Option([], "--decoder", help="decode instance URL (repeat)"),
     instance: list[str] = typer.Option([], "--instance", help="mixed-mode instance URL (repeat)"),
     prefix_affinity: bool = typer.Option(
@@ -43,7 +51,8 @@ def proxy(
     from ucmctl.proxy.config import make_config
 
     config = make_config(
-        host=host, port=port, mode=mode, p2p=p2p, prefillers=prefiller, decoders=decoder, instances=instance,
+        host=host, port=port, mode=mode, p2p=p2p, prefillers=prefiller, bootstraps=bootstrap,
+        decoders=decoder, instances=instance,
         prefix_affinity=prefix_affinity, env=dict(os.environ), affinity_tokens=affinity_tokens,
         deployment=deployment, health_interval=health_interval, health_timeout=health_timeout,
         unhealthy_after=unhealthy_after, retries=retries, retry_backoff=retry_backoff,

@@ -9,6 +9,10 @@ from yarl import URL
 from ucmctl.errors import UcmctlError
 
 MODES = ("pd", "mixed")
+# P2P router protocols: vLLM's MooncakeConnector (a transfer_id per request, the prefiller's
+# engine from its bootstrap server) and vllm-ascend's MooncakeConnectorV1 (the prefiller
+# returns the decode leg's kv_transfer_params).
+P2P_PROTOCOLS = ("mooncake", "ascend")
 API_KEY_ENV = "UCMCTL_PROXY_API_KEY"
 UPSTREAM_API_KEY_ENV = "UCMCTL_PROXY_UPSTREAM_API_KEY"
 
@@ -20,8 +24,9 @@ class ProxyConfig:
     host: str = "127.0.0.1"
     port: int = 7802
     mode: str = "pd"
-    p2p: bool = False
+    p2p: str | None = None  # one of P2P_PROTOCOLS
     prefillers: tuple[str, ...] = ()
+    bootstraps: tuple[str, ...] = ()  # mooncake: each prefiller's bootstrap server, same order
     decoders: tuple[str, ...] = ()
     instances: tuple[str, ...] = ()
     prefix_affinity: bool = False
@@ -79,8 +84,9 @@ def make_config(
     host: str,
     port: int,
     mode: str,
-    p2p: bool = False,
+    p2p: str | None = None,
     prefillers: list[str] | tuple[str, ...] = (),
+    bootstraps: list[str] | tuple[str, ...] = (),
     decoders: list[str] | tuple[str, ...] = (),
     instances: list[str] | tuple[str, ...] = (),
     prefix_affinity: bool = False,
@@ -118,6 +124,20 @@ def make_config(
             raise UcmctlError.one(
                 "mixed mode needs at least one --instance", fix="add --instance http://HOST:PORT"
             )
+    if p2p is not None and p2p not in P2P_PROTOCOLS:
+        raise UcmctlError.one(
+            f"--p2p {p2p!r} is not a P2P protocol", fix=f"use --p2p {' or --p2p '.join(P2P_PROTOCOLS)}"
+        )
+    boot = _urls(bootstraps, "--bootstrap")
+    if p2p == "mooncake" and len(boot) != len(pre):
+        raise UcmctlError.one(
+            f"--p2p mooncake needs one --bootstrap per --prefiller ({len(pre)}), got {len(boot)}",
+            fix="add --bootstrap http://HOST:VLLM_MOONCAKE_BOOTSTRAP_PORT for each prefiller, same order",
+        )
+    if boot and p2p != "mooncake":
+        raise UcmctlError.one(
+            "--bootstrap is for --p2p mooncake", fix="drop --bootstrap or add --p2p mooncake"
+        )
     for name in ("health_interval", "health_timeout", "connect_timeout"):
         if name in tuning:
             _positive("--" + name.replace("_", "-"), float(tuning[name]))  # type: ignore[arg-type]
@@ -135,7 +155,7 @@ def make_config(
         raise TypeError(f"unknown proxy settings: {sorted(unknown)}")
     env = env or {}
     return ProxyConfig(
-        host=host, port=port, mode=mode, p2p=p2p, prefillers=pre, decoders=dec, instances=mix,
-        prefix_affinity=prefix_affinity, api_key=env.get(API_KEY_ENV) or None,
+        host=host, port=port, mode=mode, p2p=p2p, prefillers=pre, bootstraps=boot, decoders=dec,
+        instances=mix, prefix_affinity=prefix_affinity, api_key=env.get(API_KEY_ENV) or None,
         upstream_api_key=env.get(UPSTREAM_API_KEY_ENV) or None, **tuning,  # type: ignore[arg-type]
     )  # fmt: skip

@@ -29,6 +29,9 @@ class ProxyState:
     metrics: Metrics = field(default_factory=Metrics)
     session: aiohttp.ClientSession | None = None
     upstream_headers: dict[str, str] = field(default_factory=dict)
+    # --p2p mooncake: prefiller URL -> its bootstrap server URL, and the engine id last seen there
+    bootstrap_of: dict[str, str] = field(default_factory=dict)
+    engines: dict[str, tuple[float, str]] = field(default_factory=dict)
 
     @classmethod
     def create(cls, config: ProxyConfig) -> ProxyState:
@@ -41,6 +44,7 @@ class ProxyState:
         ):
             for url in urls:
                 state.pool.add(url, role)
+        state.bootstrap_of = dict(zip(config.prefillers, config.bootstraps, strict=False))
         # identity: relay the upstream's bytes as they are, no decompress and recompress
         state.upstream_headers = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
         if config.upstream_api_key:
@@ -87,12 +91,16 @@ async def serve_generate(request: web.Request, state: ProxyState, path: str) -> 
     key = rewrite.prefix_key(body, path, cfg.affinity_tokens) if cfg.prefix_affinity else None
     headers = {**state.upstream_headers, "X-Request-Id": rid}
     try:
+        once = False
         if cfg.mode == "pd":
             kv_params = await _prefill(state, body, path, tokens, key, headers)
             payload, role, leg_key = rewrite.decode_payload(raw, body, kv_params), "decode", None
+            # The prefiller hands its KV over once: a decode leg that reached an instance and
+            # failed is not sent again (it would wait for a transfer that is gone).
+            once = bool(cfg.p2p)
         else:
             payload, role, leg_key = raw, "mixed", key
-        inst, resp = await _open(state, role, "requests", leg_key, tokens, path, payload, headers)
+        inst, resp = await _open(state, role, "requests", leg_key, tokens, path, payload, headers, once)
     except LegFailed as exc:
         metrics.errors[exc.reason] += 1
         return error_response(exc.status, exc.message, rid)
@@ -124,7 +132,9 @@ async def _prefill(
     """Run the prefill leg; return the prefiller's kv_transfer_params (None when it gave none)."""
     loop = asyncio.get_running_loop()
     t = loop.time()
-    payload = rewrite.prefill_payload(body, p2p=state.config.p2p)
+    p2p = state.config.p2p
+    transfer_id = f"xfer-{uuid.uuid4().hex}" if p2p == "mooncake" else None
+    payload = rewrite.prefill_payload(body, p2p=p2p, transfer_id=transfer_id)
     inst, resp = await _open(state, "prefill", "tokens", key, tokens, path, payload, headers)
     try:
         data = await resp.read()
@@ -141,7 +151,41 @@ async def _prefill(
         state.metrics.errors["upstream_refused"] += 1
         raise _Answered(web.Response(status=resp.status, body=data, headers={"Content-Type": ctype}))
     state.metrics.prefill.observe(loop.time() - t)
+    if transfer_id is not None:
+        # vLLM's MooncakeConnector returns no params: decode pulls this transfer from the engine
+        # the prefiller's bootstrap server names.
+        bootstrap = state.bootstrap_of[inst.url]
+        engine = await _mooncake_engine(state, inst.url, bootstrap)
+        return rewrite.mooncake_decode_params(transfer_id, engine, bootstrap)
     return rewrite.kv_params_of(data)
+
+
+ENGINE_TTL_S = 1.0  # a restarted prefiller registers a new engine id; it is healthy much later
+
+
+async def _mooncake_engine(state: ProxyState, url: str, bootstrap: str) -> str:
+    """The engine id behind prefiller `url`, from its bootstrap server (cached for a second)."""
+    loop = asyncio.get_running_loop()
+    cached = state.engines.get(url)
+    if cached is not None and loop.time() - cached[0] < ENGINE_TTL_S:
+        return cached[1]
+    assert state.session is not None
+    try:
+        async with state.session.get(
+            bootstrap + "/query", timeout=aiohttp.ClientTimeout(total=state.config.connect_timeout)
+        ) as resp:
+            answer = await resp.read()
+            if resp.status != 200:
+                raise ValueError(f"HTTP {resp.status}")
+        engine = rewrite.engine_of(answer)
+    except (*UPSTREAM_ERRORS, ValueError) as exc:
+        state.metrics.errors["bootstrap"] += 1
+        raise LegFailed(
+            502, f"prefill instance {url}: Mooncake bootstrap {bootstrap} gave no engine: {_why(exc)}",
+            "upstream",
+        ) from None
+    state.engines[url] = (loop.time(), engine)
+    return engine
 
 
 async def _open(
@@ -153,16 +197,19 @@ async def _open(
     path: str,
     payload: bytes,
     headers: dict[str, str],
+    once: bool = False,
 ) -> tuple[Instance, aiohttp.ClientResponse]:
     """Send a leg to the best instance, retrying others with backoff, until one answers below 500.
 
     The caller owns the returned response and the instance's in-flight count (`release(tokens)`).
+    With `once`, only a leg that reached no instance (nothing listening) is tried elsewhere.
     """
     cfg, pool, session = state.config, state.pool, state.session
     assert session is not None
+    retries = cfg.retries
     tried: list[Instance] = []
     last: LegFailed | None = None
-    for attempt in range(cfg.retries + 1):
+    for attempt in range(retries + 1):
         inst = _pick(pool, role, by, tried, key)
         if inst is None:
             break
@@ -182,6 +229,8 @@ async def _open(
             inst.release(tokens)
             record_failure(inst, cfg.unhealthy_after)
             last = LegFailed(502, f"{role} instance {inst.url} failed: {_why(exc)}", "upstream")
+            if once:
+                break
         except BaseException:  # cancelled: the client went away
             inst.release(tokens)
             raise
@@ -193,7 +242,9 @@ async def _open(
             inst.release(tokens)
             record_failure(inst, cfg.unhealthy_after)
             last = LegFailed(502, f"{role} instance {inst.url} answered {resp.status}: {text}", "upstream")
-        if attempt < cfg.retries:
+            if once:
+                break
+        if attempt < retries:
             await asyncio.sleep(cfg.retry_backoff * 2**attempt)
     if last is None:
         raise LegFailed(503, f"no healthy {role} instance", "no_instance")

@@ -10,8 +10,8 @@ COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
 CHARS_PER_TOKEN = 4  # a cheap estimate of text prompts' length; token-id prompts are counted exactly
 
-# what vLLM's P2P connectors expect on the prefill leg; the prefiller fills in the rest
-P2P_PREFILL_PARAMS: dict[str, Any] = {
+# what vllm-ascend's MooncakeConnectorV1 expects on the prefill leg; the prefiller fills in the rest
+ASCEND_PREFILL_PARAMS: dict[str, Any] = {
     "do_remote_decode": True,
     "do_remote_prefill": False,
     "remote_engine_id": None,
@@ -108,8 +108,12 @@ def prefix_key(body: dict[str, Any], path: str, tokens: int) -> bytes:
     return hashlib.blake2b(model + b"\0" + head, digest_size=16).digest()
 
 
-def prefill_payload(body: dict[str, Any], *, p2p: bool) -> bytes:
-    """The prefill leg: the client's request cut to one token, not streamed, with P2P params if asked."""
+def prefill_payload(body: dict[str, Any], *, p2p: str | None, transfer_id: str | None = None) -> bytes:
+    """The prefill leg: the client's request cut to one token, not streamed, with P2P params if asked.
+
+    `p2p` is the router protocol: "mooncake" (vLLM's MooncakeConnector: the request's
+    `transfer_id`), "ascend" (vllm-ascend's MooncakeConnectorV1) or None.
+    """
     leg = dict(body)
     leg["max_tokens"] = 1
     if "max_completion_tokens" in leg:
@@ -117,7 +121,16 @@ def prefill_payload(body: dict[str, Any], *, p2p: bool) -> bytes:
     for name in ("stream", "stream_options", "min_tokens"):
         leg.pop(name, None)
     if p2p:
-        leg["kv_transfer_params"] = dict(P2P_PREFILL_PARAMS)
+        # Both Mooncake connectors hand KV over only for a request that stopped at its length
+        # (an end-of-sequence token as the one token would keep it): vllm-ascend's proxy asks
+        # for min_tokens 1 for this reason.
+        leg["min_tokens"] = 1
+    if p2p == "mooncake":
+        if not transfer_id:
+            raise ValueError("the mooncake protocol needs a transfer_id")
+        leg["kv_transfer_params"] = {"do_remote_decode": True, "transfer_id": transfer_id}
+    elif p2p == "ascend":
+        leg["kv_transfer_params"] = dict(ASCEND_PREFILL_PARAMS)
     else:
         leg.pop("kv_transfer_params", None)
     return json.dumps(leg, separators=(",", ":")).encode()
@@ -131,6 +144,35 @@ def kv_params_of(prefill_response: bytes) -> dict[str, Any] | None:
         return None
     params = data.get("kv_transfer_params") if isinstance(data, dict) else None
     return params if isinstance(params, dict) and params else None
+
+
+def mooncake_decode_params(transfer_id: str, engine_id: str, bootstrap: str) -> dict[str, Any]:
+    """The decode leg's params for vLLM's MooncakeConnector: pull this transfer from that engine."""
+    return {
+        "do_remote_prefill": True,
+        "do_remote_decode": False,
+        "transfer_id": transfer_id,
+        "remote_engine_id": engine_id,
+        "remote_bootstrap_addr": bootstrap,
+    }
+
+
+def engine_of(query_answer: bytes) -> str:
+    """The engine id a prefiller's Mooncake bootstrap server lists (`GET /query`).
+
+    ValueError when the answer is not one engine: an API server that runs several DP ranks
+    cannot say which rank served a request.
+    """
+    data = json.loads(query_answer)
+    if not isinstance(data, dict) or not data:
+        raise ValueError("no engine has registered yet")
+    if len(data) > 1:
+        raise ValueError(f"{len(data)} DP ranks behind one API server (use one API server per rank)")
+    (entry,) = data.values()
+    engine = entry.get("engine_id") if isinstance(entry, dict) else None
+    if not isinstance(engine, str) or not engine:
+        raise ValueError("the answer names no engine_id")
+    return engine
 
 
 def decode_payload(raw: bytes, body: dict[str, Any], kv_params: dict[str, Any] | None) -> bytes:

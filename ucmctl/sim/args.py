@@ -8,6 +8,7 @@ import json
 import os
 
 from ucmctl.errors import UcmctlError
+from ucmctl.sim.p2p import PROTOCOLS, bootstrap_port
 from ucmctl.sim.profile import Profile, load_profile
 from ucmctl.sim.server import SimConfig
 
@@ -70,6 +71,7 @@ def parse_serve_args(argv: list[str]) -> tuple[SimConfig, list[str]]:
         {**profile.model_dump(), **{k: v for k, v in overrides.items() if v is not None}}
     )
     ucm_config, role = _connector(args.kv_transfer_config)
+    p2p = _p2p_protocol(args.kv_transfer_config)
     gib = args.kv_cache_gib
     if gib is None:
         gib = float(os.environ.get("VLLM_CPU_KVCACHE_SPACE") or 4)
@@ -97,8 +99,30 @@ def parse_serve_args(argv: list[str]) -> tuple[SimConfig, list[str]]:
         kv_role=role,
         profile=profile,
         load_seconds=args.load_seconds,
+        p2p=p2p,
+        bootstrap_port=bootstrap_port(),
+        kv_load_failure_policy=_failure_policy(args.kv_transfer_config),
     )
     return config, ignored
+
+
+def _failure_policy(raw: str | None) -> str:
+    """vLLM reads the policy at the top level of --kv-transfer-config; its default is "fail"."""
+    return str(json.loads(raw).get("kv_load_failure_policy", "fail")) if raw else "fail"
+
+
+def _p2p_protocol(raw: str | None) -> str | None:
+    """The P2P protocol of the Mooncake connector in --kv-transfer-config (alone or in a Multi)."""
+    if not raw:
+        return None
+    cfg = json.loads(raw)
+    connectors = [cfg]
+    if cfg.get("kv_connector") == "MultiConnector":
+        connectors = cfg.get("kv_connector_extra_config", {}).get("connectors", [])
+    for c in connectors:
+        if c.get("kv_connector") in PROTOCOLS:
+            return PROTOCOLS[c["kv_connector"]]
+    return None
 
 
 def _connector(raw: str | None) -> tuple[str | None, str | None]:

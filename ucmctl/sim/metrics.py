@@ -84,6 +84,16 @@ def exposition(model: str, engines: Sequence[Engine]) -> str:
     for name, help_text, value in counters:
         family(f"{name}_total", "counter", help_text)
         out.extend(f"{name}_total{{{labels(e)}}} {value(e)}" for e in engines)
+    # vLLM 0.32's breakdown of prompt tokens: every external hit (a UCM load or a P2P transfer)
+    # is `external_kv_transfer`, as vLLM counts any connector's tokens there.
+    name = "vllm:prompt_tokens_by_source"
+    family(f"{name}_total", "counter", "Number of prompt tokens by source.")
+    for e in engines:
+        st = e.stats
+        local = st.prompt_tokens - st.prefix_hits - st.external_hits
+        for source, value in (("local_compute", local), ("local_cache_hit", st.prefix_hits),
+                              ("external_kv_transfer", st.external_hits)):  # fmt: skip
+            out.append(f'{name}_total{{{labels(e)},source="{source}"}} {value}')
     # The simulator's own: how well it keeps its schedule (elapsed / planned - 1 is the lag).
     own = [
         ("ucmctl_sim_steps", "Engine steps run.", lambda e: e.stats.steps),

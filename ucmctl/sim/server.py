@@ -10,8 +10,10 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 
+from ucmctl.sim import p2p as p2p_protocol
 from ucmctl.sim.engine import FINISHED, Engine, SimRequest
 from ucmctl.sim.external import ExternalTier
 from ucmctl.sim.metrics import exposition
@@ -39,6 +41,9 @@ class SimConfig:
     kv_role: str | None
     profile: Profile
     load_seconds: float = 0.0  # before the port opens, as a real server loads its weights
+    p2p: str | None = None  # the P2P protocol of its Mooncake connector (sim/p2p.py), if any
+    bootstrap_port: int = p2p_protocol.DEFAULT_BOOTSTRAP_PORT  # mooncake, prefill side
+    kv_load_failure_policy: str = "fail"  # vLLM's default: a failed KV load fails the request
 
 
 class BadRequest(Exception):
@@ -70,6 +75,12 @@ class SimServer:
         ]
         self._next = 0
         self._pieces: dict[int, str] = {}
+        self.bootstrap: p2p_protocol.Bootstrap | None = None
+        if config.p2p == "mooncake" and config.kv_role in ("kv_producer", "kv_both"):
+            self.bootstrap = p2p_protocol.Bootstrap(
+                self.engine_id, config.host, config.bootstrap_port, config.port
+            )
+        self._session: aiohttp.ClientSession | None = None
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -86,10 +97,16 @@ class SimServer:
     async def _start(self, _: web.Application) -> None:
         for e in self.engines:
             e.start()
+        if self.bootstrap is not None:
+            await self.bootstrap.start()
 
     async def _stop(self, _: web.Application) -> None:
         for e in self.engines:
             await e.stop()
+        if self.bootstrap is not None:
+            await self.bootstrap.stop()
+        if self._session is not None:
+            await self._session.close()
         if self.external is not None:
             self.external.close()
 
@@ -135,12 +152,24 @@ class SimServer:
             return _error(str(exc), exc.param)
         request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
         kv_params = body.get("kv_transfer_params")
+        transfer_id = None
+        if self.config.p2p == "mooncake":
+            transfer_id = p2p_protocol.prefill_transfer_id(kv_params) if self.bootstrap else None
+            if self._session is None:
+                self._session = aiohttp.ClientSession()
+            pulled = await p2p_protocol.pull(self._session, kv_params)
+            if pulled == p2p_protocol.FAILED and self.config.kv_load_failure_policy == "fail":
+                log.error("Failing 1 request(s) due to KV load failure (failure_policy=fail)")
+                return _internal_error()
+            remote_kv = pulled == p2p_protocol.PULLED
+        else:
+            remote_kv = bool(isinstance(kv_params, dict) and kv_params.get("do_remote_prefill"))
         sim_request = SimRequest(
             request_id=request_id,
             prompt=prompt,
             max_tokens=max_tokens,
             keys=block_keys(prompt, self.config.block_size, self.namespace),
-            remote_kv=bool(isinstance(kv_params, dict) and kv_params.get("do_remote_prefill")),
+            remote_kv=remote_kv,
         )
         engine = self._pick_engine()
         engine.submit(sim_request)
@@ -158,6 +187,8 @@ class SimServer:
                 return await self._stream(request, sim_request, ctx, bool(options.get("include_usage")))
             return await self._complete(sim_request, ctx)
         finally:
+            if transfer_id is not None and sim_request.delivered and self.bootstrap is not None:
+                self.bootstrap.record(transfer_id)  # the prefilled KV is ready to be pulled
             if not sim_request.delivered:
                 engine.cancel(sim_request)  # the client went away: free the engine
 
@@ -208,8 +239,8 @@ class SimServer:
         return value
 
     def _kv_params_out(self, kv_in: Any, r: SimRequest) -> dict[str, Any] | None:
-        if not isinstance(kv_in, dict):
-            return None
+        if not isinstance(kv_in, dict) or self.config.p2p == "mooncake":
+            return None  # vLLM's MooncakeConnector returns none: the router knows the engine
         if kv_in.get("do_remote_decode"):  # P2P prefill leg: tell decode where the KV is
             return {
                 "do_remote_prefill": True,
@@ -359,6 +390,12 @@ async def _json_body(request: web.Request) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise BadRequest("the body must be a JSON object")
     return body
+
+
+def _internal_error() -> web.Response:
+    # what vLLM answers for a request it failed during generation (a KV load failure)
+    error = {"message": "Internal server error", "type": "InternalServerError", "param": None, "code": 500}
+    return web.json_response({"error": error}, status=500)
 
 
 def _error(message: str, param: str | None) -> web.Response:

@@ -17,6 +17,7 @@ from ucmctl.topology.model import (
     Topology,
     Transport,
 )
+from ucmctl.topology.mooncake import PLATFORM_PROTOCOLS, connector_for, protocol_for
 from ucmctl.topology.source import KeyPath, Source
 
 # The variable that selects a node's cards, per platform (MetaX MACA follows CUDA's name).
@@ -28,6 +29,13 @@ DEVICE_VARIABLE: dict[Platform, str | None] = {
     Platform.cpu: None,
 }
 ALL_DEVICE_VARIABLES = {v for v in DEVICE_VARIABLE.values() if v} | {"HIP_VISIBLE_DEVICES"}
+
+# Environment that ucmctl derives from the topology (the proxy and checks rely on it): the key to
+# set instead.
+MANAGED_ENV = {
+    "VLLM_MOONCAKE_BOOTSTRAP_PORT": "prefill.bootstrap_port (the proxy asks each prefiller's port)",
+    "MOONCAKE_CONFIG_PATH": "the mooncake section (ucmctl writes mooncake.json)",
+}
 
 # vLLM flags that ucmctl derives from the topology: the key to set instead.
 MANAGED_FLAGS = {
@@ -153,6 +161,46 @@ def _check_sides(t: Topology, bad) -> None:
             bad((side_name, "kv_peer"), "kv_peer is only used in p2p mode")
 
 
+def _check_mooncake_connectors(t: Topology, bad) -> None:
+    """Every P2P node has a connector ucmctl can render, one connector on both sides, and a
+    protocol that connector and the node's hardware can both carry."""
+    mc = t.mooncake
+    assert mc is not None
+    used: dict[str, tuple[str, str, int]] = {}  # connector name -> where it was first seen
+    for side_name, side in t.sides():
+        for i, n in enumerate(side.nodes):
+            node = t.nodes.get(n)
+            if node is None:
+                continue
+            facts = connector_for(node.platform, mc.connector)
+            if facts is None:
+                bad(
+                    (side_name, "nodes", i),
+                    f"node '{n}' is {node.platform.value}, which has no known Mooncake P2P connector",
+                    "use mode centralized, or set mooncake.connector to MooncakeConnector or "
+                    "MooncakeConnectorV1",
+                )
+                continue
+            used.setdefault(facts.name, (side_name, n, i))
+            protocol = protocol_for(node.platform, facts, mc.protocol)
+            hardware = PLATFORM_PROTOCOLS.get(node.platform, facts.protocols)
+            usable = [p for p in facts.protocols if p in hardware]
+            if protocol not in usable:
+                bad(
+                    ("mooncake", "protocol"),
+                    f"protocol '{protocol}' cannot be used by {facts.name} on node '{n}' "
+                    f"({node.platform.value})",
+                    f"use {' or '.join(usable)}" if usable else "use mode centralized",
+                )
+    if len(used) > 1:
+        (a, (_, na, _)), (b, (side_b, nb, ib)) = list(used.items())[:2]
+        bad(
+            (side_b, "nodes", ib),
+            f"node '{nb}' would run {b} but node '{na}' runs {a}: the two cannot exchange KV",
+            "use one platform family for P2P, or mode centralized (KV through the shared store)",
+        )
+
+
 def _check_services(t: Topology, bad) -> None:
     if t.mode is Mode.p2p and t.mooncake is None:
         bad(("mode",), "p2p mode needs a 'mooncake' section", "add mooncake: {master_node: <node>}")
@@ -165,15 +213,8 @@ def _check_services(t: Topology, bad) -> None:
                 f"unknown node '{t.mooncake.master_node}'",
                 f"defined nodes: {', '.join(t.nodes)}",
             )
-        elif t.mode is Mode.p2p and t.mooncake.protocol == "ascend":
-            for side_name, side in t.sides():
-                for i, n in enumerate(side.nodes):
-                    if n in t.nodes and t.nodes[n].platform is not Platform.ascend:
-                        bad(
-                            (side_name, "nodes", i),
-                            f"Mooncake protocol 'ascend' but node '{n}' is {t.nodes[n].platform.value}",
-                            "use protocol rdma or tcp",
-                        )
+        elif t.mode is Mode.p2p:
+            _check_mooncake_connectors(t, bad)
     if t.proxy is None:
         if t.mode is not Mode.mixed:
             bad(
@@ -267,6 +308,8 @@ def _check_env_and_flags(t: Topology, bad) -> None:
                 bad((*path, key), f"'{key}' is not a valid environment variable name")
             if UNSAFE_TEXT.search(value):
                 bad((*path, key), "environment values cannot hold control characters or newlines")
+            if key in MANAGED_ENV:
+                bad((*path, key), f"{key} is set by ucmctl", f"use {MANAGED_ENV[key]}")
             if key in ALL_DEVICE_VARIABLES:
                 right = {DEVICE_VARIABLE[p] for p in platforms} - {None}
                 if key not in right and right:
@@ -390,5 +433,12 @@ def _check_placement(t: Topology, bad) -> None:
             )
         for p in server.kv_ports:
             claim(server.node, p, f"{server.name} Mooncake kv_port", (server.side, "kv_port"))
+        if server.bootstrap_port:
+            claim(
+                server.node,
+                server.bootstrap_port,
+                f"{server.name} Mooncake bootstrap",
+                (server.side, "bootstrap_port"),
+            )
     if t.proxy is not None:
         claim(t.proxy.node, t.proxy.port, "proxy", ("proxy", "port"))

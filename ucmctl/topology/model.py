@@ -128,16 +128,21 @@ class Storage(Strict):
 
 class Mooncake(Strict):
     master_node: str = Field(description="node that runs mooncake_master")
-    connector: str | None = Field(
+    connector: Literal["MooncakeConnector", "MooncakeConnectorV1"] | None = Field(
         None,
-        description="vLLM connector name (default: MooncakeConnectorV1 on ascend, else MooncakeConnector)",
+        description="P2P connector: MooncakeConnector (vLLM's; default on cuda and cpu) or "
+        "MooncakeConnectorV1 (vllm-ascend's; default on ascend)",
     )
     port: Port = Field(50088, description="master RPC port")
     metrics_port: Port = Field(9003, description="master metrics port (the health gate)")
-    protocol: Literal["ascend", "rdma", "tcp"] = Field(
-        "tcp", description="transfer protocol in mooncake.json"
+    protocol: Literal["ascend", "rdma", "tcp"] | None = Field(
+        None,
+        description="transfer protocol (default: ascend with MooncakeConnectorV1, rdma on cuda, tcp on cpu)",
     )
-    device_name: str = Field("", description="device_name in mooncake.json")
+    device_name: str = Field("", description="device_name (RDMA NIC), when the protocol needs one")
+    num_workers: int | None = Field(
+        None, ge=1, le=256, description="MooncakeConnector sender threads (vLLM's default: 10)"
+    )
     global_segment_size: str = Field("1GB", pattern=r"^[0-9]+(\.[0-9]+)?\s*[KMGT]?B$")
     eviction_high_watermark_ratio: float = Field(0.9, gt=0, le=1)
     eviction_ratio: float = Field(0.1, gt=0, le=1)
@@ -175,6 +180,9 @@ class Side(Strict):
     port: Port = Field(8000, description="port of a node's first API server; the next add 1 each")
     dp_rpc_port: Port = Field(13395, description="--data-parallel-rpc-port (external DP)")
     kv_port: Port = Field(20001, description="Mooncake kv_port of a node's first server (+ i*tp)")
+    bootstrap_port: Port = Field(
+        8998, description="MooncakeConnector bootstrap port of a node's first prefill server (+ i)"
+    )
     kv_peer: PeerParallel | None = Field(
         None, description="the other side's dp/tp in the Mooncake config (default: derived)"
     )

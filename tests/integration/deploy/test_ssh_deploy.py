@@ -159,17 +159,50 @@ proxy: {{node: h1, port: 7850}}
     )
     up = cli("up", str(topo))
     assert up.returncode == 0, up.stderr
+    # the KV probe's request moved 1099 of its 1100 tokens (the simulator computes the last one)
+    assert "KV probe: p2p: decode's KV-transfer tokens grew by 1099 for a 1100-token probe" in up.stderr
     addr = hosts.host("h1").address
     assert "master_" in metrics(f"http://{addr}:9003")  # the real master answers on its metrics port
+
+    def transferred() -> float:
+        decode = metrics(f"http://{hosts.host('h2').address}:9000")
+        name = "vllm:prompt_tokens_by_source_total"
+        return sum(float(x.rsplit(" ", 1)[1]) for x in decode.splitlines()
+                   if x.startswith(name) and "external_kv_transfer" in x)  # fmt: skip
+
+    before = transferred()
     body = completion(f"http://{addr}:7850", list(range(1, 100)))
     assert body["usage"]["completion_tokens"] == 4
-    # Decode got the prompt's KV "from the prefiller" (kv_transfer_params), so it prefilled almost nothing.
-    decode = metrics(f"http://{hosts.host('h2').address}:9000")
-    hits = sum(float(x.rsplit(" ", 1)[1]) for x in decode.splitlines()
-               if x.startswith("vllm:external_prefix_cache_hits_total"))  # fmt: skip
-    assert hits == 98
+    # Decode pulled the prompt's KV from the prefiller (transfer_id, engine from its bootstrap server).
+    assert transferred() - before == 98
+    status = cli("status", "t-p2p")
+    assert "KV probe passed" in status.stdout
     assert cli("down", "t-p2p").returncode == 0
     assert hosts.processes_of("t-p2p") == []
+
+
+def test_up_fails_when_kv_does_not_reach_decode(tmp_path: Path, hosts: Cluster, cli: Cli) -> None:
+    """Broken on purpose: a store folder that is not shared (each host has its own `private`),
+    with the preflight that would catch it skipped. Every server is healthy; decode recomputes."""
+    topo = write(tmp_path, centralized(hosts, "t-probe", backend=hosts.private / "not-shared"))
+    up = cli("up", str(topo), "--skip-preflight")
+    assert up.returncode == 1, up.stderr
+    line = ("error: KV probe: centralized: decode found nothing prefill stored "
+            "(vllm:external_prefix_cache_hits_total did not grow for a 1100-token probe)")  # fmt: skip
+    assert line in up.stderr
+    assert "is up" not in up.stdout
+    assert hosts.processes_of("t-probe") == []  # stopped everything it started
+
+    kept = cli("up", str(topo), "--skip-preflight", "--keep-on-failure")
+    assert kept.returncode == 1
+    status = cli("status", "t-probe")
+    assert "KV probe FAILED" in status.stdout and "failed" in status.stdout
+    assert cli("down", "t-probe").returncode == 0
+    assert hosts.processes_of("t-probe") == []
+
+    opted_out = cli("up", str(topo), "--skip-preflight", "--skip-kv-probe")
+    assert opted_out.returncode == 0 and "KV probe" not in opted_out.stderr
+    assert cli("down", "t-probe").returncode == 0
 
 
 def test_unreachable_node_fails_preflight_fast(tmp_path: Path, hosts: Cluster, cli: Cli) -> None:

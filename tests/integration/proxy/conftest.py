@@ -38,7 +38,7 @@ class PD:
         self.prefill = [sim(tmp), sim(tmp)]
         self.decode = [sim(tmp), sim(tmp)]
         self.proxy = proxy(tmp, *pd_flags(self.prefill, self.decode))
-        self.p2p = proxy(tmp, *pd_flags(self.prefill[:1], self.decode[:1]), "--p2p")
+        self.p2p = proxy(tmp, *pd_flags(self.prefill[:1], self.decode[:1]), "--p2p", "ascend")
         self.all = [*self.prefill, *self.decode, self.proxy, self.p2p]
 
 

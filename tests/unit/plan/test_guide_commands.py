@@ -173,11 +173,13 @@ def test_p2p_2p2d(plans: dict[str, Plan]) -> None:
     dec = kv_config(d0)
     assert dec == {**mooncake, "kv_role": "kv_consumer"}
     # The guide gives the second instance kv_port 20002, but with TP4 the first instance's
-    # ranks use 20001..20004; ucmctl follows the EP guide's rule kv_port + i * tp instead.
+    # ranks bind 20001..20004 (vllm-ascend 0.23: kv_port + dp rank * tp + tp rank); ucmctl
+    # follows the EP guide's rule kv_port + i * tp instead.
     assert kv_config(d1)["kv_port"] == 20005
     assert kv_config(p1)["kv_connector_extra_config"]["connectors"][0]["kv_port"] == 20005
     proxy = plan.process("proxy")
-    assert flags(proxy.argv)["port"] == "7850" and "--p2p" in proxy.argv
+    assert flags(proxy.argv)["port"] == "7850" and flags(proxy.argv)["p2p"] == "ascend"
+    assert "--bootstrap" not in proxy.argv  # vllm-ascend's prefiller returns the decode params
     assert _proxy_targets(proxy) == (
         ["192.168.10.1:9000", "192.168.10.1:9001"],
         ["192.168.10.2:9000", "192.168.10.2:9001"],

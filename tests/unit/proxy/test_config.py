@@ -11,11 +11,13 @@ from ucmctl.proxy.cli import proxy
 from ucmctl.proxy.config import API_KEY_ENV, make_config, normalize_url
 
 P, D = "http://127.0.0.1:7800", "http://127.0.0.1:7801"
+PD = {"mode": "pd", "prefillers": [P], "decoders": [D]}
 
 
 def test_pd_config_from_plan_arguments() -> None:
-    cfg = make_config(host="0.0.0.0", port=7802, mode="pd", p2p=True, prefillers=[P + "/"], decoders=[D])
-    assert (cfg.mode, cfg.p2p, cfg.prefillers, cfg.decoders, cfg.instances) == ("pd", True, (P,), (D,), ())
+    cfg = make_config(host="0.0.0.0", port=7802, mode="pd", p2p="ascend", prefillers=[P + "/"], decoders=[D])
+    got = (cfg.mode, cfg.p2p, cfg.prefillers, cfg.decoders, cfg.instances)
+    assert got == ("pd", "ascend", (P,), (D,), ())
     assert cfg.api_key is None
 
 
@@ -54,7 +56,10 @@ def test_url_normalized(url: str, expected: str) -> None:
             "--instance is for --mode mixed",
         ),
         ({"mode": "mixed", "instances": [P], "decoders": [D]}, "--prefiller/--decoder are for --mode pd"),
-        ({"mode": "mixed", "instances": [P], "p2p": True}, "--p2p needs --mode pd"),
+        ({"mode": "mixed", "instances": [P], "p2p": "ascend"}, "--p2p needs --mode pd"),
+        ({**PD, "p2p": "nixl"}, "--p2p 'nixl' is not a P2P protocol"),
+        ({**PD, "p2p": "mooncake"}, "one --bootstrap per --prefiller (1), got 0"),
+        ({**PD, "bootstraps": [D]}, "--bootstrap is for --p2p mooncake"),
         ({"mode": "mixed"}, "mixed mode needs at least one --instance"),
         ({"mode": "mixed", "instances": ["127.0.0.1:7800"]}, "is not an http(s) URL"),
         ({"mode": "mixed", "instances": ["http://h"]}, "has no port"),
@@ -82,15 +87,17 @@ def test_cli_function_maps_options_to_config(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv(API_KEY_ENV, "k")
     app = typer.Typer()
     app.command()(proxy)
-    argv = ["--host", "0.0.0.0", "--port", "7850", "--mode", "pd", "--p2p", "--prefiller", P]
+    argv = ["--host", "0.0.0.0", "--port", "7850", "--mode", "pd", "--p2p", "mooncake", "--prefiller", P]
     argv += ["--prefiller", "http://127.0.0.1:7803", "--decoder", D, "--prefix-affinity"]
+    argv += ["--bootstrap", "http://127.0.0.1:8998", "--bootstrap", "http://127.0.0.1:8999"]
     argv += ["--retries", "5", "--deployment", "x"]
     result = CliRunner().invoke(app, argv)
     assert result.exit_code == 0, result.output
     cfg = seen["cfg"]
     assert cfg.prefillers == (P, "http://127.0.0.1:7803") and cfg.decoders == (D,)
+    assert cfg.bootstraps == ("http://127.0.0.1:8998", "http://127.0.0.1:8999")
     assert (cfg.port, cfg.p2p, cfg.prefix_affinity, cfg.retries, cfg.deployment, cfg.api_key) == (
-        7850, True, True, 5, "x", "k",
+        7850, "mooncake", True, 5, "x", "k",
     )  # fmt: skip
 
 

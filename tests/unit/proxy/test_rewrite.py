@@ -11,7 +11,9 @@ from ucmctl.proxy.rewrite import (
     COMPLETIONS,
     BadRequest,
     decode_payload,
+    engine_of,
     kv_params_of,
+    mooncake_decode_params,
     parse_body,
     prefill_payload,
     prefix_key,
@@ -83,7 +85,7 @@ def test_prefill_leg_is_one_token_not_streamed() -> None:
         "model": "m", "prompt": [1, 2], "max_tokens": 256, "max_completion_tokens": 256, "stream": True,
         "stream_options": {"include_usage": True}, "min_tokens": 5, "temperature": 0.5,
     }  # fmt: skip
-    leg = json.loads(prefill_payload(body, p2p=False))
+    leg = json.loads(prefill_payload(body, p2p=None))
     assert leg == {
         "model": "m",
         "prompt": [1, 2],
@@ -95,16 +97,34 @@ def test_prefill_leg_is_one_token_not_streamed() -> None:
 
 
 def test_prefill_leg_sets_max_tokens_even_when_absent() -> None:
-    leg = json.loads(prefill_payload({"messages": [{"role": "user", "content": "x"}]}, p2p=False))
+    leg = json.loads(prefill_payload({"messages": [{"role": "user", "content": "x"}]}, p2p=None))
     assert leg["max_tokens"] == 1 and "max_completion_tokens" not in leg
 
 
 def test_prefill_leg_asks_for_remote_decode_only_in_p2p() -> None:
-    leg = json.loads(prefill_payload({"prompt": "x"}, p2p=True))
-    assert leg["kv_transfer_params"]["do_remote_decode"] is True
-    assert leg["kv_transfer_params"]["do_remote_prefill"] is False
+    # vllm-ascend 0.23's load_balance_proxy_server_example.py, field for field
+    leg = json.loads(prefill_payload({"prompt": "x", "stream": True}, p2p="ascend"))
+    assert leg == {
+        "prompt": "x",
+        "max_tokens": 1,
+        "min_tokens": 1,
+        "kv_transfer_params": {
+            "do_remote_decode": True,
+            "do_remote_prefill": False,
+            "remote_engine_id": None,
+            "remote_block_ids": None,
+            "remote_host": None,
+            "remote_port": None,
+        },
+    }
+    # vLLM 0.32's MooncakeConnector: the router's transfer_id is what the prefiller waits on
+    leg = json.loads(prefill_payload({"prompt": "x"}, p2p="mooncake", transfer_id="xfer-1"))
+    assert leg["kv_transfer_params"] == {"do_remote_decode": True, "transfer_id": "xfer-1"}
+    assert leg["min_tokens"] == 1 and leg["max_tokens"] == 1
+    with pytest.raises(ValueError, match="transfer_id"):
+        prefill_payload({"prompt": "x"}, p2p="mooncake")
     assert "kv_transfer_params" not in json.loads(
-        prefill_payload({"prompt": "x", "kv_transfer_params": {}}, p2p=False)
+        prefill_payload({"prompt": "x", "kv_transfer_params": {}}, p2p=None)
     )
 
 
@@ -123,3 +143,26 @@ def test_kv_params_of_prefill_answer() -> None:
     assert kv_params_of(b'{"id": "1", "kv_transfer_params": {}}') is None
     assert kv_params_of(b"not json") is None
     assert kv_params_of(b"[]") is None
+
+
+def test_mooncake_decode_params_name_the_transfer_and_the_engine() -> None:
+    params = mooncake_decode_params("xfer-1", "eng-a", "http://10.0.0.1:8998")
+    assert params == {
+        "do_remote_prefill": True,
+        "do_remote_decode": False,
+        "transfer_id": "xfer-1",
+        "remote_engine_id": "eng-a",
+        "remote_bootstrap_addr": "http://10.0.0.1:8998",
+    }
+
+
+def test_engine_of_a_bootstrap_answer() -> None:
+    one = b'{"0": {"engine_id": "eng-a", "worker_addr": {"0": {"0": "tcp://h:1"}}}}'
+    assert engine_of(one) == "eng-a"
+    for bad, why in (
+        (b"{}", "no engine has registered"),
+        (b'{"0": {"engine_id": "a"}, "1": {"engine_id": "b"}}', "2 DP ranks behind one API server"),
+        (b'{"0": {"worker_addr": {}}}', "names no engine_id"),
+    ):
+        with pytest.raises(ValueError, match=why):
+            engine_of(bad)

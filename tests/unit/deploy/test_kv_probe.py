@@ -1,0 +1,46 @@
+"""The KV probe's pure parts: which deployments it applies to, and reading counters."""
+
+from __future__ import annotations
+
+import io
+import json
+import urllib.error
+
+from ucmctl.deploy.kv_probe import _why, applies, counter
+from ucmctl.plan.build import build_plan
+from ucmctl.topology.load import load_topology, parse_topology
+
+METRICS = """# HELP vllm:prompt_tokens_by_source_total Number of prompt tokens by source.
+# TYPE vllm:prompt_tokens_by_source_total counter
+vllm:prompt_tokens_by_source_total{engine="0",model_name="m",source="local_compute"} 12.0
+vllm:prompt_tokens_by_source_total{engine="0",model_name="m",source="external_kv_transfer"} 1000.0
+vllm:prompt_tokens_by_source_total{engine="1",model_name="m",source="external_kv_transfer"} 24.0
+vllm:external_prefix_cache_hits_total{engine="0",model_name="m"} 896.0
+"""
+
+
+def test_counter_sums_matching_samples_and_says_when_absent() -> None:
+    assert counter(METRICS, "vllm:prompt_tokens_by_source_total", 'source="external_kv_transfer"') == 1024
+    assert counter(METRICS, "vllm:external_prefix_cache_hits_total", "") == 896
+    assert counter(METRICS, "vllm:nope_total", "") is None  # absent is not zero
+
+
+def test_probe_applies_where_kv_crosses_instances() -> None:
+    assert applies(build_plan(load_topology("topologies/2p2d-p2p.yaml"))) is None
+    assert applies(build_plan(load_topology("topologies/2p2d-centralized.yaml"))) is None
+    assert "mixed mode" in str(applies(build_plan(load_topology("topologies/pd-mixed.yaml"))))
+    no_store = parse_topology(
+        "name: n\nmode: centralized\nmodel: {path: /m}\nnodes: {a: {host: 10.0.0.1}}\n"
+        "prefill: {nodes: [a], port: 9000}\ndecode: {nodes: [a], port: 9100}\nproxy: {node: a}\n"
+    )
+    assert "without the UCM store" in str(applies(build_plan(no_store)))
+
+
+def test_a_failed_probe_request_is_one_line_with_the_proxys_reason() -> None:
+    message = "prefill instance http://a:9000: Mooncake bootstrap\nhttp://a:8998 gave no engine"
+    body = json.dumps({"error": {"message": message}}).encode()
+    exc = urllib.error.HTTPError("http://p/v1", 502, "Bad Gateway", {}, io.BytesIO(body))  # type: ignore[arg-type]
+    assert _why(exc) == "HTTP 502: " + message.replace("\n", " ")
+    assert _why(urllib.error.URLError(ConnectionRefusedError(111, "Connection refused"))) == (
+        "[Errno 111] Connection refused"
+    )

@@ -1,0 +1,151 @@
+"""After the health gate: one request through the proxy, and proof from the instances' own
+counters that KV reached decode the way the deployment's mode promises.
+
+A server that answers /health can still recompute every prompt (a P2P router that sends no
+`transfer_id`, a store decode cannot read). The probe asks the engines what happened:
+
+- p2p: decode's `vllm:prompt_tokens_by_source{source="external_kv_transfer"}` grew (vLLM 0.32
+  and later; `vllm:external_prefix_cache_hits` on older versions);
+- centralized: decode's `vllm:external_prefix_cache_hits` grew (the prefix prefill stored).
+
+Counters are summed over every decode instance (the proxy picks one) and read from where ucmctl
+runs, like the health gates.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+
+from pydantic import BaseModel
+
+from ucmctl.plan.model import Plan
+
+PROBE_TOKENS = 1100  # several whole blocks at any block size vLLM uses (16 .. 512)
+TOKEN_RANGE = (10, 500)  # ids every vocabulary has
+TRANSFER = ("vllm:prompt_tokens_by_source_total", 'source="external_kv_transfer"')
+EXTERNAL_HITS = ("vllm:external_prefix_cache_hits_total", "")
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)$")
+
+
+class ProbeResult(BaseModel):
+    """What `up` records and `status` shows."""
+
+    mode: str
+    ok: bool
+    detail: str  # one line
+    at: float
+
+
+def applies(plan: Plan) -> str | None:
+    """Why there is nothing to probe (mixed mode, no store in centralized mode), or None."""
+    if plan.mode == "mixed":
+        return "mixed mode: no KV moves between instances"
+    if not any(p.role == "proxy" for p in plan.processes):
+        return "no proxy to send the probe through"
+    decode_stores = any(p.role == "decode" and _uses_store(p.argv) for p in plan.processes)
+    if plan.mode == "centralized" and not decode_stores:
+        return "centralized mode without the UCM store: no KV path to prove"
+    return None
+
+
+def _uses_store(argv: list[str]) -> bool:
+    return "--kv-transfer-config" in argv
+
+
+def counter(text: str, name: str, label: str) -> float | None:
+    """The sum of a counter's samples whose labels contain `label`; None when absent."""
+    total, found = 0.0, False
+    for line in text.splitlines():
+        m = _SAMPLE.match(line)
+        if m and m.group(1) == name and label in (m.group(2) or ""):
+            total += float(m.group(3))
+            found = True
+    return total if found else None
+
+
+def _get(url: str, timeout: float) -> str:
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return r.read().decode(errors="replace")
+
+
+def _post(url: str, body: dict, timeout: float) -> dict:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})  # fmt: skip
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+def _reading(plan: Plan, get: Callable[[str], str]) -> tuple[str, float]:
+    """(metric used, its sum over the decode instances)."""
+    texts = [get(f"{p.url}/metrics") for p in plan.processes if p.role == "decode"]
+    wanted = [TRANSFER, EXTERNAL_HITS] if plan.mode == "p2p" else [EXTERNAL_HITS]
+    for name, label in wanted:
+        values = [counter(t, name, label) for t in texts]
+        if all(v is not None for v in values):
+            return name + (f"{{{label}}}" if label else ""), sum(v for v in values if v is not None)
+    raise ValueError(f"decode's /metrics has none of {', '.join(n for n, _ in wanted)}")
+
+
+def run_probe(plan: Plan, *, timeout: float = 300.0) -> ProbeResult:
+    """Send one request through the proxy; say whether KV reached decode."""
+    proxy = next(p for p in plan.processes if p.role == "proxy")
+    served = _served_name(plan)
+    get = lambda url: _get(url, timeout=10.0)  # noqa: E731
+    rng = random.Random(time.time_ns())
+    prompt = [rng.randrange(*TOKEN_RANGE) for _ in range(PROBE_TOKENS)]
+    now = time.time()
+    try:
+        metric, before = _reading(plan, get)
+        _post(f"{proxy.url}/v1/completions",
+              {"model": served, "prompt": prompt, "max_tokens": 2, "temperature": 0}, timeout)  # fmt: skip
+        # a counter moves when the engine logs its step's stats: give it a few seconds
+        deadline = time.monotonic() + 15.0
+        while True:
+            _, after = _reading(plan, get)
+            if after > before or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+    except (OSError, ValueError) as exc:  # URLError and HTTPError are OSErrors
+        reason = _why(exc)
+        return ProbeResult(mode=plan.mode, ok=False, at=now,
+                           detail=f"the probe request through {proxy.url} failed: {reason}")  # fmt: skip
+    moved = after - before
+    p2p = plan.mode == "p2p"
+    if moved <= 0:
+        how = "Mooncake moved no KV to decode" if p2p else "decode found nothing prefill stored"
+        detail = (f"{plan.mode}: {how} ({metric} did not grow for a {PROBE_TOKENS}-token probe): "
+                  "decode recomputes every prompt")  # fmt: skip
+        return ProbeResult(mode=plan.mode, ok=False, at=now, detail=detail)
+    what = "KV-transfer tokens" if p2p else "external prefix hits"
+    detail = f"{plan.mode}: decode's {what} grew by {moved:.0f} for a {PROBE_TOKENS}-token probe"
+    return ProbeResult(mode=plan.mode, ok=True, at=now, detail=detail)
+
+
+def _why(exc: BaseException) -> str:
+    """One line: an HTTP error's own message (the proxy says which leg failed), else the error."""
+    text = ""
+    if isinstance(exc, urllib.error.HTTPError):
+        try:
+            body = json.loads(exc.read() or b"{}")
+            text = f"HTTP {exc.code}: {body['error']['message']}"
+        except (ValueError, KeyError, TypeError, OSError):
+            text = f"HTTP {exc.code} {exc.reason}"
+    text = text or str(getattr(exc, "reason", "") or exc) or type(exc).__name__
+    return " ".join(text.split())[:300]
+
+
+def _served_name(plan: Plan) -> str:
+    for p in plan.processes:
+        if p.role in ("prefill", "decode", "mixed"):
+            argv = p.argv
+            if "--served-model-name" in argv:
+                return argv[argv.index("--served-model-name") + 1]
+            serve = argv.index("serve")
+            return argv[serve + 1]
+    raise ValueError("no server in the plan")
