@@ -305,7 +305,7 @@ def _kv_transfer_config(t: Topology, s: Server, ucm_config: str | None) -> dict[
             # Same connector, plus the Prometheus metrics MultiConnector requires of every child
             # that reports transfer stats (vLLM's has none yet).
             mooncake["kv_connector_module_path"] = MOONCAKE_MODULE
-    if not multi:
+    if not multi or ucm_config is None:
         return mooncake
     return {
         "kv_connector": "MultiConnector",

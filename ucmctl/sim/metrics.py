@@ -91,9 +91,9 @@ def exposition(model: str, engines: Sequence[Engine]) -> str:
     for e in engines:
         st = e.stats
         local = st.prompt_tokens - st.prefix_hits - st.external_hits
-        for source, value in (("local_compute", local), ("local_cache_hit", st.prefix_hits),
-                              ("external_kv_transfer", st.external_hits)):  # fmt: skip
-            out.append(f'{name}_total{{{labels(e)},source="{source}"}} {value}')
+        for source, tokens in (("local_compute", local), ("local_cache_hit", st.prefix_hits),
+                               ("external_kv_transfer", st.external_hits)):  # fmt: skip
+            out.append(f'{name}_total{{{labels(e)},source="{source}"}} {tokens}')
     # The simulator's own: how well it keeps its schedule (elapsed / planned - 1 is the lag).
     own = [
         ("ucmctl_sim_steps", "Engine steps run.", lambda e: e.stats.steps),

@@ -17,7 +17,7 @@ from ucmctl.topology.model import (
     Topology,
     Transport,
 )
-from ucmctl.topology.mooncake import PLATFORM_PROTOCOLS, connector_for, protocol_for
+from ucmctl.topology.mooncake import PLATFORM_PROTOCOLS, VLLM_MOONCAKE, connector_for, protocol_for
 from ucmctl.topology.source import KeyPath, Source
 
 # The variable that selects a node's cards, per platform (MetaX MACA follows CUDA's name).
@@ -192,6 +192,19 @@ def _check_mooncake_connectors(t: Topology, bad) -> None:
                     f"({node.platform.value})",
                     f"use {' or '.join(usable)}" if usable else "use mode centralized",
                 )
+    prefill = t.prefill
+    if (
+        prefill is not None
+        and VLLM_MOONCAKE.name in used
+        and prefill.dp > 1
+        and prefill.dp_mode is DpMode.internal
+    ):
+        bad(
+            ("prefill", "dp_mode"),
+            f"prefill runs DP{prefill.dp} behind one API server, but the router must know which DP "
+            "rank's engine holds a request's KV (vLLM's MooncakeConnector)",
+            "set prefill.dp_mode: external (one API server per DP rank)",
+        )
     if len(used) > 1:
         (a, (_, na, _)), (b, (side_b, nb, ib)) = list(used.items())[:2]
         bad(
