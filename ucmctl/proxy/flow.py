@@ -206,10 +206,9 @@ async def _open(
     """
     cfg, pool, session = state.config, state.pool, state.session
     assert session is not None
-    retries = cfg.retries
     tried: list[Instance] = []
     last: LegFailed | None = None
-    for attempt in range(retries + 1):
+    for attempt in range(cfg.retries + 1):
         inst = _pick(pool, role, by, tried, key)
         if inst is None:
             break
@@ -244,7 +243,7 @@ async def _open(
             last = LegFailed(502, f"{role} instance {inst.url} answered {resp.status}: {text}", "upstream")
             if once:
                 break
-        if attempt < retries:
+        if attempt < cfg.retries:
             await asyncio.sleep(cfg.retry_backoff * 2**attempt)
     if last is None:
         raise LegFailed(503, f"no healthy {role} instance", "no_instance")
