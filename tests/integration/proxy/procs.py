@@ -107,6 +107,22 @@ def start_all(*procs: Proc, proxies_ready: str = "/health") -> None:
         p.start()
     for p in procs:
         p.wait_ready("/health" if "sim" in p.argv else proxies_ready)
+    started = {p.url for p in procs if "sim" in p.argv}
+    for p in procs:
+        if "sim" not in p.argv and proxies_ready == "/health":
+            # a proxy that checked before an instance listened has it out of routing for one more interval
+            want = started & _given(p)
+            wait_for(lambda p=p, want=want: _in_routing(p) >= want, 10, f"{p.url}: its instances in routing")
+
+
+def _given(p: Proc) -> set[str]:
+    flags = ("--instance", "--prefiller", "--decoder")
+    return {p.argv[k + 1] for k, a in enumerate(p.argv[:-1]) if a in flags}
+
+
+def _in_routing(p: Proc) -> set[str]:
+    status, _, raw = get(p.url + "/health")
+    return {i["url"] for i in json.loads(raw)["instances"] if i["healthy"]} if status in (200, 503) else set()
 
 
 # --- HTTP -------------------------------------------------------------------------------------
