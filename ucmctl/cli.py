@@ -32,8 +32,9 @@ app.add_typer(model_app, name="model")
 app.add_typer(sim_app, name="sim")
 app.add_typer(bench_app, name="bench")
 app.command("proxy")(proxy_command)
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False)
+# no emoji codes: a value such as /mnt/:smile: is printed as written
+out = Console(highlight=False, soft_wrap=True, emoji=False)
+err = Console(stderr=True, highlight=False, emoji=False)
 
 
 class Format(str, Enum):
@@ -52,7 +53,7 @@ def validate(topology: Path = TopologyArg) -> None:
 
     plan = build_plan(load_topology(topology))
     servers = sum(1 for p in plan.processes if p.role in ("prefill", "decode", "mixed"))
-    out.print(f"{topology}: ok ({plan.mode}, {servers} API servers on {len(plan.nodes)} nodes)")
+    out.print(f"{escape(str(topology))}: ok ({plan.mode}, {servers} API servers on {len(plan.nodes)} nodes)")
 
 
 @app.command()
@@ -73,13 +74,21 @@ def plan(
         print_plan(the_plan, out)
     if out_dir is not None:
         files = write_bundle(the_plan, out_dir)
-        err.print(f"wrote {len(files)} files under {out_dir}")
+        err.print(f"wrote {len(files)} files under {escape(str(out_dir))}")
 
 
 def _load(topology: Path) -> Topology:
     from ucmctl.topology.load import load_topology
 
     return load_topology(topology)
+
+
+AcceptNewHostKeys = typer.Option(
+    False,
+    "--accept-new-host-keys",
+    help="accept SSH host keys not yet in known_hosts, and record them there (a changed key is "
+    "still refused)",
+)
 
 
 @app.command()
@@ -92,6 +101,7 @@ def up(
     skip_kv_probe: bool = typer.Option(
         False, "--skip-kv-probe", help="do not prove with one request that KV reaches decode"
     ),
+    accept_new_host_keys: bool = AcceptNewHostKeys,
 ) -> None:
     """Check the nodes, then start Mooncake, the servers and the proxy, each gated on health,
     then prove with one request through the proxy that KV reaches decode."""
@@ -110,7 +120,8 @@ def up(
         print_plan(plan, out)
         return
     options = Options(keep_on_failure=keep_on_failure, skip_preflight=skip_preflight,
-                      health_timeout=health_timeout, kv_probe=not skip_kv_probe)  # fmt: skip
+                      health_timeout=health_timeout, kv_probe=not skip_kv_probe,
+                      accept_new_host_keys=accept_new_host_keys)  # fmt: skip
     record = deploy_up(topo, str(topology.resolve()), options=options, console=err)
     proxy = next((p.url for p in record.plan.processes if p.role == "proxy"), None)
     out.print(f"deployment {record.deployment} is up: {len(record.plan.processes)} processes"
@@ -150,7 +161,7 @@ def down(
         if not yes and not typer.confirm(f"delete every stored KV block under {where}?"):
             raise typer.Exit(int(ExitStatus.OK))
         removed = purge(topo)
-        out.print(f"purged {removed} block folders under {where}")
+        out.print(f"purged {removed} block folders under {escape(where)}")
 
 
 @app.command()
@@ -201,14 +212,17 @@ def install(
     topology: Path = TopologyArg,
     wheel: Path = typer.Option(..., "--wheel", help="the ucmctl wheel to install on every node"),
     no_deps: bool = typer.Option(False, "--no-deps", help="install only the wheel (offline nodes)"),
+    accept_new_host_keys: bool = AcceptNewHostKeys,
 ) -> None:
     """Push a ucmctl wheel to every node of a topology and install it into the node's Python."""
     from ucmctl.deploy.api import install_wheel
 
     if not wheel.is_file() or wheel.suffix != ".whl":
         raise UcmctlError.one(f"{wheel} is not a wheel file", fix="build one with `pip wheel . -w dist`")
-    for node, line in install_wheel(_load(topology), wheel, no_deps=no_deps):
-        out.print(f"{node}: {line}")
+    for node, line in install_wheel(
+        _load(topology), wheel, no_deps=no_deps, accept_new_host_keys=accept_new_host_keys
+    ):
+        out.print(f"{node}: {escape(line)}")
 
 
 @app.command()

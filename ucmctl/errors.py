@@ -13,6 +13,7 @@ class ExitStatus(IntEnum):
     FAILURE = 1  # something ran and failed (a process did not come up, a regression was found)
     BAD_INPUT = 2  # the user's input is wrong: nothing was started
     NOT_READY = 3  # the nodes failed preflight: nothing was started
+    BUSY = 4  # another ucmctl is starting or stopping this deployment: nothing was touched
     INTERRUPTED = 130
 
 

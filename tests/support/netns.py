@@ -48,6 +48,11 @@ class Cluster:
         return self.base / "shared"
 
     @property
+    def known_hosts(self) -> Path:
+        """The hosts' SSH host keys, as a user's known_hosts holds them (the SSH config's file)."""
+        return self.base / "known_hosts"
+
+    @property
     def private(self) -> Path:
         """The same path on every host, but a different folder behind it on each."""
         return self.base / "private"
@@ -185,6 +190,7 @@ def cluster(count: int = 4, cpus_per_host: float | None = None) -> Iterator[Clus
     ssh_config = base / "ssh_config"
     c = Cluster(base=base, key=key, ssh_config=ssh_config, subnet=subnet)
     config_lines = []
+    known_lines: list[str] = []
     try:
         _sh("ip", "link", "add", bridge, "type", "bridge")
         _sh("ip", "addr", "add", f"{subnet}.1/24", "dev", bridge)
@@ -235,9 +241,13 @@ def cluster(count: int = 4, cpus_per_host: float | None = None) -> Iterator[Clus
                 h.cgroup = _cpu_cgroup(f"ucmctl-{tag}-{name}", cpus_per_host)
                 (h.cgroup / "cgroup.procs").write_text(str(h.sshd.pid))
             config_lines += [f"Host {name} {address}", f"  HostName {address}", "  User root",
-                             f"  IdentityFile {key}", "  IdentitiesOnly yes", "  StrictHostKeyChecking no",
-                             "  UserKnownHostsFile /dev/null", "  LogLevel ERROR", ""]  # fmt: skip
+                             f"  IdentityFile {key}", "  IdentitiesOnly yes",
+                             f"  UserKnownHostsFile {c.known_hosts}", "  LogLevel ERROR", ""]  # fmt: skip
+            # known to the user, as after a first `ssh` to it: ucmctl checks host keys
+            pub = (home / "host_key.pub").read_text().split()
+            known_lines.append(f"{name},{address} {pub[0]} {pub[1]}")
         ssh_config.write_text("\n".join(config_lines))
+        c.known_hosts.write_text("\n".join(known_lines) + "\n")
         for h in c.hosts:
             _wait_port(h.address, 22, 15)
         yield c

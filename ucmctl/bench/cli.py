@@ -17,8 +17,8 @@ if TYPE_CHECKING:
     from ucmctl.bench.client import RequestResult
 
 app = typer.Typer(help="Preseed-and-measure benchmarks, scenario suites and a regression gate.")
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False)
+out = Console(highlight=False, soft_wrap=True, emoji=False)
+err = Console(stderr=True, highlight=False, emoji=False)
 
 
 class RichProgress:

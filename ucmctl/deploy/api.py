@@ -10,10 +10,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 
 from ucmctl.deploy import kv_probe, lifecycle
 from ucmctl.deploy.executor import Executor, NodeError, executor_for
 from ucmctl.deploy.fanout import cancelled, parallel
+from ucmctl.deploy.guard import node_guard
 from ucmctl.deploy.health import wait_healthy
 from ucmctl.deploy.preflight import preflight
 from ucmctl.deploy.progress import Progress
@@ -36,19 +38,27 @@ class Options:
     stop_grace: float = 15.0
     health_timeout: float | None = None  # overrides HEALTH_TIMEOUT
     kv_probe: bool = True  # after the health gate, prove KV reaches decode (deploy/kv_probe.py)
+    accept_new_host_keys: bool = False  # record unknown SSH host keys instead of refusing them
 
 
 class Session:
     """Executors of one plan's nodes, opened lazily and closed together."""
 
-    def __init__(self, plan: Plan, connect_timeout: float = 10.0) -> None:
+    def __init__(
+        self, plan: Plan, connect_timeout: float = 10.0, *, accept_new_host_keys: bool = False
+    ) -> None:
         self.plan = plan
         self._executors: dict[str, Executor] = {}
         self.connect_timeout = connect_timeout
+        self.accept_new_host_keys = accept_new_host_keys
 
     def __getitem__(self, node: str) -> Executor:
         if node not in self._executors:
-            self._executors[node] = executor_for(self.plan.nodes[node], connect_timeout=self.connect_timeout)
+            self._executors[node] = executor_for(
+                self.plan.nodes[node],
+                connect_timeout=self.connect_timeout,
+                accept_new_host_keys=self.accept_new_host_keys,
+            )
         return self._executors[node]
 
     def all(self) -> dict[str, Executor]:
@@ -67,93 +77,125 @@ def deploy_up(
     console: Console | None = None,
     store: StateStore | None = None,
 ) -> Record:
-    """Preflight, stage, start stage by stage with health gates; on failure stop what started."""
+    """Preflight, stage, start stage by stage with health gates; on failure stop what started.
+
+    One `up` (or `down`) of a deployment at a time: this machine's lock is taken before
+    anything else, then the nodes' (deploy/guard.py), then the nodes are checked."""
     options = options or Options()
-    console = console or Console(stderr=True)
+    console = console or Console(stderr=True, emoji=False)
     store = store or StateStore()
     plan = build_plan(topology)
-    existing = store.load(plan.deployment)
-    session = Session(plan, options.connect_timeout)
-    try:
-        if existing is not None and existing.status in ("starting", "up", "failed"):
-            earlier = Session(existing.plan, options.connect_timeout)  # its nodes may differ
-            try:
-                alive = parallel(existing.plan.processes, lambda p: _alive(earlier, p))
-            finally:
-                earlier.close()
-            running = [p.name for p, a in zip(existing.plan.processes, alive, strict=True) if a]
-            if running:
-                raise UcmctlError.one(
-                    f"deployment '{plan.deployment}' is already up ({len(running)} processes running)",
-                    fix=f"run `ucmctl down {plan.deployment}` first",
-                )
-        cleanup: dict[str, list[str]] = {}
-        if not options.skip_preflight:
-            console.print(f"preflight on {len(session.all())} nodes ...")
-            checked = preflight(topology, plan, session.all())
-            cleanup = checked.cleanup
-            if checked.problems:
-                _run_each(session, cleanup)
-                raise UcmctlError([Problem(p) for p in checked.problems], status=ExitStatus.NOT_READY)
-        running = _stage_files(session, plan, cleanup)
-        if running:
-            raise UcmctlError.one(
-                f"deployment '{plan.deployment}' already runs on the nodes ({', '.join(running)})",
-                fix=f"run `ucmctl down {plan.deployment}` first",
-                status=ExitStatus.NOT_READY,
-            )
-        record = Record(
-            deployment=plan.deployment,
-            topology_path=topology_path,
-            topology_digest=plan.topology_digest,
-            plan=plan,
-            processes={p.name: ProcessState(name=p.name, node=p.node) for p in plan.processes},
-        )
-        store.save(record)  # before anything starts: `down` can always find what this run did
-        progress = Progress(plan, console)
-        failure: tuple[Process, str] | None = None
+    with store.lock(plan.deployment, "up"):
+        session = Session(plan, options.connect_timeout, accept_new_host_keys=options.accept_new_host_keys)
         try:
-            with progress:
-                for stage in plan.stages():
-                    failure = _start_stage(session, record, store, stage, progress, topology, options)
-                    if failure:
-                        break
-        except (KeyboardInterrupt, Exception) as exc:  # Ctrl-C or a bug mid-start: take back what started
-            what = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"internal error ({exc!r})"
-            console.print(f"{what}: stopping what this `up` started")
-            cancelled.clear()
-            _, not_stopped = _stop_all(session, plan, options.stop_grace, console)
-            if not not_stopped:
-                store.remove(plan.deployment)
-            raise
-        if failure is None:
-            probe_failed = _probe(plan, record, options, console)
-            if probe_failed is None:
-                record.status = "up"
-                store.save(record)
-                return record
-            reason = f"KV probe: {probe_failed}"
-        else:
-            process, why = failure
-            tail = lifecycle.log_tail(session[process.node], process, 50)
-            console.print(f"[red]{process.name}[/] on node {process.node} failed: {why}")
-            console.print(f"last 50 lines of {process.log}:", markup=False)
-            console.print(tail or "(empty)", markup=False, highlight=False)
-            reason = f"{process.name} on node {process.node} failed: {why}"
-        record.status = "failed"
-        store.save(record)
-        if not options.keep_on_failure:
-            _, not_stopped = _stop_all(session, plan, options.stop_grace, console)
-            if not not_stopped:
-                store.remove(plan.deployment)
-                console.print("stopped everything this `up` started")
-        else:
-            console.print(f"kept running for debugging: `ucmctl down {plan.deployment}` stops it")
-        raise UcmctlError.one(reason, status=ExitStatus.FAILURE)
-    except NodeError as exc:
-        raise UcmctlError.one(str(exc), status=ExitStatus.FAILURE) from None
+            _refuse_if_running(store.load(plan.deployment), options)
+            with node_guard(plan, session.all()):
+                cleanup = _preflight(topology, plan, session, options, console)
+                return _stage_and_start(
+                    topology, topology_path, plan, session, cleanup, options, console, store
+                )
+        except NodeError as exc:
+            raise UcmctlError.one(str(exc), status=ExitStatus.FAILURE) from None
+        finally:
+            session.close()
+
+
+def _refuse_if_running(existing: Record | None, options: Options) -> None:
+    """This machine's record of the deployment names processes that still run: refuse."""
+    if existing is None or existing.status not in ("starting", "up", "failed"):
+        return
+    earlier = Session(existing.plan, options.connect_timeout)  # its nodes may differ
+    try:
+        alive = parallel(existing.plan.processes, lambda p: _alive(earlier, p))
     finally:
-        session.close()
+        earlier.close()
+    running = [p.name for p, a in zip(existing.plan.processes, alive, strict=True) if a]
+    if running:
+        raise UcmctlError.one(
+            f"deployment '{existing.deployment}' is already up ({len(running)} processes running)",
+            fix=f"run `ucmctl down {existing.deployment}` first",
+        )
+
+
+def _preflight(
+    topology: Topology, plan: Plan, session: Session, options: Options, console: Console
+) -> dict[str, list[str]]:
+    """Check every node; returns the commands that tidy up after the checks, per node."""
+    if options.skip_preflight:
+        return {}
+    console.print(f"preflight on {len(session.all())} nodes ...")
+    checked = preflight(topology, plan, session.all())
+    if checked.problems:
+        _run_each(session, checked.cleanup)
+        raise UcmctlError([Problem(p) for p in checked.problems], status=ExitStatus.NOT_READY)
+    return checked.cleanup
+
+
+def _stage_and_start(
+    topology: Topology,
+    topology_path: str,
+    plan: Plan,
+    session: Session,
+    cleanup: dict[str, list[str]],
+    options: Options,
+    console: Console,
+    store: StateStore,
+) -> Record:
+    running = _stage_files(session, plan, cleanup)
+    if running:
+        raise UcmctlError.one(
+            f"deployment '{plan.deployment}' already runs on the nodes ({', '.join(running)})",
+            fix=f"run `ucmctl down {plan.deployment}` first",
+            status=ExitStatus.NOT_READY,
+        )
+    record = Record(
+        deployment=plan.deployment,
+        topology_path=topology_path,
+        topology_digest=plan.topology_digest,
+        plan=plan,
+        processes={p.name: ProcessState(name=p.name, node=p.node) for p in plan.processes},
+    )
+    store.save(record)  # before anything starts: `down` can always find what this run did
+    progress = Progress(plan, console)
+    failure: tuple[Process, str] | None = None
+    try:
+        with progress:
+            for stage in plan.stages():
+                failure = _start_stage(session, record, store, stage, progress, topology, options)
+                if failure:
+                    break
+    except (KeyboardInterrupt, Exception) as exc:  # Ctrl-C or a bug mid-start: take back what started
+        what = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"internal error ({exc!r})"
+        console.print(f"{what}: stopping what this `up` started", markup=False)
+        cancelled.clear()
+        _, not_stopped = _stop_all(session, plan, options.stop_grace, console)
+        if not not_stopped:
+            store.remove(plan.deployment)
+        raise
+    if failure is None:
+        probe_failed = _probe(plan, record, options, console)
+        if probe_failed is None:
+            record.status = "up"
+            store.save(record)
+            return record
+        reason = f"KV probe: {probe_failed}"
+    else:
+        process, why = failure
+        tail = lifecycle.log_tail(session[process.node], process, 50)
+        console.print(f"[red]{process.name}[/] on node {process.node} failed: {escape(why)}")
+        console.print(f"last 50 lines of {process.log}:", markup=False)
+        console.print(tail or "(empty)", markup=False, highlight=False)
+        reason = f"{process.name} on node {process.node} failed: {why}"
+    record.status = "failed"
+    store.save(record)
+    if not options.keep_on_failure:
+        _, not_stopped = _stop_all(session, plan, options.stop_grace, console)
+        if not not_stopped:
+            store.remove(plan.deployment)
+            console.print("stopped everything this `up` started")
+    else:
+        console.print(f"kept running for debugging: `ucmctl down {plan.deployment}` stops it")
+    raise UcmctlError.one(reason, status=ExitStatus.FAILURE)
 
 
 def _probe(plan: Plan, record: Record, options: Options, console: Console) -> str | None:
@@ -259,7 +301,7 @@ def _stop_all(
             try:
                 return process, lifecycle.stop(session[process.node], process, grace=grace)
             except NodeError as exc:
-                console.print(f"[yellow]could not stop {process.name}:[/] {exc.reason}")
+                console.print(f"[yellow]could not stop {process.name}:[/] {escape(exc.reason)}")
                 return process, None
 
         for process, stopped in parallel(stage, stop_one):
@@ -277,29 +319,35 @@ def deploy_down(
     console: Console | None = None,
     store: StateStore | None = None,
 ) -> list[tuple[str, str, bool]]:
-    """Stop every process of a deployment; returns (process, node, was running)."""
-    console = console or Console(stderr=True)
+    """Stop every process of a deployment; returns (process, node, was running).
+
+    Refused (BUSY) while an `up` of it runs from this machine: that `up` would go on starting
+    what this stops. Ctrl-C there stops what it started."""
+    console = console or Console(stderr=True, emoji=False)
     store = store or StateStore()
-    if isinstance(deployment_or_plan, Plan):
-        plan = deployment_or_plan
-    else:
-        record = store.load(deployment_or_plan)
-        if record is None:
-            raise UcmctlError.one(
-                f"no deployment named '{deployment_or_plan}' on this machine",
-                fix="pass the topology file instead: `ucmctl down TOPOLOGY` finds its processes on the nodes",
-            )
-        plan = record.plan
-    session = Session(plan)
-    try:
-        stopped, failed = _stop_all(session, plan, grace, console)
-    finally:
-        session.close()
-    if failed:  # keep the record: a later `down` must still find these
-        names = ", ".join(f"{p.name} ({p.node})" for p in failed)
-        raise UcmctlError.one(f"could not stop {names}", status=ExitStatus.FAILURE,
-                              fix="check the node, then run `ucmctl down` again")  # fmt: skip
-    store.remove(plan.deployment)
+    name = deployment_or_plan.deployment if isinstance(deployment_or_plan, Plan) else deployment_or_plan
+    with store.lock(name, "down"):
+        if isinstance(deployment_or_plan, Plan):
+            plan = deployment_or_plan
+        else:
+            record = store.load(name)
+            if record is None:
+                raise UcmctlError.one(
+                    f"no deployment named '{name}' on this machine",
+                    fix="pass the topology file instead: `ucmctl down TOPOLOGY` finds its processes "
+                    "on the nodes",
+                )
+            plan = record.plan
+        session = Session(plan)
+        try:
+            stopped, failed = _stop_all(session, plan, grace, console)
+        finally:
+            session.close()
+        if failed:  # keep the record: a later `down` must still find these
+            names = ", ".join(f"{p.name} ({p.node})" for p in failed)
+            raise UcmctlError.one(f"could not stop {names}", status=ExitStatus.FAILURE,
+                                  fix="check the node, then run `ucmctl down` again")  # fmt: skip
+        store.remove(plan.deployment)
     return [(p.name, p.node, s.was_running) for p, s in stopped]
 
 
@@ -323,11 +371,13 @@ def purge(topology: Topology) -> int:
     return removed
 
 
-def install_wheel(topology: Topology, wheel: Path, *, no_deps: bool = False) -> list[tuple[str, str]]:
+def install_wheel(
+    topology: Topology, wheel: Path, *, no_deps: bool = False, accept_new_host_keys: bool = False
+) -> list[tuple[str, str]]:
     """Copy the wheel to each node's run folder and pip-install it with the node's Python."""
     plan = build_plan(topology)
     data = wheel.read_bytes()
-    session = Session(plan)
+    session = Session(plan, accept_new_host_keys=accept_new_host_keys)
 
     def one(node: str) -> tuple[str, str]:
         ex = session[node]

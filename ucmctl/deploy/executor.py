@@ -5,11 +5,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import select
 import shlex
 import signal
 import subprocess
 import threading
+import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -38,6 +41,10 @@ class NodeError(Exception):
         self.reason = message
 
 
+class HostKeyError(NodeError):
+    """The node's SSH host key is unknown (and not opted in) or differs from the known one."""
+
+
 class Watch(Protocol):
     """A command left running on a node, for as long as something there holds."""
 
@@ -63,7 +70,30 @@ class Executor(Protocol):
         """Start `command` and return at once: one round trip for a long wait, not one per look."""
         ...
 
+    def hold(self, command: str, *, timeout: float = 30) -> tuple[str, Watch]:
+        """Start `command`, return what it printed up to a line `held` (or its end) and the Watch
+        that ends it: for something the node keeps only while this channel stays open."""
+        ...
+
     def close(self) -> None: ...
+
+
+HELD = "held"
+
+
+def _read_until_held(node: str, recv: Callable[[float], bytes], timeout: float) -> str:
+    """Output up to and including the line `held`, or all of it when the command ends first."""
+    deadline = time.monotonic() + timeout
+    data = b""
+    while HELD not in data.decode(errors="replace").splitlines():
+        try:
+            chunk = recv(max(deadline - time.monotonic(), 0.0))
+        except TimeoutError:
+            raise NodeError(node, f"no answer after {timeout:.0f} s") from None
+        if not chunk:
+            break
+        data += chunk
+    return data.decode(errors="replace")
 
 
 class LocalExecutor:
@@ -96,6 +126,29 @@ class LocalExecutor:
             )
         )
 
+    def hold(self, command: str, *, timeout: float = 30) -> tuple[str, Watch]:
+        process = subprocess.Popen(
+            ["/bin/sh", "-c", command],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        watch = _LocalWatch(process)
+        assert process.stdout is not None
+        fd = process.stdout.fileno()
+
+        def recv(left: float) -> bytes:
+            if not select.select([fd], [], [], left)[0]:
+                raise TimeoutError
+            return os.read(fd, 4096)
+
+        try:
+            return _read_until_held(self.node.name, recv, timeout), watch
+        except BaseException:
+            watch.close()
+            raise
+
     def put(self, path: str, content: str | bytes, mode: int = 0o644) -> None:
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -115,8 +168,17 @@ class SshExecutor:
     logging.getLogger("paramiko").addHandler(logging.NullHandler())
     logging.getLogger("paramiko").propagate = False
 
-    def __init__(self, node: NodePlan, *, connect_timeout: float = 10, ssh_config: str | None = None) -> None:
+    def __init__(
+        self,
+        node: NodePlan,
+        *,
+        connect_timeout: float = 10,
+        ssh_config: str | None = None,
+        accept_new_host_keys: bool = False,
+    ) -> None:
         import fabric  # imported here: local topologies need no SSH stack
+
+        from ucmctl.deploy import host_keys
 
         self.node = node
         config_path = ssh_config or os.environ.get("UCMCTL_SSH_CONFIG")
@@ -132,13 +194,20 @@ class SshExecutor:
             connect_timeout=connect_timeout,
             connect_kwargs=connect_kwargs,
         )
+        # Fabric accepts any host key; known keys are checked and unknown ones refused instead.
+        host_keys.configure(self._conn.client, self._conn.ssh_config, accept_new=accept_new_host_keys)
         self._lock = threading.Lock()  # one paramiko transport, used from several threads
         self._dirs: set[str] = set()
 
     def _connect(self) -> None:
+        from ucmctl.deploy import host_keys
+
         try:
             self._conn.open()
         except Exception as exc:  # paramiko and socket raise many kinds: all mean unreachable
+            refused = host_keys.describe(exc, self._conn.host, self._conn.port)
+            if refused is not None:
+                raise HostKeyError(self.node.name, refused) from None
             reason = str(exc) or type(exc).__name__
             raise NodeError(self.node.name, f"SSH to {self.node.user}@{self.node.host}:{self.node.ssh_port} "
                             f"failed: {reason}") from None  # fmt: skip
@@ -195,6 +264,21 @@ class SshExecutor:
                 raise NodeError(self.node.name, f"SSH command failed: {exc}") from None
         return _SshWatch(channel)
 
+    def hold(self, command: str, *, timeout: float = 30) -> tuple[str, Watch]:
+        watch = self.watch(command)
+        assert isinstance(watch, _SshWatch)
+        channel = watch.channel
+
+        def recv(left: float) -> bytes:
+            channel.settimeout(left)
+            return bytes(channel.recv(4096))  # socket.timeout is TimeoutError
+
+        try:
+            return _read_until_held(self.node.name, recv, timeout), watch
+        except BaseException:
+            watch.close()
+            raise
+
     def close(self) -> None:
         self._conn.close()
 
@@ -211,20 +295,24 @@ class _LocalWatch:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self._process.pid, signal.SIGTERM)
         self._process.wait()
+        if self._process.stdout is not None:
+            self._process.stdout.close()
 
 
 class _SshWatch:
     def __init__(self, channel: Any) -> None:
-        self._channel = channel
+        self.channel = channel
 
     def finished(self) -> bool:
-        return bool(self._channel.exit_status_ready() or self._channel.closed)
+        return bool(self.channel.exit_status_ready() or self.channel.closed)
 
     def close(self) -> None:
-        self._channel.close()
+        self.channel.close()
 
 
-def executor_for(node: NodePlan, *, connect_timeout: float = 10) -> Executor:
+def executor_for(
+    node: NodePlan, *, connect_timeout: float = 10, accept_new_host_keys: bool = False
+) -> Executor:
     if node.transport == "local":
         return LocalExecutor(node)
-    return SshExecutor(node, connect_timeout=connect_timeout)
+    return SshExecutor(node, connect_timeout=connect_timeout, accept_new_host_keys=accept_new_host_keys)

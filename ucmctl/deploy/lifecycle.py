@@ -17,10 +17,12 @@ from ucmctl.deploy.executor import Executor, NodeError, Watch
 from ucmctl.plan.model import Process
 
 # Prints the number of live (non-zombie) members of process group $1 that carry marker $2.
+# The marker holds a path (the launch script's), so it is matched as a fixed string (-F):
+# a workdir like /srv/run[1] is a regular expression that does not match itself.
 _MEMBERS = r"""
 members() {
   for p in $(ps -e -o pid=,pgid=,stat= | awk -v g="$1" '$2 == g && $3 !~ /^Z/ {print $1}'); do
-    if tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qx "$2"; then echo "$p"; fi
+    if tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qxF -e "$2"; then echo "$p"; fi
   done | wc -l
 }
 """

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import ipaddress
 import shlex
 import uuid
 from dataclasses import dataclass, field
 
 from ucmctl.deploy import lifecycle
-from ucmctl.deploy.executor import Executor, NodeError
+from ucmctl.deploy.executor import Executor, HostKeyError, NodeError
 from ucmctl.deploy.fanout import parallel
 from ucmctl.plan.model import Plan, Process
-from ucmctl.topology.model import Engine, Topology
+from ucmctl.topology.model import Engine, Topology, Transport
 
 # One round trip per node: facts as KEY=VALUE lines.
 _FACTS = r"""
@@ -23,6 +24,8 @@ echo "shm_kb=$(df -Pk /dev/shm 2>/dev/null | awk 'NR==2 {{print $4}}')"
 echo "mem_kb=$(awk '/MemAvailable/ {{print $2}}' /proc/meminfo 2>/dev/null)"
 echo "listening=$(ss -ltnH 2>/dev/null | awk '{{n=split($4, a, ":"); print a[n]}}' | sort -un | tr '\n' ,)"
 echo "mooncake=$(command -v {mooncake} >/dev/null 2>&1 && echo 1 || echo 0)"
+echo "bind_ip=$(getent ahosts {bind} 2>/dev/null | awk 'NR==1 {{print $1}}')"
+echo "addresses=$(hostname -I 2>/dev/null)"
 """
 
 # One interpreter start for all three facts: Python's version, the engine's, the connector.
@@ -72,9 +75,9 @@ def preflight(topology: Topology, plan: Plan, executors: dict[str, Executor]) ->
         writer = next(r for r in results if r.node == shared.writer)
         problems += shared.judge(writer, executors, all_reachable=len(reachable) == len(results))
     running = [name for r in results for name in r.running]
-    if running:
-        problems.append(f"deployment '{plan.deployment}' already runs on the nodes ({', '.join(running)}): "
-                        f"run `ucmctl down {plan.deployment}` first")  # fmt: skip
+    if running:  # the one thing to say: its ports are in use by itself, the rest is moot
+        problems = [f"deployment '{plan.deployment}' already runs on the nodes ({', '.join(running)}): "
+                    f"run `ucmctl down {plan.deployment}` first"]  # fmt: skip
     return Preflight(problems, shared.cleanup)
 
 
@@ -87,12 +90,16 @@ def _node_checks(topology: Topology, plan: Plan, ex: Executor, shared: _SharedCh
         python=shlex.quote(node.python),
         python_probe=_PYTHON_PROBE.format(engine=_ENGINE_PROBES[topology.engine]).replace("'", "'\\''"),
         mooncake=shlex.quote(mooncake or "mooncake_master"),
+        bind=shlex.quote(_bind_of(topology, node.name)),
     )
     if node.name == shared.writer:
         script += shared.write_lines()
     script += "\n" + lifecycle.running_lines(plan.on_node(node.name)) + "\n"
     try:
         done = ex.run(script, timeout=60)
+    except HostKeyError as exc:
+        out.problems.append(f"{where}: {exc.reason}")
+        return out
     except NodeError as exc:
         out.problems.append(f"{where}: unreachable: {exc.reason}")
         return out
@@ -134,6 +141,7 @@ def _node_checks(topology: Topology, plan: Plan, ex: Executor, shared: _SharedCh
                     f"cache_buffer_capacity_gb {topology.storage.cache_buffer_capacity_gb} need "
                     f"{need_kb / 2**20:.1f} GiB: lower storage.cache_buffer_capacity_gb"
                 )
+    out.problems += _bind_problems(where, topology, node.name, f)
     listening = {int(p) for p in f.get("listening", "").split(",") if p.isdigit()}
     for p in processes:
         for label, port in p.ports.items():
@@ -220,3 +228,35 @@ class _SharedCheck:
                         f"{self.backends[i]} on every node"
                     )
         return problems
+
+
+def _bind_of(topology: Topology, name: str) -> str:
+    node = topology.nodes[name]
+    return node.bind or ("127.0.0.1" if node.transport is Transport.local else node.host)
+
+
+def _bind_problems(where: str, topology: Topology, name: str, f: dict[str, str]) -> list[str]:
+    """The address the node's listeners bind must be one the others reach: a host name that the
+    node resolves to itself through loopback (Debian's 127.0.1.1) would listen on loopback only."""
+    node = topology.nodes[name]
+    bind, ip = _bind_of(topology, name), f.get("bind_ip", "")
+    if node.transport is Transport.local or _ip(bind) is not None:
+        return []  # written as an address: the server's bind error says it all if it is wrong
+    if not ip:
+        return [f"{where}: host '{bind}' does not resolve on the node: set nodes.{name}.bind to its IP"]
+    resolved = _ip(ip)
+    if resolved is not None and resolved.is_loopback:
+        return [f"{where}: host '{bind}' resolves to {ip} on the node itself, so its servers would "
+                f"listen on loopback only: set nodes.{name}.bind to the node's IP"]  # fmt: skip
+    addresses = f.get("addresses", "").split()
+    if addresses and ip not in addresses:
+        return [f"{where}: host '{bind}' resolves to {ip} on the node, which is not one of its "
+                f"addresses ({', '.join(addresses)}): set nodes.{name}.bind"]  # fmt: skip
+    return []
+
+
+def _ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(text)
+    except ValueError:
+        return None

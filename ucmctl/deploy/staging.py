@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import posixpath
 import shlex
+import uuid
 
 from ucmctl.deploy import lifecycle
 from ucmctl.deploy.executor import Executor, NodeError
@@ -52,7 +53,9 @@ def stage_node(ex: Executor, processes: list[Process], before: list[str] | None 
 
 
 def _write(f: PlacedFile) -> str:
-    path, tmp = shlex.quote(f.path), shlex.quote(f"{f.path}.staging")
+    # A temp name of its own per write: two stagings of one path (two `up`s racing, nodes on one
+    # shared filesystem) must not rename or chmod each other's half-written file.
+    path, tmp = shlex.quote(f.path), shlex.quote(f"{f.path}.{uuid.uuid4().hex[:12]}.staging")
     b64 = base64.b64encode(f.content.encode()).decode()
     write = f"printf %s {b64} | base64 -d > {tmp} && chmod {f.mode:o} {tmp} && mv -f {tmp} {path}"
     return f"{{ {write}; }} || exit 5"

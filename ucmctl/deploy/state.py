@@ -4,17 +4,21 @@ works even when this one is lost."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
+import socket
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from ucmctl.deploy.kv_probe import ProbeResult
-from ucmctl.errors import UcmctlError
+from ucmctl.errors import ExitStatus, UcmctlError
 from ucmctl.plan.model import Plan
 from ucmctl.topology.model import NAME_RE
 
@@ -89,6 +93,32 @@ class StateStore:
             raise UcmctlError.one(f"unreadable deployment record: {exc}", file=str(path),
                                   fix="remove it after `ucmctl down TOPOLOGY`") from None  # fmt: skip
 
+    @contextlib.contextmanager
+    def lock(self, deployment: str, action: str) -> Iterator[None]:
+        """Hold this deployment's lock for `action` ("up", "down"); a second holder is refused.
+
+        The lock is an flock on `<name>.lock`, so the kernel drops it when its holder dies: a
+        killed `up` leaves no stale lock to clean up. The pid, host and time written into the
+        file are only for the message the loser prints."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        path = self.path(deployment).with_suffix(".lock")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # never deleted: see _LOCK_NOTE
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise UcmctlError.one(
+                    f"deployment '{deployment}' is busy: {_holder(path)}",
+                    fix="wait for it to finish or stop that command (Ctrl-C), then run this again",
+                    status=ExitStatus.BUSY,
+                ) from None
+            os.ftruncate(fd, 0)
+            owner = {"action": action, "pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}
+            os.pwrite(fd, json.dumps(owner).encode(), 0)
+            yield
+        finally:
+            os.close(fd)  # releases the flock
+
     def remove(self, deployment: str) -> None:
         self.path(deployment).unlink(missing_ok=True)
 
@@ -97,6 +127,21 @@ class StateStore:
             return []
         records = [self.load(p.stem) for p in sorted(self.root.glob("*.json"))]
         return [r for r in records if r is not None]
+
+
+# _LOCK_NOTE: the lock file stays. Deleting it on release would let a later `up` lock a new
+# file while an earlier loser still holds the old, unlinked one open: two holders.
+
+
+def _holder(path: Path) -> str:
+    """Who holds a lock, as one line: `ucmctl up` (pid 123 on host, since 12:00:01)."""
+    try:
+        owner = json.loads(path.read_text() or "{}")
+        since = time.strftime("%H:%M:%S", time.localtime(float(owner["since"])))
+        pid, host = int(owner["pid"]), owner["host"]
+        return f"`ucmctl {owner['action']}` (pid {pid} on {host}, since {since}) holds it"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "another ucmctl command holds it"  # it is writing its name this instant
 
 
 def endpoints(deployment: str, store: StateStore | None = None) -> Endpoints:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import posixpath
 from typing import Any
@@ -71,11 +72,19 @@ def _tool(node: Node, name: str) -> str:
 
 
 def _address(node: Node) -> str:
+    """Where others reach the node's listeners: the address they bind, when the topology names
+    one (nothing else answers then), else the node's host."""
+    if node.bind is not None and not ipaddress.ip_address(node.bind).is_unspecified:
+        return node.bind
     return LOCAL_ADDRESS if node.transport is Transport.local else node.host
 
 
 def _bind(node: Node) -> str:
-    return LOCAL_ADDRESS if node.transport is Transport.local else "0.0.0.0"
+    """What every listener on the node binds: the topology's `bind`, else the address the node is
+    reached at, never every interface unless the topology asks for it."""
+    if node.bind is not None:
+        return node.bind
+    return LOCAL_ADDRESS if node.transport is Transport.local else node.host
 
 
 def _process(
@@ -121,6 +130,10 @@ def _mooncake_master(t: Topology, nodes: dict[str, NodePlan]) -> Process:
         "--eviction_high_watermark_ratio", str(mc.eviction_high_watermark_ratio),
         "--eviction_ratio", str(mc.eviction_ratio),
         "--default_kv_lease_ttl", str(mc.default_kv_lease_ttl),
+        # Both listeners default to 0.0.0.0 in mooncake_master; its HTTP metadata server (also
+        # 0.0.0.0) stays off: P2PHANDSHAKE needs none.
+        "--rpc_address", _bind(node),
+        "--metrics_host", _bind(node),
         "--metrics_port", str(mc.metrics_port),
     ]  # fmt: skip
     base = f"http://{_address(node)}:{mc.metrics_port}"
@@ -340,7 +353,8 @@ def _proxy(t: Topology, nodes: dict[str, NodePlan], upstream: list[Process]) -> 
     proxy = t.proxy
     assert proxy is not None
     node = t.nodes[proxy.node]
-    argv = [_python(node), "-m", "ucmctl", "proxy", "--host", proxy.host, "--port", str(proxy.port)]
+    listen = proxy.host or _bind(node)
+    argv = [_python(node), "-m", "ucmctl", "proxy", "--host", listen, "--port", str(proxy.port)]
     if t.mode is Mode.mixed:
         argv += ["--mode", "mixed"]
         for p in upstream:

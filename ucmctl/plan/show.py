@@ -17,34 +17,41 @@ def plan_json(plan: Plan) -> str:
     return json.dumps(plan.model_dump(mode="json"), indent=2) + "\n"
 
 
+def _print(console: Console, text: str, *, soft_wrap: bool = False) -> None:
+    # emoji=False: rich would show a `:smile:` in a path or value as an emoji, not as written.
+    console.print(text, emoji=False, soft_wrap=soft_wrap)
+
+
 def print_plan(plan: Plan, console: Console) -> None:
-    console.print(
+    _print(
+        console,
         f"[bold]deployment {escape(plan.deployment)}[/] mode {plan.mode}, engine {plan.engine}, "
         f"{len(plan.processes)} processes on {len(plan.nodes)} nodes "
-        f"(topology {plan.topology_digest[:12]})"
+        f"(topology {plan.topology_digest[:12]})",
     )
     for node in plan.nodes.values():
         procs = plan.on_node(node.name)
         if not procs:
             continue
-        console.print(
+        _print(
+            console,
             f"\n[bold cyan]node {escape(node.name)}[/] {escape(node.host)} ({node.transport}, "
-            f"{node.platform}, {node.devices} devices) run dir {escape(node.run_dir)}"
+            f"{node.platform}, {node.devices} devices) run dir {escape(node.run_dir)}",
         )
         for p in procs:
             ports = ", ".join(f"{k} {v}" for k, v in p.ports.items())
             extra = f" devices {','.join(map(str, p.devices))}" if p.devices else ""
             extra += f" dp_rank {p.dp_rank}" if p.dp_rank is not None else ""
-            console.print(f"  [bold]{escape(p.name)}[/] ({p.role}, stage {p.stage}) ports {ports}{extra}")
+            _print(console, f"  [bold]{escape(p.name)}[/] ({p.role}, stage {p.stage}) ports {ports}{extra}")
             for key, value in p.env.items():
-                console.print(f"    env {key}={escape(shlex.quote(value))}", soft_wrap=True)
-            console.print(f"    cmd {escape(shlex.join(p.argv))}", soft_wrap=True)
+                _print(console, f"    env {key}={escape(shlex.quote(value))}", soft_wrap=True)
+            _print(console, f"    cmd {escape(shlex.join(p.argv))}", soft_wrap=True)
             if p.health:
-                console.print(f"    health {' then '.join(p.health)}")
+                _print(console, f"    health {' then '.join(p.health)}")
             for f in p.files:
-                console.print(f"    file {escape(f.path)}")
+                _print(console, f"    file {escape(f.path)}")
             if p.depends_on:
-                console.print(f"    after {', '.join(p.depends_on)}")
+                _print(console, f"    after {', '.join(p.depends_on)}")
 
 
 def write_bundle(plan: Plan, out: Path) -> list[Path]:

@@ -69,16 +69,22 @@ async def _session_ctx(app: web.Application) -> AsyncIterator[None]:
         await state.session.close()
 
 
+def authorization_matches(header: str, expected: bytes) -> bool:
+    """Whether an Authorization header carries the key, in time independent of where they differ
+    (a plain == would let a client find the key byte by byte from response times)."""
+    # surrogateescape: a header with bytes that are not UTF-8 is a wrong key, not an error
+    return hmac.compare_digest(header.encode("utf-8", "surrogateescape"), expected)
+
+
 def _api_key_middleware(key: str) -> Callable[..., Awaitable[web.StreamResponse]]:
     expected = f"Bearer {key}".encode()
 
     @web.middleware
     async def check_key(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path not in OPEN_PATHS:
-            given = request.headers.get("Authorization", "").encode()
-            if not hmac.compare_digest(given, expected):
-                request.app[STATE].metrics.errors["unauthorized"] += 1
-                return error_response(401, "missing or wrong API key (send Authorization: Bearer KEY)")
+        given = request.headers.get("Authorization", "")
+        if request.path not in OPEN_PATHS and not authorization_matches(given, expected):
+            request.app[STATE].metrics.errors["unauthorized"] += 1
+            return error_response(401, "missing or wrong API key (send Authorization: Bearer KEY)")
         return await handler(request)
 
     return check_key

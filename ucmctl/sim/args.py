@@ -27,7 +27,7 @@ ACCEPTED_SILENTLY = (
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ucmctl sim serve", add_help=True, allow_abbrev=False)
     p.add_argument("model")
-    p.add_argument("--host", default="0.0.0.0")
+    p.add_argument("--host", default="127.0.0.1")  # every interface only when asked
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", dest="served_model_name")
     p.add_argument("--max-num-seqs", type=int, default=256)

@@ -82,13 +82,13 @@ def _check_nodes(t: Topology, bad) -> None:
         if not re.fullmatch(NAME_RE, name):
             bad(
                 ("nodes", name),
-                f"node name '{name}' is not allowed",
+                f"node name {name!r} is not allowed",
                 "use lowercase letters, digits, '-', '_' or '.'",
             )
         if node.host in seen_hosts:
             bad(
                 ("nodes", name, "host"),
-                f"host {node.host} is already node '{seen_hosts[node.host]}'",
+                f"host {node.host} is already node {seen_hosts[node.host]!r}",
                 "describe each machine once and place several servers on it",
             )
         seen_hosts.setdefault(node.host, name)
@@ -107,13 +107,13 @@ def _check_sides(t: Topology, bad) -> None:
             if getattr(t, extra) is not None:
                 bad(
                     (extra,),
-                    f"mode mixed has no '{extra}' side",
+                    f"mode mixed has no {extra!r} side",
                     "use 'mixed' or mode centralized/p2p",
                 )
     else:
         for needed in ("prefill", "decode"):
             if getattr(t, needed) is None:
-                bad(("mode",), f"mode {t.mode.value} needs a '{needed}' section")
+                bad(("mode",), f"mode {t.mode.value} needs a {needed!r} section")
         if t.mixed is not None:
             bad(("mixed",), f"'mixed' is only used with mode mixed (mode is {t.mode.value})")
     for side_name, side in t.sides():
@@ -122,13 +122,13 @@ def _check_sides(t: Topology, bad) -> None:
             if node_name not in t.nodes:
                 bad(
                     (side_name, "nodes", i),
-                    f"unknown node '{node_name}'",
+                    f"unknown node {node_name!r}",
                     f"defined nodes: {', '.join(t.nodes)}",
                 )
             if node_name in seen:
                 bad(
                     (side_name, "nodes", i),
-                    f"node '{node_name}' is listed twice",
+                    f"node {node_name!r} is listed twice",
                     "use servers_per_node for several servers on one node",
                 )
             seen.add(node_name)
@@ -137,12 +137,12 @@ def _check_sides(t: Topology, bad) -> None:
                 if node_name not in side.nodes:
                     bad(
                         (side_name, "servers_per_node", node_name),
-                        f"'{node_name}' is not one of {side_name}.nodes",
+                        f"{node_name!r} is not one of {side_name}.nodes",
                         f"count servers only for {', '.join(side.nodes)}",
                     )
             for i, node_name in enumerate(side.nodes):
                 if node_name not in side.servers_per_node:
-                    bad((side_name, "nodes", i), f"no servers_per_node count for '{node_name}'")
+                    bad((side_name, "nodes", i), f"no servers_per_node count for {node_name!r}")
         servers = side.server_count()
         if side.dp > 1 and side.dp_mode is DpMode.external and servers % side.dp:
             bad(
@@ -176,7 +176,7 @@ def _check_mooncake_connectors(t: Topology, bad) -> None:
             if facts is None:
                 bad(
                     (side_name, "nodes", i),
-                    f"node '{n}' is {node.platform.value}, which has no known Mooncake P2P connector",
+                    f"node {n!r} is {node.platform.value}, which has no known Mooncake P2P connector",
                     "use mode centralized, or set mooncake.connector to MooncakeConnector or "
                     "MooncakeConnectorV1",
                 )
@@ -188,7 +188,7 @@ def _check_mooncake_connectors(t: Topology, bad) -> None:
             if protocol not in usable:
                 bad(
                     ("mooncake", "protocol"),
-                    f"protocol '{protocol}' cannot be used by {facts.name} on node '{n}' "
+                    f"protocol {protocol!r} cannot be used by {facts.name} on node {n!r} "
                     f"({node.platform.value})",
                     f"use {' or '.join(usable)}" if usable else "use mode centralized",
                 )
@@ -209,7 +209,7 @@ def _check_mooncake_connectors(t: Topology, bad) -> None:
         (a, (_, na, _)), (b, (side_b, nb, ib)) = list(used.items())[:2]
         bad(
             (side_b, "nodes", ib),
-            f"node '{nb}' would run {b} but node '{na}' runs {a}: the two cannot exchange KV",
+            f"node {nb!r} would run {b} but node {na!r} runs {a}: the two cannot exchange KV",
             "use one platform family for P2P, or mode centralized (KV through the shared store)",
         )
 
@@ -223,7 +223,7 @@ def _check_services(t: Topology, bad) -> None:
         if t.mooncake.master_node not in t.nodes:
             bad(
                 ("mooncake", "master_node"),
-                f"unknown node '{t.mooncake.master_node}'",
+                f"unknown node {t.mooncake.master_node!r}",
                 f"defined nodes: {', '.join(t.nodes)}",
             )
         elif t.mode is Mode.p2p:
@@ -238,7 +238,7 @@ def _check_services(t: Topology, bad) -> None:
     elif t.proxy.node not in t.nodes:
         bad(
             ("proxy", "node"),
-            f"unknown node '{t.proxy.node}'",
+            f"unknown node {t.proxy.node!r}",
             f"defined nodes: {', '.join(t.nodes)}",
         )
 
@@ -250,7 +250,7 @@ def _check_storage(t: Topology, bad) -> None:
     if s.store_pipeline not in STORE_TIERS:
         bad(
             ("storage", "store_pipeline"),
-            f"unknown store pipeline '{s.store_pipeline}'",
+            f"unknown store pipeline {s.store_pipeline!r}",
             f"valid: {', '.join(STORE_TIERS)}",
         )
     if "Cache" in s.store_pipeline and s.cache_buffer_capacity_gb <= 0:
@@ -260,13 +260,19 @@ def _check_storage(t: Topology, bad) -> None:
         if not path.startswith("/"):
             bad(
                 ("storage", "storage_backends", i),
-                f"storage backend '{path}' is not an absolute path",
+                f"storage backend {path!r} is not an absolute path",
                 "use the absolute path of the shared mount, e.g. /mnt/ucm",
             )
         elif UNSAFE_TEXT.search(path) or "/../" in f"{path}/":
             bad(("storage", "storage_backends", i), f"storage backend {path!r} is not a plain path")
+        elif ":" in path:  # ucm_config.yaml joins the backends with ':' and the store splits there
+            bad(
+                ("storage", "storage_backends", i),
+                f"storage backend {path!r} holds ':', which separates backends",
+                "mount or link the directory at a path without ':'",
+            )
         if path in seen:
-            bad(("storage", "storage_backends", i), f"storage backend '{path}' is listed twice")
+            bad(("storage", "storage_backends", i), f"storage backend {path!r} is listed twice")
         seen.add(path)
 
 
@@ -317,8 +323,8 @@ def _check_consistency(t: Topology, bad) -> None:
 def _check_env_and_flags(t: Topology, bad) -> None:
     def env_block(path: KeyPath, env: dict[str, str], platforms: set[Platform]) -> None:
         for key, value in env.items():
-            if not ENV_NAME_RE.match(key):
-                bad((*path, key), f"'{key}' is not a valid environment variable name")
+            if not ENV_NAME_RE.fullmatch(key):
+                bad((*path, key), f"{key!r} is not a valid environment variable name")
             if UNSAFE_TEXT.search(value):
                 bad((*path, key), "environment values cannot hold control characters or newlines")
             if key in MANAGED_ENV:
@@ -348,10 +354,10 @@ def _check_env_and_flags(t: Topology, bad) -> None:
             path = (side_name, "flags", flag)
             bare = flag[2:] if flag.startswith("--") else flag
             normal = bare.replace("_", "-")
-            if (flag.startswith("-") and not flag.startswith("--")) or not FLAG_NAME_RE.match(bare):
+            if (flag.startswith("-") and not flag.startswith("--")) or not FLAG_NAME_RE.fullmatch(bare):
                 bad(
                     path,
-                    f"'{flag}' is not a vLLM flag name",
+                    f"{flag!r} is not a vLLM flag name",
                     "write it without dashes, e.g. max-model-len",
                 )
             elif normal in MANAGED_FLAGS:
@@ -365,12 +371,18 @@ def _check_paths(t: Topology, bad) -> None:
     path = t.model.path
     if UNSAFE_TEXT.search(path) or not path:
         bad(("model", "path"), "the model path must be plain text on one line")
+    elif path.startswith("-"):  # `vllm serve -x` would read it as an option
+        bad(("model", "path"), f"model path {path!r} starts with '-'", "use ./ or an absolute path")
     elif path.startswith(("./", "../")) and not local_only:
         bad(
             ("model", "path"),
             "a relative model path only works on a local topology",
             "use the model's absolute path on the nodes",
         )
+    served = t.model.served_name
+    if served is not None and (not served or served.startswith("-")):
+        # --served-model-name takes several names: `-x` would end the list as an option.
+        bad(("model", "served_name"), f"served_name {served!r} is empty or starts with '-'")
     for name, node in t.nodes.items():
         for key in ("python", "venv", "workdir", "key"):
             value = getattr(node, key)
@@ -379,11 +391,11 @@ def _check_paths(t: Topology, bad) -> None:
             if UNSAFE_TEXT.search(value) or not value:
                 bad(("nodes", name, key), f"{key} must be plain text on one line")
             elif key in ("venv", "workdir") and not value.startswith("/"):
-                bad(("nodes", name, key), f"{key} '{value}' is not an absolute path")
+                bad(("nodes", name, key), f"{key} {value!r} is not an absolute path")
             elif key == "python" and "/" in value and not value.startswith("/"):
                 bad(
                     ("nodes", name, key),
-                    f"python '{value}' must be a command name or an absolute path",
+                    f"python {value!r} must be a command name or an absolute path",
                 )
 
 
@@ -405,7 +417,7 @@ def _check_placement(t: Topology, bad) -> None:
             )
             bad(
                 ("nodes", node_name, "devices"),
-                f"node '{node_name}' has {node.devices} devices but its servers need {count} ({detail})",
+                f"node {node_name!r} has {node.devices} devices but its servers need {count} ({detail})",
                 "lower servers_per_node or tp, or spread the side over more nodes",
             )
 
@@ -421,7 +433,7 @@ def _check_placement(t: Topology, bad) -> None:
             reported.add((node, holder, owner))  # one line per pair, not per port of a range
             bad(
                 path,
-                f"port {port} on node '{node}' is used by both {holder} and {owner}",
+                f"port {port} on node {node!r} is used by both {holder} and {owner}",
                 "give each process its own port (servers on a node use port + i, "
                 "Mooncake kv_port + i*tp .. + tp-1)",
             )

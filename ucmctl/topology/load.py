@@ -13,6 +13,7 @@ from ucmctl.errors import Problem, UcmctlError
 from ucmctl.topology.checks import check_topology
 from ucmctl.topology.model import Topology
 from ucmctl.topology.source import KeyPath, Source, load_yaml, parse_yaml
+from ucmctl.topology.text import describe, quoted, refused_char, remedy
 
 
 def load_topology(path: str | Path) -> Topology:
@@ -21,6 +22,10 @@ def load_topology(path: str | Path) -> Topology:
 
 
 def topology_from_source(source: Source, base_dir: Path | None = None) -> Topology:
+    # Text that is not one plain line is reported alone: every later message would quote it.
+    not_plain = _text_problems(source, source.data, ())
+    if not_plain:
+        raise UcmctlError(not_plain)
     try:
         topology = Topology.model_validate(source.data)
     except ValidationError as exc:
@@ -48,6 +53,27 @@ def _resolve_local_paths(topology: Topology, base_dir: Path) -> Topology:
     return topology.model_copy(update={"model": model})
 
 
+def _text_problems(source: Source, data: Any, path: KeyPath) -> list[Problem]:
+    """Every key and string value that is not one line of plain text (see topology/text.py)."""
+    problems: list[Problem] = []
+    if isinstance(data, dict):
+        for key, value in data.items():
+            ch = refused_char(key) if isinstance(key, str) else None
+            if ch is not None:
+                message = f"key {quoted(key)} holds {describe(ch)}"
+                problems.append(source.problem((*path, key), message, fix=remedy(ch)))
+            problems += _text_problems(source, value, (*path, key))
+    elif isinstance(data, list):
+        for i, item in enumerate(data):
+            problems += _text_problems(source, item, (*path, i))
+    elif isinstance(data, str):
+        ch = refused_char(data)
+        if ch is not None:
+            message = f"{quoted(data)} holds {describe(ch)}"
+            problems.append(source.problem(path, message, fix=remedy(ch)))
+    return problems
+
+
 def _problem(source: Source, err: Any) -> Problem:
     loc: KeyPath = tuple(err["loc"])
     kind = err["type"]
@@ -55,7 +81,7 @@ def _problem(source: Source, err: Any) -> Problem:
         parent = _model_at(Topology, loc[:-1])
         valid = ", ".join(parent.model_fields) if parent else ""
         return source.problem(
-            loc, f"unknown key '{loc[-1]}'", fix=f"valid keys here: {valid}" if valid else None
+            loc, f"unknown key {quoted(loc[-1])}", fix=f"valid keys here: {valid}" if valid else None
         )
     if kind == "missing":
         return source.problem(loc, "required key is missing")

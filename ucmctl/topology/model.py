@@ -11,6 +11,7 @@ server runs all `dp` ranks itself (the PD-mixed layout).
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
 import re
 from enum import Enum
@@ -19,8 +20,29 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, field_validator
 
 NAME_RE = r"^[a-z0-9][a-z0-9_.-]{0,62}$"
-ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-FLAG_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
+# Used with fullmatch: `$` alone would also match before a trailing newline.
+ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+FLAG_NAME_RE = re.compile(r"[a-z0-9][a-z0-9_-]*")
+HOST_RE = re.compile(r"[A-Za-z0-9_.:-]{1,253}")
+
+
+def _host_text(v: str) -> str:
+    """A hostname or an IP address: it lands in argv and URLs, so no shell or URL syntax."""
+    if not HOST_RE.fullmatch(v) or v.startswith("-"):
+        raise ValueError("must be a hostname or an IP address")
+    return v
+
+
+def _bind_address(v: str) -> str:
+    """An IP address literal. `bind` exists for when the node's own name resolution would pick the
+    wrong address (a hostname often resolves to 127.0.1.1 on the node itself), so it takes none."""
+    try:
+        ipaddress.ip_address(v)
+    except ValueError:
+        raise ValueError(
+            "must be an IP address of the node, or 0.0.0.0 (or ::) to listen on every interface"
+        ) from None
+    return v
 
 
 class Strict(BaseModel):
@@ -91,13 +113,21 @@ class Node(Strict):
     venv: str | None = Field(None, description="virtual environment; overrides `python`")
     workdir: str | None = Field(None, description="where run directories go (default /tmp/ucmctl-<user>)")
     env: Env = Field(default_factory=dict, description="environment for every process")
+    bind: str | None = Field(
+        None,
+        description="IP address the node's servers, proxy and Mooncake master listen on (default: host; "
+        "127.0.0.1 on a local node); 0.0.0.0 listens on every interface",
+    )
 
     @field_validator("host")
     @classmethod
     def _host(cls, v: str) -> str:
-        if not re.fullmatch(r"[A-Za-z0-9_.:-]{1,253}", v) or v.startswith("-"):
-            raise ValueError("must be a hostname or an IP address")
-        return v
+        return _host_text(v)
+
+    @field_validator("bind")
+    @classmethod
+    def _bind(cls, v: str | None) -> str | None:
+        return None if v is None else _bind_address(v)
 
 
 class Model(Strict):
@@ -114,8 +144,11 @@ class Storage(Strict):
     storage_backends: list[str] = Field(
         min_length=1, description="shared directories, the same filesystem on every node"
     )
-    cache_buffer_capacity_gb: float = Field(64, ge=0, description="DRAM tier per instance, GiB")
-    posix_capacity_gb: float = Field(0, ge=0, description="0 = unlimited")
+    # allow_inf_nan=False: the connector reads numbers, and YAML has no portable infinity.
+    cache_buffer_capacity_gb: float = Field(
+        64, ge=0, allow_inf_nan=False, description="DRAM tier per instance, GiB"
+    )
+    posix_capacity_gb: float = Field(0, ge=0, allow_inf_nan=False, description="0 = unlimited")
     io_direct: bool = Field(False, description="O_DIRECT file I/O")
     use_layerwise: bool = Field(False, description="load and save layer by layer")
     enable_event_sync: bool = Field(True, description="order device copies with events, not syncs")
@@ -152,10 +185,17 @@ class Mooncake(Strict):
 class Proxy(Strict):
     node: str = Field(description="node that runs the proxy")
     port: Port = Field(7802, description="port clients connect to")
-    host: str = Field("0.0.0.0", description="address to listen on")
+    host: str | None = Field(
+        None, description="address to listen on (default: the node's bind address); 0.0.0.0 for every one"
+    )
     routing: Literal["load", "prefix"] = Field(
         "load", description="load: least loaded; prefix: same leading block, same prefill instance"
     )
+
+    @field_validator("host")
+    @classmethod
+    def _host(cls, v: str | None) -> str | None:
+        return None if v is None else _bind_address(v)
 
 
 class PeerParallel(Strict):

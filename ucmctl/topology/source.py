@@ -9,6 +9,7 @@ from typing import Any
 import yaml
 
 from ucmctl.errors import Problem, UcmctlError
+from ucmctl.topology.text import describe, one_line, quoted
 
 KeyPath = tuple[str | int, ...]
 
@@ -30,23 +31,29 @@ class Source:
         return None
 
     def problem(self, key_path: KeyPath, message: str, fix: str | None = None) -> Problem:
+        # Messages quote user text already; one_line is the guard that keeps every problem on
+        # one line even where a message forgot to.
         return Problem(
-            message,
-            file=self.path,
+            one_line(message),
+            file=one_line(self.path),
             key=dotted(key_path) or None,
             line=self.line_of(key_path),
-            fix=fix,
+            fix=one_line(fix) if fix is not None else None,
         )
 
 
 def dotted(key_path: KeyPath) -> str:
-    """`('prefill', 'nodes', 0)` -> `prefill.nodes[0]`."""
+    """`('prefill', 'nodes', 0)` -> `prefill.nodes[0]`; a key that is not plain text is quoted:
+    `nodes.a.env.'A\\nB'`."""
     out = ""
     for part in key_path:
         if isinstance(part, int):
             out += f"[{part}]"
-        else:
-            out += f".{part}" if out else str(part)
+            continue
+        text = str(part)
+        if not text or not text.isprintable() or any(c in text for c in " '\"[]\\"):
+            text = quoted(part)
+        out += f".{text}" if out else text
     return out
 
 
@@ -56,9 +63,9 @@ def load_yaml(path: str | Path) -> Source:
     try:
         text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise UcmctlError.one("file not found", file=name, fix="check the path") from None
+        raise UcmctlError.one("file not found", file=one_line(name), fix="check the path") from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise UcmctlError.one(f"cannot read: {exc}", file=name) from None
+        raise UcmctlError.one(one_line(f"cannot read: {exc}"), file=one_line(name)) from None
     return parse_yaml(text, name)
 
 
@@ -71,17 +78,27 @@ def parse_yaml(text: str, name: str = "<string>") -> Source:
         reason = exc.problem or exc.context or "invalid YAML"
         if exc.context and exc.context_mark and exc.problem_mark:
             reason += f" ({exc.context} that started on line {exc.context_mark.line + 1})"
-        raise UcmctlError([Problem(f"YAML syntax error: {reason}", file=name, line=line)]) from None
+        problem = f"YAML syntax error: {reason}"
+        raise UcmctlError([Problem(one_line(problem), file=one_line(name), line=line)]) from None
+    except yaml.reader.ReaderError as exc:  # a character YAML does not allow in a file, e.g. NUL
+        raise UcmctlError(
+            [
+                Source(name, None).problem(
+                    (),
+                    f"the file holds {describe(chr(exc.character))} (character {exc.position + 1}), "
+                    "which YAML does not allow",
+                    fix="remove it, or write it as an escape in a double-quoted string",
+                )
+            ]
+        ) from None
     except yaml.YAMLError as exc:
-        raise UcmctlError.one(f"YAML error: {exc}", file=name) from None
-    if root is None:
-        raise UcmctlError.one("the file is empty", file=name, fix="see topologies/ for examples")
+        raise UcmctlError([Source(name, None).problem((), f"YAML error: {exc}")]) from None
     source = Source(name, None)
+    if root is None:
+        raise UcmctlError([source.problem((), "the file is empty", fix="see topologies/ for examples")])
     source.data = _build(root, (), source)
     if not isinstance(source.data, dict):
-        raise UcmctlError.one(
-            "the top level must be a mapping of keys", file=name, line=root.start_mark.line + 1
-        )
+        raise UcmctlError([source.problem((), "the top level must be a mapping of keys")])
     return source
 
 
@@ -96,8 +113,8 @@ def _build(node: yaml.Node, path: KeyPath, source: Source) -> Any:
                 raise UcmctlError(
                     [
                         Problem(
-                            f"duplicate key '{key_node.value}'",
-                            file=source.path,
+                            f"duplicate key {quoted(key_node.value)}",
+                            file=one_line(source.path),
                             key=dotted((*path, key_node.value)),
                             line=key_node.start_mark.line + 1,
                             fix="keep only one of them",
@@ -111,8 +128,9 @@ def _build(node: yaml.Node, path: KeyPath, source: Source) -> Any:
             key = _scalar(key_node, source)
             if isinstance(key, (dict, list)):
                 raise UcmctlError([source.problem(path, "a mapping key must be a plain value")])
-            source.lines[(*path, key)] = key_node.start_mark.line + 1
-            out[key] = _build(value_node, (*path, key), source)
+            key_path: KeyPath = (*path, key)
+            source.lines[key_path] = key_node.start_mark.line + 1
+            out[key] = _build(value_node, key_path, source)
         return out
     if isinstance(node, yaml.SequenceNode):
         return [_build(item, (*path, i), source) for i, item in enumerate(node.value)]
@@ -125,8 +143,9 @@ def _scalar(node: yaml.Node, source: Source) -> Any:
     try:
         return _constructor.construct_object(node, deep=True)
     except yaml.constructor.ConstructorError as exc:
-        raise UcmctlError.one(
-            f"cannot read value: {exc.problem}", file=source.path, line=node.start_mark.line + 1
+        problem = one_line(f"cannot read value: {exc.problem}")
+        raise UcmctlError(
+            [Problem(problem, file=one_line(source.path), line=node.start_mark.line + 1)]
         ) from None
 
 

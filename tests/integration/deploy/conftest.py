@@ -40,3 +40,16 @@ def node_lines(c: Cluster, names: list[str], platform: str = "cpu") -> str:
         f"  {n}: {{host: {c.host(n).address}, key: {c.key}, platform: {platform}, python: {sys.executable}}}"
         for n in names
     )
+
+
+def mixed_sim(name: str, nodes: str, on: str, port: int) -> str:
+    """A one-server mixed deployment of the simulator on node `on`; `nodes` as node_lines gives."""
+    return f"""
+name: {name}
+mode: mixed
+engine: sim
+model: {{path: sim-model}}
+nodes:
+{nodes}
+mixed: {{nodes: [{on}], port: {port}}}
+"""

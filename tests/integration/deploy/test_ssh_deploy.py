@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from tests.integration.deploy.conftest import Cli, node_lines
+from tests.integration.deploy.conftest import Cli, mixed_sim, node_lines
 from tests.support.netns import Cluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
@@ -216,6 +218,24 @@ def test_unreachable_node_fails_preflight_fast(tmp_path: Path, hosts: Cluster, c
     assert hosts.processes_of("t-unreach") == []
 
 
+def test_a_host_name_the_node_cannot_resolve_needs_bind(tmp_path: Path, hosts: Cluster, cli: Cli) -> None:
+    """Listeners bind the node's address, never every interface by default: a host given by a
+    name (an SSH config alias here) that the node itself cannot resolve is caught before start."""
+    address = hosts.host("h3").address
+    text = mixed_sim("t-bind", node_lines(hosts, ["h3"]).replace(f"host: {address}", "host: h3"), "h3", 8500)
+    up = cli("up", str(write(tmp_path, text)))
+    assert up.returncode == 3, up.stderr
+    assert "node h3 (h3): host 'h3' does not resolve on the node: set nodes.h3.bind to its IP" in up.stderr
+    bound = text.replace("host: h3,", f"host: h3, bind: {address},")
+    assert bound != text
+    up = cli("up", str(write(tmp_path, bound)))
+    assert up.returncode == 0, up.stderr
+    listening = subprocess.run(["ip", "netns", "exec", hosts.host("h3").netns, "ss", "-ltnH"],
+                               capture_output=True, text=True).stdout  # fmt: skip
+    assert f"{address}:8500" in listening and "0.0.0.0:8500" not in listening, listening
+    assert cli("down", "t-bind").returncode == 0
+
+
 def test_storage_that_is_not_shared_fails_preflight(tmp_path: Path, hosts: Cluster, cli: Cli) -> None:
     topo = write(tmp_path, centralized(hosts, "t-private", backend=hosts.private / "store"))
     up = cli("up", str(topo))
@@ -266,6 +286,28 @@ def test_down_finds_processes_after_the_local_record_is_lost(
     down = cli("down", str(topo))  # ... but the topology leads to the run directories
     assert down.returncode == 0 and "5 processes stopped" in down.stdout
     assert hosts.processes_of("t-lost") == []
+
+
+def test_ups_from_two_control_machines_start_the_deployment_once(tmp_path: Path, hosts: Cluster) -> None:
+    """Two machines (own records) run `up` of one topology at once: the nodes' lock, held over
+    each one's SSH channel, lets one through; the other says who holds it and touches nothing."""
+    topo = write(tmp_path, centralized(hosts, "t-twice"))
+    clis = [Cli(tmp_path / f"home{i}", hosts.ssh_config) for i in range(2)]
+    racers = [subprocess.Popen([sys.executable, "-m", "ucmctl", "up", str(topo)], env=c.env, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE) for c in clis]  # fmt: skip
+    results = [(p.wait(timeout=300), p.communicate()[1]) for p in racers]
+    assert sorted(code for code, _ in results) in ([0, 3], [0, 4]), results
+    loser = next(err for code, err in results if code != 0)
+    errors = [line for line in loser.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and (
+        "'t-twice' is being started on node h" in errors[0] or "already runs on the nodes" in errors[0]
+    ), loser
+    assert len(hosts.processes_of("t-twice")) >= 5
+    winner = clis[[code for code, _ in results].index(0)]
+    down = winner("down", "t-twice")
+    assert down.returncode == 0 and "5 processes stopped" in down.stdout
+    assert hosts.processes_of("t-twice") == []
+    assert hosts.commands_mentioning("flock -n 9") == []  # the nodes' lock loops ended with `up`
 
 
 def test_shell_metacharacters_in_the_topology_are_harmless(tmp_path: Path, hosts: Cluster, cli: Cli) -> None:

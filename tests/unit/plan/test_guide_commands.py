@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import shlex
 from typing import Any
+from urllib.parse import urlsplit
 
 from ucmctl.plan.model import Plan, Process
 
@@ -82,6 +83,8 @@ def assert_command(process: Process, guide: str, **changes: str | None) -> None:
     expected = shlex.split(guide)
     assert process.argv[1:3] == expected[1:3], "subcommand and model"
     ours, theirs = flags(process.argv), flags(expected)
+    if "host" in theirs:  # the guides bind 0.0.0.0; ucmctl binds the address the node is reached at
+        theirs["host"] = urlsplit(str(process.url)).hostname
     theirs.update({k.replace("_", "-"): v for k, v in changes.items()})
     for key, value in theirs.items():
         assert key in ours, f"{process.name}: --{key} missing"
@@ -192,6 +195,9 @@ def assert_command_plain(process: Process, guide: str) -> None:
     assert process.argv[0].endswith(expected[0])
     assert {k: ours[k] for k in theirs} == theirs
     assert ours["metrics-port"] == "9003"  # ucmctl's health gate reads the metrics port
+    # mooncake_master listens on 0.0.0.0 unless told: ucmctl gives it the node's address
+    node_address = urlsplit(str(process.url)).hostname
+    assert (ours["rpc-address"], ours["metrics-host"]) == (node_address, node_address)
 
 
 def test_pd_mixed(plans: dict[str, Plan]) -> None:

@@ -77,6 +77,8 @@ def test_args_from_a_rendered_command_line() -> None:
     assert config.kv_cache_blocks == 2**30 // (1024 * 128)
     internal, _ = parse_serve_args(["/m", "--data-parallel-size", "2"])
     assert internal.data_parallel_size == 2
+    assert config.host == "0.0.0.0"  # every interface when the command line asks for it
+    assert internal.host == "127.0.0.1"  # and loopback, not every interface, when it says nothing
     assert config.load_seconds == 0.0
     assert parse_serve_args(["/m", "--load-seconds", "2.5"])[0].load_seconds == 2.5
 

@@ -1,0 +1,103 @@
+"""One `up` of a deployment at a time on its nodes, whichever machine it comes from.
+
+The control machine's lock (`StateStore.lock`) stops two `up`s from one machine; this guard
+stops two machines (or two users, each with their own records) from starting one deployment
+twice. Each node runs a small loop that holds an flock on `<run dir>/.up.<node>.lock` as long as
+this `up`'s channel to it is open. When `up` ends, or its machine dies, the channel closes,
+the loop's next write fails and the kernel drops the lock: nothing stale is left behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import posixpath
+import shlex
+import socket
+import time
+from collections.abc import Iterator
+
+from ucmctl.deploy.executor import HELD, Executor, HostKeyError, NodeError, Watch
+from ucmctl.deploy.fanout import parallel
+from ucmctl.errors import ExitStatus, Problem, UcmctlError
+from ucmctl.plan.model import Plan
+
+# Prints `held` and keeps the lock while it can write; else `busy` and the holder's line, or
+# `error` and why.
+_HOLD = """
+err=$({{ mkdir -p {run_dir} && : >>{lock}; }} 2>&1) || {{ echo error; echo "$err"; exit 0; }}
+command -v flock >/dev/null 2>&1 || {{ echo error; echo "flock is not installed (util-linux)"; exit 0; }}
+exec 9>>{lock}
+flock -n 9 || {{ echo busy; cat {owner} 2>/dev/null; exit 0; }}
+printf '%s\\n' {who} > {owner}
+echo {held}
+while echo .; do sleep 1; done
+"""
+
+
+def hold_script(run_dir: str, node: str, who: str) -> str:
+    """The shell that takes `node`'s lock for the deployment whose run folder is `run_dir`.
+
+    One file per node: nodes whose workdir is on one shared filesystem then lock distinct
+    files, so one `up` never finds its own lock taken (flock works over NFS too)."""
+    lock = posixpath.join(run_dir, f".up.{node}.lock")
+    owner = posixpath.join(run_dir, f".up.{node}.owner")
+    return _HOLD.format(
+        run_dir=shlex.quote(run_dir), lock=shlex.quote(lock), owner=shlex.quote(owner),
+        who=shlex.quote(who), held=HELD,
+    )  # fmt: skip
+
+
+def _who() -> str:
+    since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime())
+    return f"`ucmctl up` from {socket.gethostname()} (pid {os.getpid()}, since {since})"
+
+
+def _unreachable(plan: Plan, node: str, err: NodeError) -> str:
+    where = f"node {node} ({plan.nodes[node].host})"
+    return (
+        f"{where}: {err.reason}" if isinstance(err, HostKeyError) else f"{where}: unreachable: {err.reason}"
+    )
+
+
+@contextlib.contextmanager
+def node_guard(plan: Plan, executors: dict[str, Executor]) -> Iterator[None]:
+    """Hold every node's lock for this deployment; refuse (BUSY) when another `up` holds one."""
+    held: list[Watch] = []
+    who = _who()
+
+    def take(node: str) -> tuple[str, list[str] | NodeError]:
+        try:
+            text, watch = executors[node].hold(hold_script(plan.nodes[node].run_dir, node, who))
+        except NodeError as exc:
+            return node, exc
+        held.append(watch)
+        return node, text.splitlines()
+
+    try:
+        answers = parallel(executors, take)
+        unreachable = [(node, err) for node, err in answers if isinstance(err, NodeError)]
+        if unreachable:  # as preflight says it, every such node at once
+            raise UcmctlError(
+                [Problem(_unreachable(plan, node, err)) for node, err in unreachable],
+                status=ExitStatus.NOT_READY,
+            )
+        for node, lines in answers:
+            assert not isinstance(lines, NodeError)
+            if lines[:1] == ["busy"]:
+                holder = next((line for line in lines[1:] if line.strip()), "another `ucmctl up`")
+                raise UcmctlError.one(
+                    f"deployment '{plan.deployment}' is being started on node {node} by {holder}",
+                    fix="wait for that `up` to finish (then `ucmctl status`), or stop it",
+                    status=ExitStatus.BUSY,
+                )
+            if HELD not in lines:
+                why = " ".join(line.strip() for line in lines[1:] if line.strip()) or "no answer"
+                raise UcmctlError.one(
+                    f"node {node}: cannot lock {plan.nodes[node].run_dir}/.up.{node}.lock: {why}",
+                    status=ExitStatus.NOT_READY,
+                )
+        yield
+    finally:
+        for watch in held:
+            watch.close()
