@@ -16,6 +16,7 @@
 
 #include "block_file.hpp"
 #include "checksum.hpp"
+#include "fault.hpp"
 #include "store.hpp"
 
 namespace nb = nanobind;
@@ -172,6 +173,9 @@ public:
             o = s.wait_persisted(tid, timeout_ms);
         }
         if (!o) return std::nullopt;
+        // Persisted implies the workers are done with the caller's buffers, and the store
+        // has forgotten the task: a caller that only asks this must not leak the holds.
+        holds_.erase(tid);
         return to_result(*o);
     }
 
@@ -322,4 +326,14 @@ NB_MODULE(_native, m) {
             std::memcpy(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), n);
     });
     m.def("crc32c", [](nb::bytes data) { return crc32c(data.c_str(), data.size()); });
+    // Tests only: the next `times` passes through `site` ("posix_write" or "posix_read") throw
+    // inside a store worker, in every store of this process.
+    m.def(
+        "_inject_fault",
+        [](const std::string& site, int times) {
+            if (site == "posix_write") fault::arm(fault::Site::PosixWrite, times);
+            else if (site == "posix_read") fault::arm(fault::Site::PosixRead, times);
+            else throw std::invalid_argument("unknown fault site " + site);
+        },
+        nb::arg("site"), nb::arg("times"));
 }

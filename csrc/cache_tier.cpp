@@ -78,32 +78,55 @@ CacheTier::Reserve CacheTier::reserve(const Key& key, uint32_t* slot) {
 }
 
 void CacheTier::commit(uint32_t slot, bool pin) {
-    std::lock_guard<std::mutex> lk(mu_);
-    Slot& s = slots_[slot];
-    s.ready = true;
-    if (pin) ++s.pins;
-    lru_.push_front(slot);
-    s.lru = lru_.begin();
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        Slot& s = slots_[slot];
+        s.ready = true;
+        if (pin) ++s.pins;
+        lru_.push_front(slot);
+        s.lru = lru_.begin();
+    }
+    filled_.notify_all();
 }
 
 void CacheTier::abort(uint32_t slot) {
-    std::lock_guard<std::mutex> lk(mu_);
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        Slot& s = slots_[slot];
+        index_.erase(s.key);
+        s.used = s.ready = false;
+        free_.push_back(slot);
+    }
+    filled_.notify_all();
+}
+
+void CacheTier::pin_locked(uint32_t slot) {
     Slot& s = slots_[slot];
-    index_.erase(s.key);
-    s.used = s.ready = false;
-    free_.push_back(slot);
+    ++s.pins;
+    lru_.splice(lru_.begin(), lru_, s.lru);
 }
 
 bool CacheTier::pin(const Key& key, uint32_t* slot) {
     std::lock_guard<std::mutex> lk(mu_);
     auto it = index_.find(key);
-    if (it == index_.end()) return false;
-    Slot& s = slots_[it->second];
-    if (!s.ready) return false;
-    ++s.pins;
-    lru_.splice(lru_.begin(), lru_, s.lru);
+    if (it == index_.end() || !slots_[it->second].ready) return false;
+    pin_locked(it->second);
     *slot = it->second;
     return true;
+}
+
+bool CacheTier::pin_when_ready(const Key& key, uint32_t* slot) {
+    std::unique_lock<std::mutex> lk(mu_);
+    for (;;) {
+        auto it = index_.find(key);
+        if (it == index_.end()) return false;
+        if (slots_[it->second].ready) {
+            pin_locked(it->second);
+            *slot = it->second;
+            return true;
+        }
+        filled_.wait(lk);
+    }
 }
 
 void CacheTier::unpin(uint32_t slot) {

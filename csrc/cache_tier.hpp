@@ -5,6 +5,7 @@
 // next tier still reads it, so a block is never evicted before it is persisted.
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
 #include <list>
 #include <mutex>
@@ -33,6 +34,10 @@ public:
 
     // Pins a READY block for reading and marks it most recently used; false on a miss.
     bool pin(const Key& key, uint32_t* slot);
+    // Like pin, but if the key's slot is still FILLING, waits until it is committed (true,
+    // pinned) or given back (false). Fillers hold a slot only for one memcpy, never across
+    // I/O or another wait, so the wait is short and cannot deadlock.
+    bool pin_when_ready(const Key& key, uint32_t* slot);
     void unpin(uint32_t slot);
 
     bool contains(const Key& key);
@@ -51,11 +56,13 @@ private:
         std::list<uint32_t>::iterator lru;  // valid when ready
     };
     bool evict_one();  // with mu_ held
+    void pin_locked(uint32_t slot);
 
     uint8_t* base_ = nullptr;
     uint64_t map_bytes_ = 0, block_bytes_, stride_;
     uint32_t nslots_;
     mutable std::mutex mu_;
+    std::condition_variable filled_;  // a FILLING slot was committed or given back
     std::vector<Slot> slots_;
     std::vector<uint32_t> free_;
     std::list<uint32_t> lru_;  // front = most recently used, READY slots only

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -15,6 +16,7 @@
 
 #include "aligned_buffer.hpp"
 #include "checksum.hpp"
+#include "fault.hpp"
 #include "io_util.hpp"
 
 namespace ucm {
@@ -69,6 +71,15 @@ std::vector<iovec> with_header(const Layout& layout, const uint8_t* hdr,
     }
     if (pad && end < layout.file_size) iov.push_back({const_cast<uint8_t*>(zeros), layout.file_size - end});
     return iov;
+}
+
+// Sequence number for temp and quarantine names. It must be unique per process, not per
+// store: two stores of one process writing the same key would otherwise both create
+// "<key>.tmp.<host>.<pid>.0" and one would fail with EEXIST (the name is opened O_EXCL).
+std::string unique_suffix() {
+    static std::atomic<uint64_t> counter{0};
+    return host_name() + "." + std::to_string(getpid()) + "." +
+           std::to_string(counter.fetch_add(1, std::memory_order_relaxed));
 }
 
 }  // namespace
@@ -140,8 +151,8 @@ std::string PosixTier::write(const Key& key, const std::vector<ConstSpan>& parts
         c_.posix_write_skipped.add();
         return "";
     }
-    const std::string tmp = final_path + ".tmp." + host_name() + "." + std::to_string(getpid()) +
-                            "." + std::to_string(counter_.fetch_add(1));
+    fault::point(fault::Site::PosixWrite, "posix write");
+    const std::string tmp = final_path + ".tmp." + unique_suffix();
     bool direct = b.direct.load(std::memory_order_relaxed);
     auto create = [&] {
         int f = open(tmp.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC | (direct ? O_DIRECT : 0), 0644);
@@ -241,6 +252,7 @@ PosixTier::Read PosixTier::read(const Key& key, const std::function<void(const u
     Backend& b = *backends_[pick(key)];
     const std::string hex = key.hex();
     const std::string path = dir_of(b, hex) + "/" + hex;
+    fault::point(fault::Site::PosixRead, "posix read");
     bool direct = b.direct.load(std::memory_order_relaxed);
     int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | (direct ? O_DIRECT : 0));
     if (fd < 0 && direct && errno == EINVAL) {
@@ -308,8 +320,7 @@ void PosixTier::quarantine(Backend& b, const std::string& path, const std::strin
     if (stat(path.c_str(), &now) != 0 || now.st_ino != ino) return;
     std::string dir = b.root + "/corrupt";
     mkdir(dir.c_str(), 0755);
-    std::string dest = dir + "/" + hex + "." + host_name() + "." + std::to_string(getpid()) + "." +
-                       std::to_string(counter_.fetch_add(1));
+    std::string dest = dir + "/" + hex + "." + unique_suffix();
     if (rename(path.c_str(), dest.c_str()) != 0) unlink(path.c_str());
     c_.quarantined_blocks.add();
     c_.posix_used_bytes.sub(std::min<uint64_t>(c_.posix_used_bytes.get(), uint64_t(now.st_size)));

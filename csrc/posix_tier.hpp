@@ -1,6 +1,7 @@
 // The Posix tier: one file per block at <backend>/<3 hex>/<32 hex>, backend = hash % n.
 //
-// Writers fill a temp file named <32 hex>.tmp.<host>.<pid>.<counter> (unique to the writer)
+// Writers fill a temp file named <32 hex>.tmp.<host>.<pid>.<counter> (unique to the writer:
+// the counter is process-wide, so two stores of one process never pick the same name)
 // and rename it into place only once every shard and the header are written, so a reader
 // sees a whole block or none, however many processes and nodes write the same key at once.
 #pragma once
@@ -80,7 +81,6 @@ private:
     Layout layout_;
     Counters& c_;
     std::vector<std::unique_ptr<Backend>> backends_;
-    std::atomic<uint64_t> counter_{0};  // temp-name sequence of this process
     std::atomic<uint64_t> commits_{0};  // blocks renamed into place, for the collector
 
     std::mutex gc_mu_;

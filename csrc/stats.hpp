@@ -1,4 +1,6 @@
-// Counters shared by the tiers; Store.stats() reports every one by name.
+// Counters shared by the tiers; Store.stats() reports every one by name. `tasks_live` is a
+// gauge: tasks the store still holds a result of (not fetched yet; a dump's persisted
+// outcome is kept after wait() until wait_persisted() or until 65,536 newer ones finish).
 #pragma once
 
 #include <atomic>
@@ -25,7 +27,7 @@ struct Counter {
     X(posix_read_errors) X(corrupt_blocks) X(quarantined_blocks)                           \
     X(gc_runs) X(gc_removed_blocks) X(gc_removed_bytes) X(temps_reclaimed)                 \
     X(posix_used_bytes) X(lookup_keys) X(lookup_hits) X(dump_blocks) X(load_blocks)        \
-    X(load_errors) X(dump_errors) X(persist_errors)
+    X(load_errors) X(dump_errors) X(persist_errors) X(job_errors) X(tasks_live)
 
 struct Counters {
 #define UCM_DECLARE(name) Counter name;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <exception>
 #include <stdexcept>
 
 namespace ucm {
@@ -23,6 +24,7 @@ void parallel_chunks(ThreadPool& pool, size_t n, Fn fn) {
         std::mutex mu;
         std::condition_variable cv;
         unsigned running = 0;
+        std::exception_ptr error;  // a helper's exception, rethrown on the calling thread
     };
     auto sh = std::make_shared<Shared>();
     auto work = [sh, n, &fn] {
@@ -36,15 +38,29 @@ void parallel_chunks(ThreadPool& pool, size_t n, Fn fn) {
     for (unsigned h = 0; h < helpers; ++h)
         pool.submit(
             [sh, work] {
-                work();
+                std::exception_ptr error;
+                try {
+                    work();
+                } catch (...) {
+                    error = std::current_exception();
+                }
+                // Always counted out, or the caller below would wait forever.
                 std::lock_guard<std::mutex> lk(sh->mu);
+                if (error && !sh->error) sh->error = error;
                 if (--sh->running == 0) sh->cv.notify_all();
             },
             true);
-    work();
+    std::exception_ptr error;
+    try {
+        work();
+    } catch (...) {
+        error = std::current_exception();
+    }
     // `fn` lives on this stack frame: every helper must be done with it before returning.
     std::unique_lock<std::mutex> lk(sh->mu);
     sh->cv.wait(lk, [&] { return sh->running == 0; });
+    if (!error) error = sh->error;
+    if (error) std::rethrow_exception(error);
 }
 
 }  // namespace
@@ -83,13 +99,25 @@ std::shared_ptr<Task> Store::new_task(size_t n, bool track_persist) {
     std::lock_guard<std::mutex> lk(tasks_mu_);
     auto t = std::make_shared<Task>(next_id_++, n, track_persist);
     tasks_.emplace(t->id(), t);
+    c_.tasks_live.add();
     if (track_persist) {
         persist_.emplace(t->id(), t);
         for (auto it = persist_.begin(); persist_.size() > kMaxPersistRecords &&
-                                         it != persist_.end();)
-            it = it->second->persisted() ? persist_.erase(it) : std::next(it);
+                                         it != persist_.end();) {
+            if (!it->second->persisted()) {
+                ++it;
+                continue;
+            }
+            uint64_t id = it->first;
+            it = persist_.erase(it);
+            forgotten_locked(id);
+        }
     }
     return t;
+}
+
+void Store::forgotten_locked(uint64_t tid) {
+    if (!tasks_.count(tid) && !persist_.count(tid)) c_.tasks_live.sub(1);
 }
 
 std::shared_ptr<Task> Store::find(uint64_t tid, bool persist_table) {
@@ -107,6 +135,32 @@ std::shared_ptr<Task> Store::find(uint64_t tid, bool persist_table) {
                             " (never issued, or its result was already fetched)");
 }
 
+template <class Fn>
+void Store::submit_block(ThreadPool& pool, const std::shared_ptr<Task>& t, size_t i, bool urgent,
+                         Fn fn) {
+    pool.submit(
+        [this, t, i, fn = std::move(fn)] {
+            try {
+                fn();
+            } catch (const std::exception& e) {
+                fail_block(t, i, e.what());
+            } catch (...) {
+                fail_block(t, i, "unknown exception");
+            }
+        },
+        urgent);
+}
+
+void Store::fail_block(const std::shared_ptr<Task>& t, size_t i, const std::string& what) {
+    c_.job_errors.add();
+    const std::string err = "internal error: " + what;
+    if (t->open(i)) {
+        (t->tracks_persist() ? c_.dump_errors : c_.load_errors).add();
+        t->finish(i, err);
+    }
+    persist_done(t, i, err);  // no-op for a load or a block whose persisted outcome is out
+}
+
 uint64_t Store::dump(const std::vector<Key>& keys, const Blocks& blocks_in) {
     auto blocks = std::make_shared<const Blocks>(blocks_in);
     auto t = new_task(keys.size(), true);
@@ -118,16 +172,17 @@ uint64_t Store::dump(const std::vector<Key>& keys, const Blocks& blocks_in) {
     for (size_t i = 0; i < keys.size(); ++i) {
         Key key = keys[i];
         if (cache_)
-            copy_pool_->submit([this, t, i, key, blocks] { dump_to_cache(t, i, key, (*blocks)[i]); },
-                               true);
+            submit_block(*copy_pool_, t, i, true,
+                         [this, t, i, key, blocks] { dump_to_cache(t, i, key, (*blocks)[i]); });
         else
-            io_pool_->submit([this, t, i, key, blocks] { dump_to_posix(t, i, key, (*blocks)[i]); },
-                             true);
+            submit_block(*io_pool_, t, i, true,
+                         [this, t, i, key, blocks] { dump_to_posix(t, i, key, (*blocks)[i]); });
     }
     return t->id();
 }
 
 void Store::persist_done(const std::shared_ptr<Task>& t, size_t i, const std::string& err) {
+    if (!t->persist_open(i)) return;  // a load, or already reported (see fail_block)
     if (!err.empty()) c_.persist_errors.add();
     t->finish_persist(i, err);
     std::lock_guard<std::mutex> lk(flush_mu_);
@@ -137,34 +192,59 @@ void Store::persist_done(const std::shared_ptr<Task>& t, size_t i, const std::st
 void Store::dump_to_cache(const std::shared_ptr<Task>& t, size_t i, const Key& key,
                           const std::vector<Span>& shards) {
     uint32_t slot = 0;
-    switch (cache_->reserve(key, &slot)) {
-    case CacheTier::Reserve::Exists:
-        t->finish(i, "");
-        if (!posix_) {
-            persist_done(t, i, "pipeline has no persistent tier");
-        } else if (cache_->pin(key, &slot)) {
-            // Cached earlier, but that write-through may have failed (disk full): write it
-            // through again; the Posix tier skips it with one stat() if the file is there.
-            io_pool_->submit([this, t, i, key, slot] { write_through(t, i, key, slot); }, false);
-        } else {
-            persist_done(t, i, "");  // being filled by a concurrent dump that persists it
+    for (;;) {
+        switch (cache_->reserve(key, &slot)) {
+        case CacheTier::Reserve::Exists:
+            if (cache_->pin_when_ready(key, &slot)) {
+                dump_cached_copy(t, i, key, slot);
+                return;
+            }
+            continue;  // the slot was given back or evicted meanwhile: claim one again
+        case CacheTier::Reserve::Full:
+            dump_around_full_cache(t, i, key, shards);
+            return;
+        case CacheTier::Reserve::Reserved:
+            fill_slot(t, i, key, shards, slot);
+            return;
         }
-        return;
-    case CacheTier::Reserve::Full:
-        // Every slot is pinned by reads or pending write-throughs: go straight to disk
-        // rather than fail or block the caller behind the backlog.
-        c_.cache_full.add();
-        if (posix_) {
-            dump_to_posix(t, i, key, shards);
-        } else {
-            c_.dump_errors.add();
-            t->finish(i, "cache full: every slot is in use");
-            persist_done(t, i, "cache full: every slot is in use");
-        }
-        return;
-    case CacheTier::Reserve::Reserved:
-        break;
     }
+}
+
+void Store::dump_cached_copy(const std::shared_ptr<Task>& t, size_t i, const Key& key,
+                             uint32_t slot) {
+    // The key is in DRAM (another dump or a load filled it; pin_when_ready waited for that
+    // copy to complete), so this task's bytes are stored. Its persisted outcome must be its
+    // own, though: the other dump's write-through may still be running, or may fail (disk
+    // full, backend gone). So write the slot through again; the Posix tier skips it with one
+    // stat() if the file is already there.
+    t->finish(i, "");
+    if (!posix_) {
+        cache_->unpin(slot);
+        persist_done(t, i, "pipeline has no persistent tier");
+        return;
+    }
+    submit_block(*io_pool_, t, i, false,
+                 [this, t, i, key, slot] { write_through(t, i, key, slot); });
+}
+
+void Store::dump_around_full_cache(const std::shared_ptr<Task>& t, size_t i, const Key& key,
+                                   const std::vector<Span>& shards) {
+    // Every slot is pinned by reads or pending write-throughs: go straight to disk rather
+    // than fail or block the caller behind the backlog.
+    c_.cache_full.add();
+    if (posix_) {
+        dump_to_posix(t, i, key, shards);
+    } else {
+        c_.dump_errors.add();
+        t->finish(i, "cache full: every slot is in use");
+        persist_done(t, i, "cache full: every slot is in use");
+    }
+}
+
+void Store::fill_slot(const std::shared_ptr<Task>& t, size_t i, const Key& key,
+                      const std::vector<Span>& shards, uint32_t slot) {
+    // Nothing between reserve() and commit() may throw: a slot left FILLING would stall
+    // every later dump of this key in pin_when_ready.
     uint8_t* dst = cache_->data(slot);
     for (const auto& s : shards) {
         std::memcpy(dst, s.p, s.n);
@@ -178,13 +258,20 @@ void Store::dump_to_cache(const std::shared_ptr<Task>& t, size_t i, const Key& k
         persist_done(t, i, "pipeline has no persistent tier");
         return;
     }
-    io_pool_->submit([this, t, i, key, slot] { write_through(t, i, key, slot); }, false);
+    submit_block(*io_pool_, t, i, false,
+                 [this, t, i, key, slot] { write_through(t, i, key, slot); });
 }
 
 void Store::write_through(const std::shared_ptr<Task>& t, size_t i, const Key& key,
                           uint32_t slot) {
+    // Unpinned however the write ends (an exception included), or the slot could never be
+    // evicted again.
+    struct Unpin {
+        CacheTier& cache;
+        uint32_t slot;
+        ~Unpin() { cache.unpin(slot); }
+    } unpin{*cache_, slot};
     std::string err = posix_->write(key, {{cache_->data(slot), block_bytes_}});
-    cache_->unpin(slot);
     if (!err.empty()) c_.posix_write_errors.add();
     persist_done(t, i, err);
 }
@@ -210,11 +297,11 @@ uint64_t Store::load(const std::vector<Key>& keys, const Blocks& blocks_in) {
     for (size_t i = 0; i < keys.size(); ++i) {
         Key key = keys[i];
         if (cache_)
-            copy_pool_->submit([this, t, i, key, blocks] { load_one(t, i, key, (*blocks)[i]); },
-                               true);
+            submit_block(*copy_pool_, t, i, true,
+                         [this, t, i, key, blocks] { load_one(t, i, key, (*blocks)[i]); });
         else
-            io_pool_->submit(
-                [this, t, i, key, blocks] { load_from_posix(t, i, key, (*blocks)[i]); }, true);
+            submit_block(*io_pool_, t, i, true,
+                         [this, t, i, key, blocks] { load_from_posix(t, i, key, (*blocks)[i]); });
     }
     return t->id();
 }
@@ -243,8 +330,8 @@ void Store::load_one(const std::shared_ptr<Task>& t, size_t i, const Key& key,
     }
     // Hand over to the I/O pool: a copy thread must never sit in a disk read.
     auto shards_copy = shards;
-    io_pool_->submit([this, t, i, key, shards_copy] { load_from_posix(t, i, key, shards_copy); },
-                     true);
+    submit_block(*io_pool_, t, i, true,
+                 [this, t, i, key, shards_copy] { load_from_posix(t, i, key, shards_copy); });
 }
 
 void Store::load_from_posix(const std::shared_ptr<Task>& t, size_t i, const Key& key,
@@ -333,7 +420,7 @@ std::optional<Outcomes> Store::wait(uint64_t tid, long long timeout_ms, bool con
     if (!t->wait(timeout_ms)) return std::nullopt;
     if (consume) {
         std::lock_guard<std::mutex> lk(tasks_mu_);
-        tasks_.erase(tid);
+        if (tasks_.erase(tid)) forgotten_locked(tid);
     }
     return t->result();
 }
@@ -342,8 +429,11 @@ std::optional<Outcomes> Store::wait_persisted(uint64_t tid, long long timeout_ms
     auto t = find(tid, true);
     if (!t->wait_persisted(timeout_ms)) return std::nullopt;
     {
+        // Persisted implies stored (every block finishes its memory phase first), so this is
+        // the task's last word: forget it in both tables, or a caller that only ever asks
+        // wait_persisted (the connector's wait_persisted mode) would leak every task.
         std::lock_guard<std::mutex> lk(tasks_mu_);
-        persist_.erase(tid);
+        if (persist_.erase(tid) + tasks_.erase(tid) > 0) forgotten_locked(tid);
     }
     return t->persist_result();
 }

@@ -53,6 +53,9 @@ public:
     size_t lookup_prefix(const std::vector<Key>& keys);
 
     // nullopt = timed out; throws std::out_of_range for an unknown or collected task.
+    // wait() hands out the in-memory outcome; a dump's persisted outcome stays available.
+    // wait_persisted() hands out a dump's last outcome and forgets the task entirely (a
+    // block is persisted only after it was stored, so nothing is left to wait for).
     std::optional<Outcomes> wait(uint64_t tid, long long timeout_ms, bool consume = true);
     std::optional<Outcomes> wait_persisted(uint64_t tid, long long timeout_ms);
     bool flush(long long timeout_ms);
@@ -68,11 +71,26 @@ public:
 private:
     std::shared_ptr<Task> new_task(size_t n, bool track_persist);
     std::shared_ptr<Task> find(uint64_t tid, bool persist_table);
+    // With tasks_mu_ held, after erasing `tid` from a table: counts it out of `tasks_live`
+    // once neither table holds it (nobody can fetch a result of it any more).
+    void forgotten_locked(uint64_t tid);
+
+    // Queues one block's step; an exception it throws fails the block (fail_block).
+    template <class Fn>
+    void submit_block(ThreadPool& pool, const std::shared_ptr<Task>& t, size_t i, bool urgent,
+                      Fn fn);
+    void fail_block(const std::shared_ptr<Task>& t, size_t i, const std::string& what);
 
     void dump_to_cache(const std::shared_ptr<Task>& t, size_t i, const Key& key,
                        const std::vector<Span>& shards);
     void dump_to_posix(const std::shared_ptr<Task>& t, size_t i, const Key& key,
                        const std::vector<Span>& shards);
+    void dump_cached_copy(const std::shared_ptr<Task>& t, size_t i, const Key& key,
+                          uint32_t slot);
+    void dump_around_full_cache(const std::shared_ptr<Task>& t, size_t i, const Key& key,
+                                const std::vector<Span>& shards);
+    void fill_slot(const std::shared_ptr<Task>& t, size_t i, const Key& key,
+                   const std::vector<Span>& shards, uint32_t slot);
     void write_through(const std::shared_ptr<Task>& t, size_t i, const Key& key, uint32_t slot);
     void load_one(const std::shared_ptr<Task>& t, size_t i, const Key& key,
                   const std::vector<Span>& shards);

@@ -3,7 +3,12 @@
 namespace ucm {
 
 Task::Task(uint64_t id, size_t blocks, bool track_persist)
-    : id_(id), n_(blocks), remaining_(blocks), persist_remaining_(track_persist ? blocks : 0) {
+    : id_(id),
+      n_(blocks),
+      track_persist_(track_persist),
+      phases_(new std::atomic<uint8_t>[blocks]()),
+      remaining_(blocks),
+      persist_remaining_(track_persist ? blocks : 0) {
     result_.ok.assign(blocks, 0);
     result_.errors.assign(blocks, std::string());
     if (track_persist) {
@@ -12,23 +17,25 @@ Task::Task(uint64_t id, size_t blocks, bool track_persist)
     }
 }
 
-void Task::finish(size_t i, const std::string& error) {
-    result_.ok[i] = error.empty();
-    result_.errors[i] = error;
+bool Task::record(size_t i, uint8_t phase, Outcomes& out, std::atomic<size_t>& remaining,
+                  const std::string& error) {
+    if (phases_[i].fetch_or(phase, std::memory_order_relaxed) & phase) return false;
+    out.ok[i] = error.empty();
+    out.errors[i] = error;
     // acq_rel: the last finisher's wake-up publishes every other block's outcome too.
-    if (remaining_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+    if (remaining.fetch_sub(1, std::memory_order_acq_rel) == 1) {
         std::lock_guard<std::mutex> lk(mu_);
         cv_.notify_all();
     }
+    return true;
 }
 
-void Task::finish_persist(size_t i, const std::string& error) {
-    persist_.ok[i] = error.empty();
-    persist_.errors[i] = error;
-    if (persist_remaining_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-        std::lock_guard<std::mutex> lk(mu_);
-        cv_.notify_all();
-    }
+bool Task::finish(size_t i, const std::string& error) {
+    return record(i, kDone, result_, remaining_, error);
+}
+
+bool Task::finish_persist(size_t i, const std::string& error) {
+    return track_persist_ && record(i, kPersisted, persist_, persist_remaining_, error);
 }
 
 bool Task::wait_on(const std::atomic<size_t>& counter, long long timeout_ms) {

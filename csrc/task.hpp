@@ -21,13 +21,24 @@ struct Outcomes {
 class Task {
 public:
     Task(uint64_t id, size_t blocks, bool track_persist);
+    Task(const Task&) = delete;
+    Task& operator=(const Task&) = delete;
 
     uint64_t id() const { return id_; }
     size_t blocks() const { return n_; }
+    bool tracks_persist() const { return track_persist_; }
 
-    // Each block index is finished exactly once per phase, by exactly one thread.
-    void finish(size_t i, const std::string& error);
-    void finish_persist(size_t i, const std::string& error);
+    // Each phase of a block is finished once: the first call records the outcome and returns
+    // true, later calls return false and change nothing. That lets an error handler fail
+    // "whatever is still open" of a block without knowing how far its job got.
+    bool finish(size_t i, const std::string& error);
+    bool finish_persist(size_t i, const std::string& error);
+
+    // Whether block i's outcome of that phase is still to be reported.
+    bool open(size_t i) const { return !(phases_[i].load() & kDone); }
+    bool persist_open(size_t i) const {
+        return track_persist_ && !(phases_[i].load() & kPersisted);
+    }
 
     bool done() const { return remaining_.load(std::memory_order_acquire) == 0; }
     bool persisted() const { return persist_remaining_.load(std::memory_order_acquire) == 0; }
@@ -40,11 +51,16 @@ public:
     Outcomes persist_result() const { return persist_; }
 
 private:
+    enum : uint8_t { kDone = 1, kPersisted = 2 };
+    bool record(size_t i, uint8_t phase, Outcomes& out, std::atomic<size_t>& remaining,
+                const std::string& error);
     bool wait_on(const std::atomic<size_t>& counter, long long timeout_ms);
 
     uint64_t id_;
     size_t n_;
+    bool track_persist_;
     Outcomes result_, persist_;
+    std::unique_ptr<std::atomic<uint8_t>[]> phases_;  // kDone | kPersisted bits per block
     std::atomic<size_t> remaining_, persist_remaining_;
     std::mutex mu_;
     std::condition_variable cv_;

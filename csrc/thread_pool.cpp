@@ -2,6 +2,9 @@
 
 #include <pthread.h>
 
+#include <cstdio>
+#include <exception>
+
 namespace ucm {
 
 ThreadPool::ThreadPool(unsigned threads, std::string name) : name_(std::move(name)) {
@@ -41,7 +44,22 @@ void ThreadPool::run() {
             job = std::move(q.front());
             q.pop_front();
         }
+        run_job(job);
+    }
+}
+
+void ThreadPool::run_job(const std::function<void()>& job) {
+    // An exception escaping a std::thread calls std::terminate, which would take the whole
+    // serving process down. Store jobs catch their own errors and fail their block (see
+    // Store::guarded); this is the last resort for anything else: say so and keep serving.
+    try {
         job();
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "ucm_store: %s worker: uncaught exception: %s\n", name_.c_str(),
+                     e.what());
+    } catch (...) {
+        std::fprintf(stderr, "ucm_store: %s worker: uncaught non-standard exception\n",
+                     name_.c_str());
     }
 }
 

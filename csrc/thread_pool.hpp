@@ -24,6 +24,7 @@ public:
 
 private:
     void run();
+    void run_job(const std::function<void()>& job);
 
     std::mutex mu_;
     std::condition_variable cv_;

@@ -35,7 +35,15 @@ Operations (all batched; dump and load return a task id at once):
 - With ``Cache|Posix`` a dump's ``wait`` returns once the bytes are in DRAM; the write to
   Posix happens in the background. ``wait_persisted(tid, timeout=None) -> TaskResult`` and
   ``check_persisted(tid)`` tell per block when (and whether) it reached the last tier;
-  ``flush(timeout=None) -> bool`` waits for every dump accepted so far.
+  ``flush(timeout=None) -> bool`` waits for every dump accepted so far. A block is reported
+  persisted only once its own write reached the last tier, also when the same key was being
+  dumped by another task at the time.
+- A dump's persisted outcome stays fetchable after ``wait`` (until fetched, or until 65,536
+  newer ones finished); fetching it with ``wait_persisted`` forgets the task altogether, so a
+  later ``wait`` raises ``KeyError`` (persisted implies stored). ``stats()["tasks_live"]``
+  counts the tasks whose results the store still holds.
+- An unexpected error inside a store worker fails that block (``"internal error: ..."``,
+  counted in ``stats()["job_errors"]``); it never ends the process.
 - A load verifies the block's header and CRC-32C before any byte reaches the caller's
   buffer; a corrupt, torn or truncated file is a failed block whose error says why, and the
   file is moved to ``<backend>/corrupt/``.

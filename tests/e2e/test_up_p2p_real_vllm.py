@@ -46,7 +46,11 @@ def topology(c: Cluster, model: Path, name: str, h1_env: str = "") -> str:
             "env: {{PYTHONPATH: {shim}{extra}}}}}")  # fmt: skip
     nodes = "\n".join(
         line.format(
-            n=n, addr=c.host(n).address, key=c.key, py=sys.executable, shim=SHIM,
+            n=n,
+            addr=c.host(n).address,
+            key=c.key,
+            py=sys.executable,
+            shim=SHIM,
             extra=h1_env if n == "h1" else "",
         )
         for n in ("h1", "h2")

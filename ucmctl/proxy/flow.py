@@ -181,7 +181,8 @@ async def _mooncake_engine(state: ProxyState, url: str, bootstrap: str) -> str:
     except (*UPSTREAM_ERRORS, ValueError) as exc:
         state.metrics.errors["bootstrap"] += 1
         raise LegFailed(
-            502, f"prefill instance {url}: Mooncake bootstrap {bootstrap} gave no engine: {_why(exc)}",
+            502,
+            f"prefill instance {url}: Mooncake bootstrap {bootstrap} gave no engine: {_why(exc)}",
             "upstream",
         ) from None
     state.engines[url] = (loop.time(), engine)

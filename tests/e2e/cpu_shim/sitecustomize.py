@@ -19,4 +19,3 @@ try:
     torch.accelerator.current_device_index = _current_device_index
 except Exception:  # torch absent or another layout: leave everything as it is
     pass
-
