@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.e2e.vllm_server import VllmServer, write_ucm_config
+from ucmctl.testing.vllm_server import VllmServer, write_ucm_config
 
 VOCAB = 8192
 BLOCK = 128
@@ -90,7 +90,7 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     model = args.model_dir
     if model is None:
-        from ucmctl.model import make_model
+        from ucmctl.tinymodel import make_model
 
         model = make_model(work / "medium", size="medium", seed=0)
     storage = work / "store"

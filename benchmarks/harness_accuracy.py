@@ -19,9 +19,9 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.e2e.test_bench_vs_vllm import CONCURRENCY, INPUT, OUTPUT, PROMPTS, ours, theirs
-from tests.e2e.vllm_server import VllmServer
-from ucmctl.model import make_model
+from ucmctl.testing.bench_vs_vllm import CONCURRENCY, INPUT, OUTPUT, PROMPTS, ours, theirs
+from ucmctl.testing.vllm_server import VllmServer
+from ucmctl.tinymodel import make_model
 
 
 def main() -> None:

@@ -12,21 +12,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.support.processes import free_port, wait_healthy
 from ucmctl.bench.hitrate import Instance
 from ucmctl.bench.prompts import vocab_from_model
 from ucmctl.bench.runner import BenchConfig, Target, run_bench
-
-VENV_BIN = Path(sys.executable).parent
+from ucmctl.testing.bench_vs_vllm import vllm_bench_serve
+from ucmctl.testing.processes import sim_server
 
 
 def ours(url: str, model: str, streams: int, tokens: int, input_len: int, seed: int) -> tuple[float, int]:
@@ -48,42 +44,8 @@ def ours(url: str, model: str, streams: int, tokens: int, input_len: int, seed: 
 def theirs(
     url: str, model: str, streams: int, tokens: int, input_len: int, seed: int, out: Path
 ) -> tuple[float, int]:
-    name = f"vllm-{seed}.json"
-    cmd = [
-        str(VENV_BIN / "vllm"),
-        "bench",
-        "serve",
-        "--backend",
-        "vllm",
-        "--base-url",
-        url,
-        "--model",
-        model,
-        "--tokenizer",
-        model,
-        "--dataset-name",
-        "random",
-        "--random-input-len",
-        str(input_len),
-        "--random-output-len",
-        str(tokens),
-        "--num-prompts",
-        str(streams),
-        "--max-concurrency",
-        str(streams),
-        "--ignore-eos",
-        "--seed",
-        str(seed),
-        "--disable-tqdm",
-        "--save-result",
-        "--result-dir",
-        str(out),
-        "--result-filename",
-        name,
-    ]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_TARGET_DEVICE": "cpu"}
-    subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    result = json.loads((out / name).read_text())
+    result = vllm_bench_serve(url, model, model, input_len=input_len, output_len=tokens, prompts=streams,
+                              concurrency=streams, seed=seed, out=out)  # fmt: skip
     return float(result["output_throughput"]), int(result.get("failed", 0))
 
 
@@ -102,46 +64,22 @@ def main() -> None:
         tmp = Path(tmp_name)
         model_dir = args.model_dir
         if model_dir is None:
-            from ucmctl.model import make_model
+            from ucmctl.tinymodel import make_model
 
             model_dir = make_model(tmp / "tiny", size="tiny", seed=0)
         model = str(model_dir)
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        cmd = [
-            sys.executable,
-            "-m",
-            "ucmctl",
-            "sim",
-            "serve",
-            model,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--profile",
-            "zero",
-            "--max-num-seqs",
-            str(args.streams),
-            "--no-enable-prefix-caching",
-        ]
-        with (tmp / "sim.log").open("wb") as log:
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            wait_healthy(f"{url}/health", proc, 60)
+        flags = ("--profile", "zero", "--max-num-seqs", str(args.streams), "--no-enable-prefix-caching")
+        with sim_server(tmp, *flags, model=model, timeout=60) as srv:
             mine, ref = [], []
             for r in range(args.rounds):
-                a, fa = ours(url, model, args.streams, args.tokens, args.input_len, seed=100 + r)
-                b, fb = theirs(url, model, args.streams, args.tokens, args.input_len, 200 + r, tmp)
+                a, fa = ours(srv.url, model, args.streams, args.tokens, args.input_len, seed=100 + r)
+                b, fb = theirs(srv.url, model, args.streams, args.tokens, args.input_len, 200 + r, tmp)
                 mine.append(a)
                 ref.append(b)
                 print(
                     f"round {r + 1}: ucmctl bench {a:,.0f} tok/s ({fa} failed), "
                     f"vllm bench serve {b:,.0f} tok/s ({fb} failed)"
                 )
-        finally:
-            proc.terminate()
-            proc.wait(10)
     ratio = statistics.median(mine) / statistics.median(ref)
     print(f"{args.streams} streams x {args.tokens} tokens, zero-cost simulator, {args.rounds} rounds")
     print(

@@ -15,11 +15,12 @@ from ucmctl import __version__
 from ucmctl.bench.cli import app as bench_app
 
 if TYPE_CHECKING:
+    from ucmctl.plan.model import Plan
     from ucmctl.topology.model import Topology
 from ucmctl.errors import ExitStatus, UcmctlError
-from ucmctl.model.cli import app as model_app
 from ucmctl.proxy.cli import proxy as proxy_command
 from ucmctl.sim.cli import app as sim_app
+from ucmctl.tinymodel.cli import app as model_app
 
 app = typer.Typer(
     name="ucmctl",
@@ -52,7 +53,7 @@ def validate(topology: Path = TopologyArg) -> None:
     from ucmctl.topology.load import load_topology
 
     plan = build_plan(load_topology(topology))
-    servers = sum(1 for p in plan.processes if p.role in ("prefill", "decode", "mixed"))
+    servers = sum(1 for p in plan.processes if p.is_server)
     out.print(f"{escape(str(topology))}: ok ({plan.mode}, {servers} API servers on {len(plan.nodes)} nodes)")
 
 
@@ -130,37 +131,43 @@ def up(
 
 @app.command()
 def down(
-    target: str = typer.Argument(..., help="deployment name, or its topology file", show_default=False),
+    target: str | None = typer.Argument(
+        None, help="deployment name, or its topology file (default: the only deployment)", show_default=False
+    ),
     purge_storage: bool = typer.Option(False, "--purge-storage", help="also delete the stored KV blocks"),
     yes: bool = typer.Option(False, "--yes", "-y", help="do not ask before purging"),
     grace: float = typer.Option(15.0, "--grace", help="seconds between SIGTERM and SIGKILL"),
 ) -> None:
     """Stop everything a deployment started (and nothing else), in reverse order."""
     from ucmctl.deploy.api import deploy_down, purge
+    from ucmctl.deploy.state import StateStore
 
+    if target is None:
+        from ucmctl.deploy.inspect import the_deployment
+
+        target = the_deployment("down", alternative="or pass the topology file")
     as_file = Path(target)
-    topo = None
+    plan: Plan | None = None
     if target.endswith((".yaml", ".yml")) or as_file.is_file():
         from ucmctl.plan.build import build_plan
 
-        topo = _load(as_file)
-        stopped = deploy_down(build_plan(topo), grace=grace, console=err)
+        plan = build_plan(_load(as_file))
     else:
-        stopped = deploy_down(target, grace=grace, console=err)
+        record = StateStore().load(target)  # read before `down` removes it: what to purge
+        if record is not None:
+            plan = record.plan
+    stopped = deploy_down(plan or target, grace=grace, console=err)
     for name, node, was_running in stopped:
         out.print(f"{name}@{node}: {'stopped' if was_running else 'not running'}")
     out.print(f"{sum(1 for s in stopped if s[2])} processes stopped")
     if purge_storage:
-        if topo is None:
-            raise UcmctlError.one(
-                "--purge-storage needs the topology file", fix="ucmctl down TOPOLOGY --purge-storage"
-            )
-        if topo.storage is None:
-            raise UcmctlError.one("the topology has no storage to purge")
-        where = ", ".join(topo.storage.storage_backends)
+        assert plan is not None  # deploy_down refused an unknown name
+        if plan.store is None:
+            raise UcmctlError.one(f"deployment '{plan.deployment}' has no storage to purge")
+        where = ", ".join(plan.store.backends)
         if not yes and not typer.confirm(f"delete every stored KV block under {where}?"):
             raise typer.Exit(int(ExitStatus.OK))
-        removed = purge(topo)
+        removed = purge(plan)
         out.print(f"purged {removed} block folders under {escape(where)}")
 
 
@@ -179,12 +186,15 @@ def status(deployment: str | None = typer.Argument(None, help="one deployment (d
         out.print("no deployments")
         return
     for record in records:
-        out.print(status_table(record))
+        for table in status_table(record, width=out.width):
+            out.print(table)
 
 
 @app.command()
 def logs(
-    deployment: str = typer.Argument(..., help="deployment name", show_default=False),
+    deployment: str | None = typer.Argument(
+        None, help="deployment name (default: the only deployment)", show_default=False
+    ),
     processes: list[str] | None = typer.Argument(None, help="process names (default: all)"),
     follow: bool = typer.Option(False, "--follow", "-f", help="keep printing new lines"),
     lines: int = typer.Option(50, "--lines", "-n", help="lines of each log to start with"),
@@ -193,18 +203,41 @@ def logs(
     from ucmctl.deploy.inspect import show_logs
     from ucmctl.deploy.state import StateStore
 
-    record = StateStore().load(deployment)
+    store = StateStore()
+    names = list(processes or [])
+    record = None
+    if deployment is None:
+        from ucmctl.deploy.inspect import the_deployment
+
+        deployment = the_deployment("logs")
+    elif not _is_name(deployment) or store.load(deployment) is None:
+        # `ucmctl logs prefill-0`: a process of the only deployment, not a deployment's name
+        only = store.all()
+        if len(only) == 1 and deployment in {p.name for p in only[0].plan.processes}:
+            names.insert(0, deployment)
+            deployment = only[0].deployment
+    if _is_name(deployment):
+        record = store.load(deployment)
     if record is None:
         raise UcmctlError.one(
             f"no deployment named '{deployment}' on this machine", fix="see `ucmctl status`"
         )
-    known = {p.name for p in record.plan.processes}
-    unknown = [n for n in processes or [] if n not in known]
+    known = [p.name for p in record.plan.processes]
+    unknown = [n for n in names if n not in known]
     if unknown:
         raise UcmctlError.one(
             f"no process {', '.join(unknown)} in {deployment}", fix=f"known: {', '.join(known)}"
         )
+    processes = names
     show_logs(record, processes or [], lines, follow, out)
+
+
+def _is_name(text: str) -> bool:
+    import re
+
+    from ucmctl.topology.model import NAME_RE
+
+    return re.fullmatch(NAME_RE, text) is not None
 
 
 @app.command()
@@ -244,15 +277,46 @@ def _root(
         raise typer.Exit()
 
 
+def _one_line(exc: BaseException) -> tuple[str, ExitStatus] | None:
+    """A user-facing error that is not a UcmctlError, as one line and its exit status; None for
+    a bug (which keeps its traceback)."""
+    from ucmctl.deploy.executor import NodeError
+
+    if isinstance(exc, NodeError):  # a node unreachable, or a command on it failed
+        return str(exc), ExitStatus.FAILURE
+    if isinstance(exc, OSError) and exc.filename is not None:  # --save into a missing folder ...
+        return f"{exc.filename}: {exc.strerror or exc}", ExitStatus.BAD_INPUT
+    return None
+
+
+def _usage_line(exc: Exception) -> str:
+    """Click's usage error (three lines and a blank) as one: where, what, and where to look."""
+    names: list[str] = []
+    ctx = getattr(exc, "ctx", None)
+    while ctx is not None and ctx.parent is not None:  # the root's name is how Python was run
+        names.insert(0, str(ctx.info_name))
+        ctx = ctx.parent
+    path = " ".join(["ucmctl", *names])
+    format_message = getattr(exc, "format_message", None)
+    message = format_message() if callable(format_message) else str(exc)
+    return f"{path}: {' '.join(str(message).split())} (see `{path} --help`)"
+
+
+def _say(line: str) -> None:
+    err.print(f"[red]error:[/] {escape(line)}", soft_wrap=True)
+
+
 def main() -> None:
-    """Entry point: user errors become one line each and exit code 2, never a traceback."""
+    """Entry point, and the one place where errors become what the user sees: each problem on
+    one line (what, where, the fix), no traceback, and an exit status a script can act on (see
+    ExitStatus: 2 bad input, 1 failed, 5 regression, 6 requests failed ...)."""
     try:
         code = app(standalone_mode=False)  # click returns a typer.Exit's code in this mode
         if isinstance(code, int) and code:
             sys.exit(code)
     except UcmctlError as exc:
         for problem in exc.problems:
-            err.print(f"[red]error:[/] {escape(problem.render())}", soft_wrap=True)
+            _say(problem.render())
         sys.exit(int(exc.status))
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
@@ -260,5 +324,11 @@ def main() -> None:
         err.print("interrupted")
         sys.exit(int(ExitStatus.INTERRUPTED))
     except typer.TyperException as exc:  # usage errors: unknown option, missing argument
-        exc.show()  # type: ignore[attr-defined]
+        _say(_usage_line(exc))
         sys.exit(int(ExitStatus.BAD_INPUT))
+    except Exception as exc:
+        said = _one_line(exc)
+        if said is None:
+            raise
+        _say(said[0])
+        sys.exit(int(said[1]))

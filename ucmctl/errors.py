@@ -10,10 +10,12 @@ class ExitStatus(IntEnum):
     """What an exit code means to a script or a CI job."""
 
     OK = 0
-    FAILURE = 1  # something ran and failed (a process did not come up, a regression was found)
+    FAILURE = 1  # something ran and failed: a process did not come up (`up`), a node failed a command
     BAD_INPUT = 2  # the user's input is wrong: nothing was started
     NOT_READY = 3  # the nodes failed preflight: nothing was started
     BUSY = 4  # another ucmctl is starting or stopping this deployment: nothing was touched
+    REGRESSION = 5  # `bench compare`: a figure is worse than its limit
+    REQUESTS_FAILED = 6  # `bench`, `bench suite`: requests failed (counted, left out of the figures)
     INTERRUPTED = 130
 
 

@@ -6,6 +6,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from ucm_connector.config import UCMConfig, UCMConfigError
+from ucmctl.ucm_config import StoreConfig
+
+DEFAULT_PIPELINE: str = StoreConfig.model_fields["store_pipeline"].default
 
 Shard = Any  # (address, nbytes) tuple or a buffer-protocol object
 
@@ -40,7 +43,7 @@ def store_config_for_role(config: UCMConfig, lookup_only: bool) -> dict[str, Any
     """
     cfg: dict[str, Any] = dict(config.store_config)
     if lookup_only:
-        tiers = [t for t in str(cfg["store_pipeline"]).split("|") if t != "Cache"]
+        tiers = [t for t in str(cfg.get("store_pipeline", DEFAULT_PIPELINE)).split("|") if t != "Cache"]
         if tiers:
             cfg["store_pipeline"] = "|".join(tiers)
             cfg.pop("cache_buffer_capacity_gb", None)

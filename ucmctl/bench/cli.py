@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ucmctl.errors import ExitStatus, UcmctlError
@@ -111,8 +112,47 @@ def _fail_on_errors(cells: list[dict[str, Any]]) -> None:
     if failed:
         raise UcmctlError.one(
             f"{failed} request(s) failed (counted above, excluded from the figures)",
-            status=ExitStatus.FAILURE,
+            status=ExitStatus.REQUESTS_FAILED,
         )
+
+
+DEFAULT_INPUT_LEN = 4096
+DEFAULT_VOCAB = 8000
+
+
+def _default_input_len(max_model_len: int | None, output_len: int) -> int:
+    """4096 tokens, or what the server's context leaves after --output-len (whole 256s)."""
+    if max_model_len is None or DEFAULT_INPUT_LEN + output_len <= max_model_len:
+        return DEFAULT_INPUT_LEN
+    room = (max_model_len - output_len) // 256 * 256
+    if room < 256:
+        raise UcmctlError.one(
+            f"--output-len {output_len} leaves no room for a prompt in the server's max_model_len "
+            f"{max_model_len}",
+            key="--output-len",
+            fix="pass a smaller --output-len",
+        )
+    return room
+
+
+def _vocabulary(model_dir: Path | None, vocab: int | None, folders: list[str | None]) -> tuple[int, bool]:
+    """(ids to draw below, known to be right): --model-dir, else --vocab, else the first of
+    `folders` (the deployment's model, the server's /v1/models root) this machine can read, else
+    the default, which the caller checks against the server."""
+    from ucmctl.bench.prompts import vocab_from_model
+
+    if model_dir is not None:
+        if not model_dir.is_dir():
+            raise UcmctlError.one("no such folder", key="--model-dir", file=str(model_dir))
+        return vocab_from_model(model_dir), True
+    if vocab is not None:
+        return vocab, False
+    for folder in folders:
+        if folder and any((Path(folder) / f).is_file() for f in ("config.json", "tokenizer.json")):
+            size = vocab_from_model(Path(folder))
+            err.print(f"vocabulary {size} ids, from {escape(folder)}", soft_wrap=True)
+            return size, True
+    return DEFAULT_VOCAB, False
 
 
 @app.callback(invoke_without_command=True)
@@ -129,7 +169,12 @@ def run(
         "--metrics-url",
         help="with --url: servers whose /metrics give the hit rate (repeatable; default: the --url itself)",
     ),
-    input_len: str | None = typer.Option(None, "--input-len", help="measured prompt lengths, e.g. 4096,8192"),
+    input_len: str | None = typer.Option(
+        None,
+        "--input-len",
+        help=f"measured prompt lengths, e.g. 4096,8192 (default {DEFAULT_INPUT_LEN}, less where the "
+        "server's max_model_len leaves no room for --output-len)",
+    ),
     prefix_ratio: float = typer.Option(
         0.8, "--prefix-ratio", min=0.0, max=0.999, help="preseed length / input length (0: no preseed phase)"
     ),
@@ -154,8 +199,13 @@ def run(
     model_dir: Path | None = typer.Option(
         None, "--model-dir", help="model folder: its vocabulary bounds the ids"
     ),
-    vocab: int = typer.Option(
-        8000, "--vocab", min=256, help="token ids are drawn below this (no --model-dir)"
+    vocab: int | None = typer.Option(
+        None,
+        "--vocab",
+        min=256,
+        help="token ids are drawn below this (default: from the model folder of the deployment or "
+        f"of the server's /v1/models when this machine can read it, else {DEFAULT_VOCAB}, checked "
+        "with one request)",
     ),
     temperature: float | None = typer.Option(None, "--temperature", help="sent when given"),
     settle: float = typer.Option(0.0, "--settle", min=0.0, help="seconds to wait between the phases"),
@@ -172,31 +222,40 @@ def run(
         return
     from ucmctl.bench import report
     from ucmctl.bench.hitrate import Instance
-    from ucmctl.bench.prompts import vocab_from_model
-    from ucmctl.bench.runner import BenchConfig, Target, run_bench, strip_private, target_from_deployment
+    from ucmctl.bench.runner import (
+        BenchConfig,
+        Target,
+        model_path_of,
+        run_bench,
+        server_facts,
+        strip_private,
+        target_from_deployment,
+        vocabulary_refused,
+    )
 
-    if (deployment is None) == (url is None):
-        if deployment is None and input_len is None:
-            out.print(ctx.get_help())
-            return
-        raise UcmctlError.one("say where to send requests", fix="pass exactly one of --deployment or --url")
-    if input_len is None:
-        raise UcmctlError.one("no prompt length given", key="--input-len", fix="e.g. --input-len 4096,8192")
+    if deployment is not None and url is not None:
+        raise UcmctlError.one("--deployment and --url both given", fix="pass one of them")
     if plot:
         report.check_plot_available()
     digest = topo_path = None
-    if deployment is not None:
+    model_path = None
+    if url is None:
+        from ucmctl.deploy.inspect import the_deployment
         from ucmctl.deploy.state import StateStore
 
+        if deployment is None:
+            deployment = the_deployment("bench", alternative="or pass --url")
         target = target_from_deployment(deployment)
         record = StateStore().load(deployment)
         if record is not None:
             digest, topo_path = record.topology_digest, record.topology_path
+            model_path = model_path_of(record.plan)
     else:
-        assert url is not None
         base = url.rstrip("/")
         if not base.startswith(("http://", "https://")):
-            raise UcmctlError.one(f"'{url}' is not an http(s) URL", key="--url")
+            raise UcmctlError.one(
+                f"'{url}' is not an http(s) URL", key="--url", fix="e.g. http://127.0.0.1:8000"
+            )
         urls = metrics_url or [base]
         target = Target(
             base,
@@ -205,9 +264,26 @@ def run(
                 for i, u in enumerate(urls)
             ],
         )
+    facts = asyncio.run(server_facts([target.url, *(i.url for i in target.instances)]))
+    if model is None:
+        model = facts.model
+    if input_len is not None:
+        input_lens = _ints(input_len, "--input-len")
+    else:
+        input_lens = [_default_input_len(facts.max_model_len, output_len)]
+        err.print(f"input length {input_lens[0]} tokens (the default; --input-len to choose)", soft_wrap=True)
+    vocab, checked = _vocabulary(model_dir, vocab, [model_path, facts.root])
+    if not checked:
+        refused = asyncio.run(vocabulary_refused(target.url + endpoint, vocab, model))
+        if refused is not None:
+            raise UcmctlError.one(
+                f"the server refuses token id {vocab - 1} ({refused}): its vocabulary is smaller "
+                f"than the {vocab} ids this benchmark would draw",
+                fix="pass --model-dir MODEL_FOLDER (read on this machine) or a smaller --vocab",
+            )
     target.endpoint = endpoint
     cfg = BenchConfig(
-        input_lens=_ints(input_len, "--input-len"),
+        input_lens=input_lens,
         prefix_ratio=prefix_ratio,
         num_prompts=num_prompts,
         concurrency=concurrency,
@@ -217,7 +293,7 @@ def run(
         seed=seed,
         reset_hbm=reset_hbm,
         repeats=repeats,
-        vocab=vocab_from_model(model_dir) if model_dir else vocab,
+        vocab=vocab,
         model=model,
         temperature=temperature,
         settle_s=settle,
@@ -311,7 +387,7 @@ def compare(
     summary: Path | None = typer.Option(None, "--markdown", help="also write the Markdown summary here"),
     junit_path: Path | None = typer.Option(None, "--junit", help="JUnit XML for CI"),
 ) -> None:
-    """Exit 0 within limits, 1 on a regression, 2 on bad input; prints a Markdown summary."""
+    """Exit 0 within limits, 5 on a regression, 2 on bad input; prints a Markdown summary."""
     from ucmctl.bench import compare as cmp
 
     limits = cmp.parse_limits(max_regression or cmp.DEFAULT_LIMITS)
@@ -326,4 +402,4 @@ def compare(
     bad = [v for v in verdicts if v.regression]
     if bad:
         names = ", ".join(f"{v.cell} {v.limit.name} {100 * v.change:+.1f}%" for v in bad)
-        raise UcmctlError.one(f"regression: {names}", status=ExitStatus.FAILURE)
+        raise UcmctlError.one(f"regression: {names}", status=ExitStatus.REGRESSION)

@@ -3,7 +3,9 @@
 Per successful request: TTFT, TPOT = (E2EL - TTFT) / (output tokens - 1) for outputs longer
 than one token, every inter-token latency, and E2EL. Each is reported as mean, median, std
 (population, numpy's default), p90 and p99, in milliseconds: `mean_ttft_ms`, `p99_tpot_ms`...
-Throughputs divide by the phase's wall time, from the first send to the last answer.
+Throughputs divide by the phase's wall time, from the first send to the last answer. A metric
+with no sample (every request failed; TPOT with one-token outputs) is None: null in JSON, `-` in
+tables, never 0.
 """
 
 from __future__ import annotations
@@ -21,8 +23,11 @@ STATS = ("mean", "median", "std", "p90", "p99")
 LABELS = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2el": "E2EL"}
 
 
-def _stats(name: str, values: Sequence[float]) -> dict[str, float]:
-    arr = np.asarray(values if len(values) else [0.0], dtype=np.float64) * 1000.0
+def _stats(name: str, values: Sequence[float]) -> dict[str, float | None]:
+    """The five statistics in ms; None each when nothing was measured (never a made-up 0)."""
+    if not len(values):
+        return {f"{stat}_{name}_ms": None for stat in STATS}
+    arr = np.asarray(values, dtype=np.float64) * 1000.0
     return {
         f"mean_{name}_ms": float(arr.mean()),
         f"median_{name}_ms": float(np.median(arr)),

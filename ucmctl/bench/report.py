@@ -21,13 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from rich import box
 from rich.console import Console
-from rich.table import Table
 
 from ucmctl import __version__
 from ucmctl.bench.metrics import METRICS, STATS
 from ucmctl.errors import UcmctlError
+from ucmctl.tables import FIGURE, NAME, PAIR, fitted
 
 SCHEMA_VERSION = 1
 KIND = "ucmctl-bench-result"
@@ -209,10 +208,6 @@ def save_csv(cells: list[dict[str, Any]], path: Path) -> None:
     rows(cells).to_csv(path, index=False, float_format="%.4f")
 
 
-def _pct(v: float | None) -> str:
-    return "-" if v is None else f"{100 * v:.1f}%"
-
-
 def _ms(v: Any) -> str:
     return "-" if v is None else f"{v:.0f}" if v >= 100 else f"{v:.2f}"
 
@@ -305,19 +300,12 @@ def save_plot(cells: list[dict[str, Any]], path: Path) -> None:
 
 
 # ---- the terminal ----------------------------------------------------------------------------
-def _table(title: str, columns: list[str], rows_: list[list[str]]) -> Table:
-    table = Table(title=title, header_style="bold", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    for col in columns:
-        table.add_column(col, justify="left" if col in ("scenario", "phase") else "right", no_wrap=True)
-    for r in rows_:
-        table.add_row(*r)
-    return table
-
-
+# ---- the terminal ----------------------------------------------------------------------------
 def print_cells(cells: list[dict[str, Any]], console: Console) -> None:
-    """Two tables (latencies; throughput and hit rates), then every failure and unread /metrics."""
+    """Two tables (latencies; throughput and hit rates), then every failure and unread /metrics.
+    A figure nothing measured (every request of the phase failed) shows as `-`."""
     has_scenario = any(c.get("scenario") for c in cells)
-    lead = ["scenario"] if has_scenario else []
+    lead = [("scenario", NAME)] if has_scenario else []
     latency, load = [], []
     for cell in cells:
         for phase in ("preseed", "measure"):
@@ -331,32 +319,32 @@ def print_cells(cells: list[dict[str, Any]], console: Console) -> None:
             ]
             failed = f"[red]{p['failed']}[/]" if p["failed"] else "0"
             latency.append(
-                [*first, *(f"{_ms(p[f'mean_{m}_ms'])} / {_ms(p[f'p99_{m}_ms'])}" for m in METRICS)]
+                [*first, *(f"{_ms(p.get(f'mean_{m}_ms'))} / {_ms(p.get(f'p99_{m}_ms'))}" for m in METRICS)]
             )
             requested = _pct(cell.get("prefix_ratio")) if phase == "measure" else "-"
+            measured = p["completed"] > 0
             load.append(
                 [
                     *first,
                     str(p["completed"]),
                     failed,
-                    f"{p['request_throughput']:.2f}",
-                    f"{p['output_throughput']:.1f}",
+                    f"{p['request_throughput']:.2f}" if measured else "-",
+                    f"{p['output_throughput']:.1f}" if measured else "-",
                     _pct(_rate(p, "local_hit_rate")),
                     _pct(_rate(p, "external_hit_rate")),
                     requested,
                 ]
             )
-    head = [*lead, "input", "phase"]
-    metric_cols = [m.upper() for m in METRICS]
-    console.print(_table("latency, ms (mean / p99)", head + metric_cols, latency))
-    load_cols = ["ok", "failed", "req/s", "tok/s", "hit L", "hit E", "asked"]
-    console.print(
-        _table(
-            "throughput; measured hit rate (local, external) and the prefix ratio asked",
-            head + load_cols,
-            load,
-        )
-    )
+    head = [*lead, ("input", NAME), ("phase", NAME)]
+    metric_cols = [(m.upper(), PAIR) for m in METRICS]
+    for t in fitted(console, "latency, ms (mean / p99)", head, metric_cols, latency):
+        console.print(t)
+        console.print()
+    load_cols = [(c, FIGURE) for c in ("ok", "failed", "req/s", "tok/s", "hit L", "hit E", "asked")]
+    title = "throughput and hit rate (measured local, external; asked)"
+    for t in fitted(console, title, head, load_cols, load):
+        console.print(t)
+        console.print()
     for cell in cells:
         for phase in ("preseed", "measure"):
             p = cell.get(phase) or {}
@@ -364,8 +352,8 @@ def print_cells(cells: list[dict[str, Any]], console: Console) -> None:
                 console.print(f"[red]{phase} {cell['input_len']}: {e['count']} x {e['error']}[/]")
             by_role = (p.get("hit_rate") or {}).get("by_role") or {}
             # In PD the decode leg finds what the prefill leg just stored: judge the first leg.
-            first = by_role.get("prefill") or by_role.get("mixed")
-            rate = first.get("hit_rate") if first else _rate(p, "hit_rate")
+            leg = by_role.get("prefill") or by_role.get("mixed")
+            rate = leg.get("hit_rate") if leg else _rate(p, "hit_rate")
             if len(by_role) > 1:
                 parts = []
                 for role, r in by_role.items():

@@ -4,6 +4,7 @@ caches, then measure; with the measured hit rate of each phase from the instance
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -77,6 +78,61 @@ async def detect_model(http: aiohttp.ClientSession, url: str) -> str | None:
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError, KeyError, TypeError):
         pass
     return None
+
+
+@dataclass
+class ServerFacts:
+    """What a server says of its model at /v1/models (vLLM and the simulator both say it)."""
+
+    model: str | None = None  # the served name
+    root: str | None = None  # the model's path as the server was given it
+    max_model_len: int | None = None
+
+
+async def server_facts(urls: list[str]) -> ServerFacts:
+    """The first answer among `urls`' /v1/models (a proxy, then its servers); empty when none."""
+    async with aiohttp.ClientSession() as http:
+        for url in urls:
+            try:
+                async with http.get(f"{url}/v1/models", timeout=aiohttp.ClientTimeout(total=15)) as r:
+                    if r.status != 200:
+                        continue
+                    data = (await r.json()).get("data") or []
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError, AttributeError):
+                continue
+            if data and isinstance(data[0], dict):
+                first = data[0]
+                length = first.get("max_model_len")
+                return ServerFacts(
+                    str(first["id"]) if first.get("id") else None,
+                    str(first["root"]) if first.get("root") else None,
+                    length if isinstance(length, int) and length > 0 else None,
+                )
+    return ServerFacts()
+
+
+async def vocabulary_refused(url: str, vocab: int, model: str | None) -> str | None:
+    """Send one two-token prompt that holds the highest id the benchmark will use (vocab - 1);
+    the server's message when it refuses that id as out of its vocabulary, else None (also
+    when it fails otherwise: the phases count and report that)."""
+    body = client.make_body([prompts.FIRST_ID, vocab - 1], 1, model, True, None)
+    try:
+        timeout = aiohttp.ClientTimeout(total=120)
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(url, data=body, headers=client.HEADERS, timeout=timeout) as r,
+        ):
+            text = await r.text(errors="replace")
+            status = r.status
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+        return None
+    if status == 200 or "vocab" not in text.lower():
+        return None
+    try:
+        message = json.loads(text).get("error", {}).get("message") or text
+    except (ValueError, AttributeError):
+        message = text
+    return " ".join(str(message).split())[:200]
 
 
 async def _phase(
@@ -181,6 +237,17 @@ def strip_private(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 c[phase] = {k: v for k, v in c[phase].items() if not k.startswith("_")}
         out.append(c)
     return out
+
+
+def model_path_of(plan: Any) -> str | None:
+    """The model folder the deployment's API servers were given (`vllm serve PATH` or `ucmctl
+    sim serve PATH`), as the nodes see it."""
+    for p in plan.processes:
+        if p.is_server and "serve" in p.argv:
+            i = p.argv.index("serve") + 1
+            if i < len(p.argv) and not p.argv[i].startswith("-"):
+                return str(p.argv[i])
+    return None
 
 
 def target_from_deployment(deployment: str) -> Target:

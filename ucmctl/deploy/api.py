@@ -24,10 +24,7 @@ from ucmctl.deploy.state import ProcessState, Record, StateStore
 from ucmctl.errors import ExitStatus, Problem, UcmctlError
 from ucmctl.plan.build import build_plan
 from ucmctl.plan.model import Plan, Process
-from ucmctl.topology.model import Engine, Topology
-
-# How long a process may take to become healthy, by role and engine.
-HEALTH_TIMEOUT = {"mooncake": 60.0, "proxy": 60.0, "server-vllm": 900.0, "server-sim": 60.0}
+from ucmctl.topology.model import Topology  # `up` and `install` take a topology and plan it
 
 
 @dataclass
@@ -36,7 +33,7 @@ class Options:
     skip_preflight: bool = False
     connect_timeout: float = 10.0
     stop_grace: float = 15.0
-    health_timeout: float | None = None  # overrides HEALTH_TIMEOUT
+    health_timeout: float | None = None  # overrides every process.health_timeout
     kv_probe: bool = True  # after the health gate, prove KV reaches decode (deploy/kv_probe.py)
     accept_new_host_keys: bool = False  # record unknown SSH host keys instead of refusing them
 
@@ -90,10 +87,8 @@ def deploy_up(
         try:
             _refuse_if_running(store.load(plan.deployment), options)
             with node_guard(plan, session.all()):
-                cleanup = _preflight(topology, plan, session, options, console)
-                return _stage_and_start(
-                    topology, topology_path, plan, session, cleanup, options, console, store
-                )
+                cleanup = _preflight(plan, session, options, console)
+                return _stage_and_start(topology_path, plan, session, cleanup, options, console, store)
         except NodeError as exc:
             raise UcmctlError.one(str(exc), status=ExitStatus.FAILURE) from None
         finally:
@@ -117,14 +112,12 @@ def _refuse_if_running(existing: Record | None, options: Options) -> None:
         )
 
 
-def _preflight(
-    topology: Topology, plan: Plan, session: Session, options: Options, console: Console
-) -> dict[str, list[str]]:
+def _preflight(plan: Plan, session: Session, options: Options, console: Console) -> dict[str, list[str]]:
     """Check every node; returns the commands that tidy up after the checks, per node."""
     if options.skip_preflight:
         return {}
     console.print(f"preflight on {len(session.all())} nodes ...")
-    checked = preflight(topology, plan, session.all())
+    checked = preflight(plan, session.all())
     if checked.problems:
         _run_each(session, checked.cleanup)
         raise UcmctlError([Problem(p) for p in checked.problems], status=ExitStatus.NOT_READY)
@@ -132,7 +125,6 @@ def _preflight(
 
 
 def _stage_and_start(
-    topology: Topology,
     topology_path: str,
     plan: Plan,
     session: Session,
@@ -161,7 +153,7 @@ def _stage_and_start(
     try:
         with progress:
             for stage in plan.stages():
-                failure = _start_stage(session, record, store, stage, progress, topology, options)
+                failure = _start_stage(session, record, store, stage, progress, options)
                 if failure:
                     break
     except (KeyboardInterrupt, Exception) as exc:  # Ctrl-C or a bug mid-start: take back what started
@@ -239,12 +231,8 @@ def _run_each(session: Session, commands: dict[str, list[str]]) -> None:
     parallel(commands, run)
 
 
-def _health_timeout(process: Process, topology: Topology, options: Options) -> float:
-    if options.health_timeout is not None:
-        return options.health_timeout
-    if process.role in ("mooncake", "proxy"):
-        return HEALTH_TIMEOUT[process.role]
-    return HEALTH_TIMEOUT["server-sim" if topology.engine is Engine.sim else "server-vllm"]
+def _health_timeout(process: Process, options: Options) -> float:
+    return options.health_timeout if options.health_timeout is not None else process.health_timeout
 
 
 def _start_stage(
@@ -253,7 +241,6 @@ def _start_stage(
     store: StateStore,
     stage: list[Process],
     progress: Progress,
-    topology: Topology,
     options: Options,
 ) -> tuple[Process, str] | None:
     def start_one(process: Process) -> str | None:
@@ -271,7 +258,7 @@ def _start_stage(
         try:
             reason = wait_healthy(
                 process.health,
-                timeout=_health_timeout(process, topology, options),
+                timeout=_health_timeout(process, options),
                 # The watch ending is the news; one direct look confirms it (not a lost channel).
                 still_alive=lambda: not watch.finished() or lifecycle.alive(ex, process) is not None,
                 alive_every=0.5,
@@ -351,16 +338,24 @@ def deploy_down(
     return [(p.name, p.node, s.was_running) for p, s in stopped]
 
 
-def purge(topology: Topology) -> int:
+def purge(plan: Plan | Topology) -> int:
     """Delete the store's folders (`<backend>/<3 hex digits>/` and the quarantine `corrupt/`) from
-    one node; nothing else under the backend is touched. Returns how many folders went."""
-    assert topology.storage is not None
-    plan = build_plan(topology)
-    node = next(p.node for p in plan.processes if any(f.path.endswith("ucm_config.yaml") for f in p.files))
+    one node of the store's users (the backends are shared); nothing else under the backend is
+    touched. Returns how many folders went. Works from a deployment record's plan alone.
+
+    A Topology is still accepted (planned here) for callers not yet passing the plan."""
+    if isinstance(plan, Topology):
+        plan = build_plan(plan)
+    if plan.store is None:
+        raise UcmctlError.one(f"deployment '{plan.deployment}' has no storage to purge")
+    nodes = plan.store_nodes()
+    if not nodes:
+        return 0
+    node = nodes[0]
     session = Session(plan)
     removed = 0
     try:
-        for backend in topology.storage.storage_backends:
+        for backend in plan.store.backends:
             q = shlex.quote(backend)
             script = (f"cd {q} 2>/dev/null || exit 0; n=0; for d in [0-9a-f][0-9a-f][0-9a-f] corrupt; do "
                       '[ -d "$d" ] && rm -rf -- "$d" && n=$((n + 1)); done; echo $n')  # fmt: skip
@@ -372,10 +367,10 @@ def purge(topology: Topology) -> int:
 
 
 def install_wheel(
-    topology: Topology, wheel: Path, *, no_deps: bool = False, accept_new_host_keys: bool = False
+    topology: Plan | Topology, wheel: Path, *, no_deps: bool = False, accept_new_host_keys: bool = False
 ) -> list[tuple[str, str]]:
     """Copy the wheel to each node's run folder and pip-install it with the node's Python."""
-    plan = build_plan(topology)
+    plan = build_plan(topology) if isinstance(topology, Topology) else topology
     data = wheel.read_bytes()
     session = Session(plan, accept_new_host_keys=accept_new_host_keys)
 

@@ -16,9 +16,33 @@ from ucmctl.deploy.fanout import parallel
 from ucmctl.deploy.health import why_not
 from ucmctl.deploy.state import Record
 from ucmctl.plan.model import Process
+from ucmctl.tables import FIGURE, NAME, TEXT, fitted
 
 
-def status_table(record: Record) -> Table:
+def the_deployment(command: str, alternative: str = "") -> str:
+    """The one deployment this machine has a record of, for a command given none; with none or
+    several, one line that lists them (exit 2)."""
+    from ucmctl.deploy.state import StateStore
+    from ucmctl.errors import UcmctlError
+
+    names = [r.deployment for r in StateStore().all()]
+    if len(names) == 1:
+        return names[0]
+    other = f", {alternative}" if alternative else ""
+    if not names:
+        raise UcmctlError.one(f"`ucmctl {command}`: no deployment on this machine",
+                              fix=f"start one with `ucmctl up TOPOLOGY`{other}")  # fmt: skip
+    raise UcmctlError.one(
+        f"`ucmctl {command}`: {len(names)} deployments on this machine: {', '.join(names)}",
+        fix=f"name one, e.g. `ucmctl {command} {names[0]}`{other}"
+        if command != "bench"
+        else f"name one, e.g. `ucmctl bench -d {names[0]}`{other}",
+    )
+
+
+def status_table(record: Record, width: int = 80) -> list[Table]:
+    """The deployment's processes as they are now, asked of the nodes (an unreachable node is
+    a row that says so); laid out for `width` columns with every name and port whole."""
     session = Session(record.plan, connect_timeout=5)
 
     def look(p: Process) -> tuple[str, str]:
@@ -37,24 +61,33 @@ def status_table(record: Record) -> Table:
         looks = parallel(record.plan.processes, look)
     finally:
         session.close()
+    return render_status(record, looks, time.time(), width)
+
+
+def render_status(record: Record, looks: list[tuple[str, str]], now: float, width: int = 80) -> list[Table]:
+    """The status table of `record` given each process's (state, health) in plan order."""
     probe = record.kv_probe
     caption = None
     if probe is not None:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(probe.at))
         caption = f"KV probe {'passed' if probe.ok else 'FAILED'} at {when}: {escape(probe.detail)}"
-    table = Table(title=f"deployment {record.deployment} ({record.status})", caption=caption)
-    for column in ("process", "node", "role", "ports", "state", "health", "uptime", "restarts"):
-        table.add_column(column)
-    now = time.time()
+    rows = []
     for p, (state, health) in zip(record.plan.processes, looks, strict=True):
         ps = record.processes.get(p.name)
         started = ps.started_at if ps else None
         uptime = _duration(now - started) if started and state == "running" else "-"
         color = "green" if health == "healthy" else "red" if health.startswith("unhealthy") else "dim"
-        ports = ",".join(f"{k}:{v}" for k, v in p.ports.items())
-        table.add_row(p.name, p.node, p.role, ports, state, f"[{color}]{escape(health)}[/]", uptime,
-                      str(ps.restarts if ps else 0))  # fmt: skip
-    return table
+        ports = " ".join(f"{k}:{v}" for k, v in p.ports.items()) or "-"
+        said = state if health in ("-", "?") else f"{state}, [{color}]{escape(health)}[/]"
+        rows.append([escape(p.name), escape(p.node), str(p.role), ports, said, uptime,
+                     str(ps.restarts if ps else 0)])  # fmt: skip
+    lead = [("process", NAME), ("node", NAME)]
+    rest = [("role", NAME), ("ports", NAME), ("state", TEXT), ("uptime", FIGURE), ("restarts", FIGURE)]
+    title = f"deployment {escape(record.deployment)} ({record.status})"
+    tables = fitted(width, title, lead, rest, rows)
+    tables[-1].caption = caption
+    tables[-1].caption_justify = "left"
+    return tables
 
 
 def _duration(seconds: float) -> str:

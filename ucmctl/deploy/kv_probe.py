@@ -48,14 +48,10 @@ def applies(plan: Plan) -> str | None:
         return "mixed mode: no KV moves between instances"
     if not any(p.role == "proxy" for p in plan.processes):
         return "no proxy to send the probe through"
-    decode_stores = any(p.role == "decode" and _uses_store(p.argv) for p in plan.processes)
+    decode_stores = any(p.role == "decode" and plan.uses_store(p) for p in plan.processes)
     if plan.mode == "centralized" and not decode_stores:
         return "centralized mode without the UCM store: no KV path to prove"
     return None
-
-
-def _uses_store(argv: list[str]) -> bool:
-    return "--kv-transfer-config" in argv
 
 
 def counter(text: str, name: str, label: str) -> float | None:
@@ -142,7 +138,7 @@ def _why(exc: BaseException) -> str:
 
 def _served_name(plan: Plan) -> str:
     for p in plan.processes:
-        if p.role in ("prefill", "decode", "mixed"):
+        if p.is_server:
             argv = p.argv
             if "--served-model-name" in argv:
                 return argv[argv.index("--served-model-name") + 1]

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from ucmctl.deploy import lifecycle
 from ucmctl.deploy.executor import Executor, HostKeyError, NodeError
 from ucmctl.deploy.fanout import parallel
-from ucmctl.plan.model import Plan, Process
-from ucmctl.topology.model import Engine, Topology, Transport
+from ucmctl.plan.model import EngineName, NodePlan, Plan, Process
+from ucmctl.platforms import DEVICE_COUNTER, Platform
 
 # One round trip per node: facts as KEY=VALUE lines.
 _FACTS = r"""
@@ -38,9 +38,11 @@ except Exception:
     print("engine=")
 print("connector=%d" % all(u.find_spec(m) is not None for m in ("ucm_connector", "ucm_store")))
 """
-_ENGINE_PROBES = {
-    Engine.vllm: 'import importlib.metadata as m; print("engine=" + m.version("vllm"))',
-    Engine.sim: 'import ucmctl; print("engine=sim " + ucmctl.__version__)',
+# The fact (a line of _FACTS) each device-counting tool fills in.
+_COUNTED_BY = {"nvidia-smi": "nvidia", "npu-smi": "npu"}
+_ENGINE_PROBES: dict[EngineName, str] = {
+    "vllm": 'import importlib.metadata as m; print("engine=" + m.version("vllm"))',
+    "sim": 'import ucmctl; print("engine=sim " + ucmctl.__version__)',
 }
 
 
@@ -59,14 +61,15 @@ class Preflight:
     cleanup: dict[str, list[str]] = field(default_factory=dict)
 
 
-def preflight(topology: Topology, plan: Plan, executors: dict[str, Executor]) -> Preflight:
+def preflight(plan: Plan, executors: dict[str, Executor]) -> Preflight:
     """Every problem found on every node (none: ready to start), one round trip per node plus,
-    with several storage nodes, one more on each of the others to read the first one's marker."""
-    shared = _SharedCheck(topology, plan)
-    results = parallel(executors, lambda n: _node_checks(topology, plan, executors[n], shared))
+    with several storage nodes, one more on each of the others to read the first one's marker.
+    Reads the Plan alone."""
+    shared = _SharedCheck(plan)
+    results = parallel(executors, lambda n: _node_checks(plan, executors[n], shared))
     problems = [p for r in results for p in r.problems]
     reachable = [r for r in results if r.facts]
-    if topology.engine is Engine.vllm:
+    if plan.engine == "vllm":
         versions = {r.node: r.facts.get("engine", "") for r in reachable if r.facts.get("engine")}
         if len(set(versions.values())) > 1:
             listed = ", ".join(f"{n} {v}" for n, v in sorted(versions.items()))
@@ -81,16 +84,16 @@ def preflight(topology: Topology, plan: Plan, executors: dict[str, Executor]) ->
     return Preflight(problems, shared.cleanup)
 
 
-def _node_checks(topology: Topology, plan: Plan, ex: Executor, shared: _SharedCheck) -> NodeFacts:
+def _node_checks(plan: Plan, ex: Executor, shared: _SharedCheck) -> NodeFacts:
     node = plan.nodes[ex.node.name]
     out = NodeFacts(node.name)
     where = f"node {node.name} ({node.host})"
     mooncake = _mooncake_tool(plan)
     script = _FACTS.format(
         python=shlex.quote(node.python),
-        python_probe=_PYTHON_PROBE.format(engine=_ENGINE_PROBES[topology.engine]).replace("'", "'\\''"),
+        python_probe=_PYTHON_PROBE.format(engine=_ENGINE_PROBES[plan.engine]).replace("'", "'\\''"),
         mooncake=shlex.quote(mooncake or "mooncake_master"),
-        bind=shlex.quote(_bind_of(topology, node.name)),
+        bind=shlex.quote(node.bind),
     )
     if node.name == shared.writer:
         script += shared.write_lines()
@@ -111,37 +114,34 @@ def _node_checks(topology: Topology, plan: Plan, ex: Executor, shared: _SharedCh
         out.facts[key] = value.strip()
     f = out.facts
     processes = plan.on_node(node.name)
-    servers = [p for p in processes if p.role in ("prefill", "decode", "mixed")]
+    servers = [p for p in processes if p.is_server]
     if not f.get("python"):
         out.problems.append(
             f"{where}: Python '{node.python}' not found: set nodes.{node.name}.python or venv"
         )
         return out
     if servers and not f.get("engine"):
-        what = "vLLM" if topology.engine is Engine.vllm else "ucmctl (for the simulator)"
+        what = "vLLM" if plan.engine == "vllm" else "ucmctl (for the simulator)"
         out.problems.append(f"{where}: {what} is not installed for {node.python}")
-    needs_connector = (
-        topology.storage is not None
-        and topology.engine is Engine.vllm
-        and any("UCMConnector" in " ".join(p.argv) for p in servers)
-    )
+    needs_connector = plan.engine == "vllm" and any(plan.uses_store(p) for p in servers)
     if needs_connector and f.get("connector") != "1":
         out.problems.append(
             f"{where}: the UCM connector (ucm_connector, ucm_store) is not importable by {node.python}: "
             "run `ucmctl install --wheel dist/ucmctl-*.whl TOPOLOGY`"
         )
     out.problems += _devices(where, node.platform, node.devices, servers, f)
-    if topology.storage is not None and servers and "Cache" in topology.storage.store_pipeline:
-        need_kb = int(topology.storage.cache_buffer_capacity_gb * 2**20) * len(servers)
+    store = plan.store
+    if store is not None and servers and "Cache" in store.tiers:
+        need_kb = int(store.cache_buffer_capacity_gb * 2**20) * len(servers)
         for key, label in (("shm_kb", "/dev/shm"), ("mem_kb", "available RAM")):
             have = int(f.get(key) or 0)
             if have and have < need_kb:
                 out.problems.append(
                     f"{where}: {label} has {have / 2**20:.1f} GiB free but {len(servers)} server(s) x "
-                    f"cache_buffer_capacity_gb {topology.storage.cache_buffer_capacity_gb} need "
+                    f"cache_buffer_capacity_gb {store.cache_buffer_capacity_gb} need "
                     f"{need_kb / 2**20:.1f} GiB: lower storage.cache_buffer_capacity_gb"
                 )
-    out.problems += _bind_problems(where, topology, node.name, f)
+    out.problems += _bind_problems(where, node, f)
     listening = {int(p) for p in f.get("listening", "").split(",") if p.isdigit()}
     for p in processes:
         for label, port in p.ports.items():
@@ -164,14 +164,13 @@ def _mooncake_tool(plan: Plan) -> str | None:
 
 def _devices(where: str, platform: str, devices: int, servers: list[Process], f: dict[str, str]) -> list[str]:
     wanted = max((max(p.devices) + 1 for p in servers if p.devices), default=0)
-    if platform == "cpu" or wanted == 0:
+    if wanted == 0:
         return []
-    seen_key = {"cuda": "nvidia", "maca": "nvidia", "ascend": "npu"}.get(platform)
-    if seen_key is None:
-        return []  # no standard way to count MUSA cards here: trust the topology
-    seen = int(f.get(seen_key) or 0)
+    tool = DEVICE_COUNTER.get(Platform(platform))
+    if tool is None:
+        return []  # no standard way to count the cards (MUSA, CPU): trust the topology
+    seen = int(f.get(_COUNTED_BY[tool]) or 0)
     if seen < wanted:
-        tool = "nvidia-smi" if seen_key == "nvidia" else "npu-smi"
         return [f"{where}: {tool} sees {seen} {platform} devices but the plan uses {wanted}"]
     return []
 
@@ -180,10 +179,9 @@ class _SharedCheck:
     """The storage backend must be one shared filesystem: the first storage node writes a marker
     (inside its facts round trip), every other storage node must read it back."""
 
-    def __init__(self, topology: Topology, plan: Plan) -> None:
-        self.backends = list(topology.storage.storage_backends) if topology.storage else []
-        nodes = sorted({p.node for p in plan.processes if p.role in ("prefill", "decode", "mixed")
-                        and any("ucm_config" in f.path for f in p.files)})  # fmt: skip
+    def __init__(self, plan: Plan) -> None:
+        self.backends = list(plan.store.backends) if plan.store else []
+        nodes = plan.store_nodes()
         self.writer = nodes[0] if nodes and self.backends else None
         self.readers = nodes[1:]
         self.token = uuid.uuid4().hex
@@ -230,17 +228,11 @@ class _SharedCheck:
         return problems
 
 
-def _bind_of(topology: Topology, name: str) -> str:
-    node = topology.nodes[name]
-    return node.bind or ("127.0.0.1" if node.transport is Transport.local else node.host)
-
-
-def _bind_problems(where: str, topology: Topology, name: str, f: dict[str, str]) -> list[str]:
+def _bind_problems(where: str, node: NodePlan, f: dict[str, str]) -> list[str]:
     """The address the node's listeners bind must be one the others reach: a host name that the
     node resolves to itself through loopback (Debian's 127.0.1.1) would listen on loopback only."""
-    node = topology.nodes[name]
-    bind, ip = _bind_of(topology, name), f.get("bind_ip", "")
-    if node.transport is Transport.local or _ip(bind) is not None:
+    name, bind, ip = node.name, node.bind, f.get("bind_ip", "")
+    if node.transport == "local" or _ip(bind) is not None:
         return []  # written as an address: the server's bind error says it all if it is wrong
     if not ip:
         return [f"{where}: host '{bind}' does not resolve on the node: set nodes.{name}.bind to its IP"]

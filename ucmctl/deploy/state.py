@@ -14,13 +14,24 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from ucmctl.deploy.kv_probe import ProbeResult
 from ucmctl.errors import ExitStatus, UcmctlError
-from ucmctl.plan.model import Plan
-from ucmctl.topology.model import NAME_RE
+from ucmctl.plan.model import (
+    NAME_RE,
+    PLAN_SCHEMA_VERSION,
+    SERVER_ROLES,
+    UCM_CONFIG_FILE,
+    Plan,
+    default_health_timeout,
+)
+
+# 2: its plan is of PLAN_SCHEMA_VERSION 2 (records of 1 are upgraded as they are read).
+RECORD_SCHEMA_VERSION = 2
 
 
 class ProcessState(BaseModel):
@@ -38,7 +49,7 @@ class Record(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    schema_version: int = 1
+    schema_version: int = RECORD_SCHEMA_VERSION
     deployment: str
     topology_path: str
     topology_digest: str
@@ -88,7 +99,17 @@ class StateStore:
         if not path.exists():
             return None
         try:
-            return Record.model_validate_json(path.read_text())
+            raw = json.loads(path.read_text())
+            version = raw.get("schema_version") if isinstance(raw, dict) else None
+            if version == 1:
+                raw = upgrade_v1(raw)
+            elif version != RECORD_SCHEMA_VERSION:
+                raise UcmctlError.one(
+                    f"deployment record of schema version {version!r}, this ucmctl reads "
+                    f"{RECORD_SCHEMA_VERSION}: use the ucmctl that started it",
+                    file=str(path),
+                )
+            return Record.model_validate(raw)
         except ValueError as exc:
             raise UcmctlError.one(f"unreadable deployment record: {exc}", file=str(path),
                                   fix="remove it after `ucmctl down TOPOLOGY`") from None  # fmt: skip
@@ -151,10 +172,48 @@ def endpoints(deployment: str, store: StateStore | None = None) -> Endpoints:
         raise UcmctlError.one(f"no deployment named '{deployment}' on this machine",
                               fix="see `ucmctl status`, or pass --url")  # fmt: skip
     proxy = None
-    instances = []
+    instances: list[tuple[str, str, str]] = []
     for p in record.plan.processes:
         if p.role == "proxy":
             proxy = p.url
-        elif p.role in ("prefill", "decode", "mixed") and p.url:
+        elif p.is_server and p.url:
             instances.append((p.name, p.role, p.url))
     return Endpoints(proxy, instances)
+
+
+def upgrade_v1(raw: dict[str, Any]) -> dict[str, Any]:
+    """A record of schema 1 (before the plan said each process's health timeout, each node's
+    bind and the store) as schema 2, from what its plan already held: the timeouts by role and
+    engine as they were decided then, the bind from the servers' `--host`, the store from the
+    rendered UCM config files."""
+    plan = dict(raw["plan"])
+    processes = [dict(p) for p in plan["processes"]]
+    for p in processes:
+        p.setdefault("health_timeout", default_health_timeout(p["role"], plan["engine"]))
+    nodes = {}
+    for name, node in plan["nodes"].items():
+        hosts = [p["argv"][p["argv"].index("--host") + 1] for p in processes
+                 if p["node"] == name and "--host" in p["argv"][:-1]]  # fmt: skip
+        default = "127.0.0.1" if node["transport"] == "local" else node["host"]
+        nodes[name] = {"bind": hosts[0] if hosts else default, **node}
+    plan.update(processes=processes, nodes=nodes, schema_version=PLAN_SCHEMA_VERSION)
+    plan.setdefault("store", _store_of_v1(processes))
+    return {**raw, "plan": plan, "schema_version": RECORD_SCHEMA_VERSION}
+
+
+def _store_of_v1(processes: list[dict[str, Any]]) -> dict[str, Any] | None:
+    users, store = [], None
+    for p in processes:
+        for f in p["files"]:
+            if p["role"] in SERVER_ROLES and f["path"].endswith("/" + UCM_CONFIG_FILE):
+                users.append(p["name"])
+                store = yaml.safe_load(f["content"])["ucm_connectors"][0]["ucm_connector_config"]
+    if store is None:
+        return None
+    backends = store["storage_backends"]
+    return {
+        "pipeline": store["store_pipeline"],
+        "backends": backends.split(":") if isinstance(backends, str) else list(backends),
+        "cache_buffer_capacity_gb": store.get("cache_buffer_capacity_gb", 0),
+        "users": users,
+    }

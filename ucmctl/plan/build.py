@@ -7,12 +7,23 @@ import json
 import posixpath
 from typing import Any
 
-from ucmctl.plan.layout import Server, is_external_dp, servers
-from ucmctl.plan.model import NodePlan, PlacedFile, Plan, Process
+from ucmctl.plan.model import (
+    UCM_CONFIG_FILE,
+    NodePlan,
+    PlacedFile,
+    Plan,
+    Process,
+    Role,
+    Stage,
+    StorePlan,
+    default_health_timeout,
+)
 from ucmctl.plan.render import render
-from ucmctl.topology.checks import DEVICE_VARIABLE
-from ucmctl.topology.model import Engine, Mode, Node, Platform, Side, Topology, Transport
+from ucmctl.platforms import DEVICE_VARIABLE, NIC_VARIABLES, Platform
+from ucmctl.topology.layout import Server, is_external_dp, servers
+from ucmctl.topology.model import Engine, Mode, Node, Side, Storage, Topology, Transport
 from ucmctl.topology.mooncake import ASCEND_MOONCAKE, MooncakeConnectorFacts, connector_for, protocol_for
+from ucmctl.ucm_config import CONNECTOR_NAMES, ConnectorEntry, StoreConfig, UcmConfig
 
 CONNECTOR_MODULE = "ucm_connector.connector"
 MOONCAKE_MODULE = "ucm_connector.mooncake"
@@ -31,7 +42,7 @@ def build_plan(t: Topology) -> Plan:
     for server in placed:
         processes.append(_server(t, nodes, server, [master.name] if master else []))
     if t.proxy is not None:
-        processes.append(_proxy(t, nodes, [p for p in processes if p.role != "mooncake"]))
+        processes.append(_proxy(t, nodes, [p for p in processes if p.is_server]))
     return Plan(
         deployment=t.name,
         mode=t.mode.value,
@@ -39,6 +50,24 @@ def build_plan(t: Topology) -> Plan:
         topology_digest=t.digest(),
         nodes=nodes,
         processes=processes,
+        store=_store(t, processes),
+    )
+
+
+def _uses_store(t: Topology, side: str) -> bool:
+    """Whether a server of `side` loads the UCM connector: every one when there is storage, but
+    P2P decode (it gets its KV from prefill through Mooncake)."""
+    return t.storage is not None and not (t.mode is Mode.p2p and side == "decode")
+
+
+def _store(t: Topology, processes: list[Process]) -> StorePlan | None:
+    if t.storage is None:
+        return None
+    return StorePlan(
+        pipeline=t.storage.store_pipeline,
+        backends=StoreConfig.model_validate(t.storage.ucm_store_values()).storage_backends,
+        cache_buffer_capacity_gb=t.storage.cache_buffer_capacity_gb,
+        users=[p.name for p in processes if p.is_server and _uses_store(t, p.role)],
     )
 
 
@@ -55,6 +84,7 @@ def _node_plan(t: Topology, name: str, node: Node) -> NodePlan:
         devices=node.devices,
         python=_python(node),
         run_dir=posixpath.join(workdir, t.name),
+        bind=_bind(node),
     )
 
 
@@ -92,9 +122,9 @@ def _process(
     nodes: dict[str, NodePlan],
     *,
     name: str,
-    role: str,
+    role: Role,
     node: str,
-    stage: int,
+    stage: Stage,
     argv: list[str],
     env: dict[str, str],
     extra_files: dict[str, str],
@@ -116,6 +146,7 @@ def _process(
         files=files,
         log=posixpath.join(work, "output.log"),
         pidfile=posixpath.join(work, "pid"),
+        health_timeout=default_health_timeout(role, t.engine.value),
         **fields,
     )
 
@@ -138,7 +169,7 @@ def _mooncake_master(t: Topology, nodes: dict[str, NodePlan]) -> Process:
     ]  # fmt: skip
     base = f"http://{_address(node)}:{mc.metrics_port}"
     return _process(
-        t, nodes, name="mooncake-master", role="mooncake", node=mc.master_node, stage=0,
+        t, nodes, name="mooncake-master", role="mooncake", node=mc.master_node, stage=Stage.mooncake,
         argv=argv, env=dict(node.env), extra_files={},
         ports={"master": mc.port, "metrics": mc.metrics_port},
         url=base, health=[f"{base}/metrics"],
@@ -163,14 +194,11 @@ def _server(t: Topology, nodes: dict[str, NodePlan], s: Server, deps: list[str])
     env.update(_platform_env(node, nodes[s.node].run_dir))
 
     ucm_config = None
-    if t.storage is not None and not (t.mode is Mode.p2p and s.side == "decode"):
-        ucm_config = posixpath.join(work, "ucm_config.yaml")
-        files["ucm_config.yaml"] = render(
-            "ucm_config.yaml.j2", deployment=t.name, storage=t.storage,
-            backends=":".join(t.storage.storage_backends),
-            # Centralized PD: prefill answers only once decode can find the blocks on disk.
-            wait_persisted=t.mode is Mode.centralized and s.side == "prefill",
-        )  # fmt: skip
+    if t.storage is not None and _uses_store(t, s.side):
+        ucm_config = posixpath.join(work, UCM_CONFIG_FILE)
+        # Centralized PD: prefill answers only once decode can find the blocks on disk.
+        ucm = _ucm_config(t.storage, wait_persisted=t.mode is Mode.centralized and s.side == "prefill")
+        files[UCM_CONFIG_FILE] = render("ucm_config.yaml.j2", deployment=t.name, ucm=ucm)
     if t.mode is Mode.p2p and _mooncake_facts(t, node).reads_mooncake_json:
         files["mooncake.json"] = _mooncake_json(t)
         env["MOONCAKE_CONFIG_PATH"] = posixpath.join(work, "mooncake.json")
@@ -218,27 +246,33 @@ def _server(t: Topology, nodes: dict[str, NodePlan], s: Server, deps: list[str])
     if s.dp_rank == 0 and s.dp_rpc_port:
         ports["dp_rpc"] = s.dp_rpc_port
     return _process(
-        t, nodes, name=s.name, role=s.side, node=s.node, stage=1, argv=argv, env=env,
+        t, nodes, name=s.name, role=s.side, node=s.node, stage=Stage.servers, argv=argv, env=env,
         extra_files=files, ports=ports, url=base, health=[f"{base}/health", f"{base}/v1/models"],
         depends_on=deps, devices=list(s.devices), device_variable=device_variable,
         dp_rank=s.dp_rank,
     )  # fmt: skip
 
 
+def _ucm_config(storage: Storage, *, wait_persisted: bool) -> UcmConfig:
+    """The UCM config file's values, through its one schema (the checks ran it already)."""
+    store = StoreConfig.model_validate(storage.ucm_store_values())
+    return UcmConfig(
+        ucm_connectors=[ConnectorEntry(ucm_connector_name=CONNECTOR_NAMES[0], ucm_connector_config=store)],
+        enable_event_sync=storage.enable_event_sync,
+        use_layerwise=storage.use_layerwise,
+        wait_persisted=wait_persisted,
+    )
+
+
 def _platform_env(node: Node, run_dir: str) -> dict[str, str]:
     """What the guides export for a platform, derived from the node's facts."""
     env: dict[str, str] = {}
-    if node.platform is Platform.ascend:
-        if _is_ip(node.host):
-            env["HCCL_IF_IP"] = node.host
-        if node.nic:
-            for var in ("GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "HCCL_SOCKET_IFNAME"):
-                env[var] = node.nic
-    elif node.platform in (Platform.cuda, Platform.maca, Platform.musa):
-        if node.nic:
-            for var in ("GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
-                env[var] = node.nic
-    elif node.platform is Platform.cpu:
+    if node.platform is Platform.ascend and _is_ip(node.host):
+        env["HCCL_IF_IP"] = node.host
+    if node.nic:
+        for var in NIC_VARIABLES[node.platform]:
+            env[var] = node.nic
+    if node.platform is Platform.cpu:
         env["VLLM_TARGET_DEVICE"] = "cpu"
         # Otherwise vLLM keeps one core idle, halving prefill speed on small machines.
         env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
@@ -376,7 +410,7 @@ def _proxy(t: Topology, nodes: dict[str, NodePlan], upstream: list[Process]) -> 
         argv.append("--prefix-affinity")
     base = f"http://{_address(node)}:{proxy.port}"
     return _process(
-        t, nodes, name="proxy", role="proxy", node=proxy.node, stage=2, argv=argv,
+        t, nodes, name="proxy", role="proxy", node=proxy.node, stage=Stage.proxy, argv=argv,
         env=dict(node.env), extra_files={}, ports={"http": proxy.port}, url=base,
         health=[f"{base}/health"], depends_on=[p.name for p in upstream],
     )  # fmt: skip

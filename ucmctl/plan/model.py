@@ -1,8 +1,49 @@
-"""The Plan: everything that will run, where, and how, computed without touching a machine."""
+"""The Plan: everything that will run, where, and how, computed without touching a machine.
+
+Everything after planning (deploy, preflight, purge, status, bench) reads the Plan, never the
+topology: what a process is (its `role`), when it starts (`stage`), how long it may take to
+become healthy, what its node binds, and what the UCM store is, are all written here. A leaf
+module: it imports nothing from ucmctl.
+"""
 
 from __future__ import annotations
 
+from enum import IntEnum
+from typing import Literal, get_args
+
 from pydantic import BaseModel, ConfigDict, Field
+
+# Deployment and node names: the Plan builds run directories and record files from them.
+NAME_RE = r"^[a-z0-9][a-z0-9_.-]{0,62}$"
+
+# 2: Process.health_timeout, NodePlan.bind, Plan.store (deploy/state.py upgrades records of 1).
+PLAN_SCHEMA_VERSION = 2
+
+Role = Literal["mooncake", "prefill", "decode", "mixed", "proxy"]
+ServerRole = Literal["prefill", "decode", "mixed"]  # the API servers (vLLM or the simulator)
+SERVER_ROLES: tuple[ServerRole, ...] = get_args(ServerRole)
+EngineName = Literal["vllm", "sim"]
+ModeName = Literal["centralized", "p2p", "mixed"]
+
+# The UCM config file each store user reads, in its work directory.
+UCM_CONFIG_FILE = "ucm_config.yaml"
+
+
+class Stage(IntEnum):
+    """Start order: stage by stage, each gated on the previous one's health; stop in reverse."""
+
+    mooncake = 0
+    servers = 1
+    proxy = 2
+
+
+# How long a process may take to become healthy: a real engine loads weights and compiles.
+HEALTH_TIMEOUT: dict[str, float] = {"mooncake": 60.0, "proxy": 60.0, "vllm": 900.0, "sim": 60.0}
+
+
+def default_health_timeout(role: str, engine: str) -> float:
+    """Seconds a process of `role` may take to answer its health checks, served by `engine`."""
+    return HEALTH_TIMEOUT[role] if role in ("mooncake", "proxy") else HEALTH_TIMEOUT[engine]
 
 
 class Frozen(BaseModel):
@@ -17,9 +58,9 @@ class PlacedFile(Frozen):
 
 class Process(Frozen):
     name: str  # unique in the plan: mooncake-master, prefill-0, decode-3, proxy
-    role: str  # mooncake | prefill | decode | mixed | proxy
+    role: Role
     node: str
-    stage: int  # start order: 0 mooncake, 1 servers, 2 proxy
+    stage: Stage
     argv: list[str]
     env: dict[str, str]
     launch: str  # the script that runs argv with env (one of files)
@@ -27,6 +68,7 @@ class Process(Frozen):
     ports: dict[str, int]
     url: str | None = None  # base URL of its HTTP API, as the control machine reaches it
     health: list[str] = Field(default_factory=list)  # URLs that must answer 200, in order
+    health_timeout: float  # seconds for `health` to answer once started
     log: str
     pidfile: str
     depends_on: list[str] = Field(default_factory=list)
@@ -34,11 +76,15 @@ class Process(Frozen):
     device_variable: str | None = None
     dp_rank: int | None = None
 
+    @property
+    def is_server(self) -> bool:
+        return self.role in SERVER_ROLES
+
 
 class NodePlan(Frozen):
     name: str
     host: str
-    transport: str
+    transport: Literal["ssh", "local"]
     user: str
     ssh_port: int
     key: str | None
@@ -46,16 +92,31 @@ class NodePlan(Frozen):
     devices: int
     python: str
     run_dir: str
+    bind: str  # the address every listener on the node binds (0.0.0.0: every interface)
+
+
+class StorePlan(Frozen):
+    """The UCM store of the deployment: what `purge` deletes and preflight checks."""
+
+    pipeline: str  # tiers joined by "|": Cache|Posix, Posix, Cache
+    backends: list[str]  # shared directories, the same filesystem on every node
+    cache_buffer_capacity_gb: float  # DRAM tier per user process, GiB (when the pipeline has Cache)
+    users: list[str]  # the processes that load the UCM connector, each with its UCM_CONFIG_FILE
+
+    @property
+    def tiers(self) -> list[str]:
+        return self.pipeline.split("|")
 
 
 class Plan(Frozen):
-    schema_version: int = 1
-    deployment: str  # the topology's name: one deployment per name per control machine
-    mode: str
-    engine: str
+    schema_version: int = PLAN_SCHEMA_VERSION
+    deployment: str = Field(pattern=NAME_RE)  # one deployment per name per control machine
+    mode: ModeName
+    engine: EngineName
     topology_digest: str
     nodes: dict[str, NodePlan]
     processes: list[Process]
+    store: StorePlan | None = None
 
     def process(self, name: str) -> Process:
         for p in self.processes:
@@ -65,6 +126,16 @@ class Plan(Frozen):
 
     def on_node(self, node: str) -> list[Process]:
         return [p for p in self.processes if p.node == node]
+
+    def servers(self) -> list[Process]:
+        return [p for p in self.processes if p.is_server]
+
+    def uses_store(self, process: Process) -> bool:
+        return self.store is not None and process.name in self.store.users
+
+    def store_nodes(self) -> list[str]:
+        """The nodes of the store's users, sorted."""
+        return sorted({p.node for p in self.processes if self.uses_store(p)})
 
     def stages(self) -> list[list[Process]]:
         """Processes grouped by start order (start stage by stage, stop in reverse)."""

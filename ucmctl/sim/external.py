@@ -9,6 +9,8 @@ from typing import Any
 
 import yaml
 
+from ucmctl.ucm_config import UcmConfigError, parse_ucm_config
+
 log = logging.getLogger("ucmctl.sim")
 
 
@@ -67,10 +69,11 @@ def _pattern(key: bytes, size: int) -> bytes:
 
 
 def load_ucm_config(path: str) -> tuple[dict[str, Any], bool]:
-    """The `ucm_connector_config` of the first UcmPipelineStore in a UCM config file, and
-    whether dumps wait until persisted."""
+    """The `ucm_connector_config` of a UCM config file (checked against the file's one schema,
+    as the real connector checks it), and whether dumps wait until persisted."""
     data = yaml.safe_load(Path(path).read_text())
-    for entry in data.get("ucm_connectors", []):
-        if entry.get("ucm_connector_name") == "UcmPipelineStore":
-            return dict(entry["ucm_connector_config"]), bool(data.get("wait_persisted", False))
-    raise ValueError(f"{path}: no ucm_connectors entry named UcmPipelineStore")
+    try:
+        checked = parse_ucm_config(data)
+    except UcmConfigError as exc:
+        raise ValueError(f"UCM config {path}: {exc}") from None
+    return dict(data["ucm_connectors"][0]["ucm_connector_config"]), checked.wait_persisted

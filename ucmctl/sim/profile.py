@@ -25,16 +25,16 @@ class Profile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = "custom"
-    base_ms: float = Field(0.0, ge=0, description="fixed cost of a step that prefills")
-    prefill_us_per_token: float = Field(0.0, ge=0)
-    prefill_attn_ns: float = Field(0.0, ge=0, description="per token per token of context")
-    decode_step_ms: float = Field(0.0, ge=0, description="fixed cost of a step that decodes")
-    decode_seq_us: float = Field(0.0, ge=0, description="per decoding request")
-    decode_ctx_ns: float = Field(0.0, ge=0, description="per context token of decoding requests")
+    base_ms: float = Field(default=0.0, ge=0, description="fixed cost of a step that prefills")
+    prefill_us_per_token: float = Field(default=0.0, ge=0)
+    prefill_attn_ns: float = Field(default=0.0, ge=0, description="per token per token of context")
+    decode_step_ms: float = Field(default=0.0, ge=0, description="fixed cost of a step that decodes")
+    decode_seq_us: float = Field(default=0.0, ge=0, description="per decoding request")
+    decode_ctx_ns: float = Field(default=0.0, ge=0, description="per context token of decoding requests")
     kv_bytes_per_token: int = Field(
-        1024, ge=1, description="KV bytes of one token (all layers): sizes the external tier's blocks"
+        default=1024, ge=1, description="KV bytes of one token (all layers): sizes the external tier's blocks"
     )
-    source: str = Field("", description="how the numbers were obtained")
+    source: str = Field(default="", description="how the numbers were obtained")
 
     def prefill_ms(self, tokens: int, context: int) -> float:
         return (

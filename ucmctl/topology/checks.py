@@ -7,6 +7,8 @@ from collections import defaultdict
 from pathlib import Path
 
 from ucmctl.errors import Problem
+from ucmctl.platforms import ALL_DEVICE_VARIABLES, DEVICE_VARIABLE
+from ucmctl.topology.layout import devices_per_server, servers
 from ucmctl.topology.model import (
     ENV_NAME_RE,
     FLAG_NAME_RE,
@@ -14,21 +16,13 @@ from ucmctl.topology.model import (
     DpMode,
     Mode,
     Platform,
+    Storage,
     Topology,
     Transport,
 )
 from ucmctl.topology.mooncake import PLATFORM_PROTOCOLS, VLLM_MOONCAKE, connector_for, protocol_for
 from ucmctl.topology.source import KeyPath, Source
-
-# The variable that selects a node's cards, per platform (MetaX MACA follows CUDA's name).
-DEVICE_VARIABLE: dict[Platform, str | None] = {
-    Platform.cuda: "CUDA_VISIBLE_DEVICES",
-    Platform.ascend: "ASCEND_RT_VISIBLE_DEVICES",
-    Platform.musa: "MUSA_VISIBLE_DEVICES",
-    Platform.maca: "CUDA_VISIBLE_DEVICES",
-    Platform.cpu: None,
-}
-ALL_DEVICE_VARIABLES = {v for v in DEVICE_VARIABLE.values() if v} | {"HIP_VISIBLE_DEVICES"}
+from ucmctl.ucm_config import PIPELINES, UcmConfigError, parse_store_config
 
 # Environment that ucmctl derives from the topology (the proxy and checks rely on it): the key to
 # set instead.
@@ -52,7 +46,9 @@ MANAGED_FLAGS = {
     "served-model-name": "model.served_name",
     "enable-expert-parallel": "<side>.expert_parallel",
 }
-STORE_TIERS = ("Cache|Posix", "Posix")
+# The UCM config's pipelines (ucmctl.ucm_config, the one schema of that file) that share blocks
+# between instances: those with the shared Posix tier.
+DEPLOYABLE_PIPELINES = tuple(p for p in PIPELINES if "Posix" in p.split("|"))
 UNSAFE_TEXT = re.compile(r"[\x00-\x1f\x7f]")
 
 
@@ -247,14 +243,34 @@ def _check_storage(t: Topology, bad) -> None:
     s = t.storage
     if s is None:
         return
-    if s.store_pipeline not in STORE_TIERS:
+    found: list[KeyPath] = []
+
+    def bad_storage(path: KeyPath, message: str, fix: str | None = None) -> None:
+        found.append(path)
+        bad(path, message, fix)
+
+    _check_storage_keys(s, bad_storage)
+    if not found:  # what the keys' own checks let through, the UCM config's schema judges too
+        try:
+            parse_store_config(s.ucm_store_values(), prefix="storage")
+        except UcmConfigError as exc:
+            where, _, message = str(exc).partition(": ")
+            key = where.split(".")[1] if "." in where else None
+            bad(("storage", key) if key else ("storage",), message)
+
+
+def _check_storage_keys(s: Storage, bad) -> None:
+    if s.store_pipeline not in DEPLOYABLE_PIPELINES:
+        known = s.store_pipeline in PIPELINES
         bad(
             ("storage", "store_pipeline"),
-            f"unknown store pipeline {s.store_pipeline!r}",
-            f"valid: {', '.join(STORE_TIERS)}",
+            f"store pipeline {s.store_pipeline!r} keeps blocks in one instance's memory"
+            if known
+            else f"unknown store pipeline {s.store_pipeline!r}",
+            f"valid: {', '.join(DEPLOYABLE_PIPELINES)} (a deployment shares blocks through the Posix tier)",
         )
-    if "Cache" in s.store_pipeline and s.cache_buffer_capacity_gb <= 0:
-        bad(("storage", "cache_buffer_capacity_gb"), "the Cache tier needs a capacity above 0")
+    elif s.cache_buffer_capacity_gb <= 0:  # the store refuses 0 even when Cache is not used
+        bad(("storage", "cache_buffer_capacity_gb"), "the store needs a DRAM capacity above 0")
     seen: set[str] = set()
     for i, path in enumerate(s.storage_backends):
         if not path.startswith("/"):
@@ -278,13 +294,13 @@ def _check_storage(t: Topology, bad) -> None:
 
 def _check_consistency(t: Topology, bad) -> None:
     # dtype: every instance sharing KV must compute it in the same precision.
-    dtypes = {name: side.dtype or t.model.dtype for name, side in t.sides()}
+    dtypes = {role: side.dtype or t.model.dtype for role, side in t.sides()}
     if len(set(dtypes.values())) > 1:
         first = next(iter(dtypes))
-        for name, dtype in dtypes.items():
+        for role, dtype in dtypes.items():
             if dtype != dtypes[first]:
                 bad(
-                    (name, "dtype"),
+                    (role, "dtype"),
                     f"dtype {dtype} differs from {first}'s {dtypes[first]}: KV bytes would not match",
                     "use one dtype on every instance (set model.dtype, drop the side overrides)",
                 )
@@ -400,8 +416,7 @@ def _check_paths(t: Topology, bad) -> None:
 
 
 def _check_placement(t: Topology, bad) -> None:
-    from ucmctl.plan.layout import devices_per_server, servers  # layout needs valid references
-
+    # placement needs valid node references: check_topology calls this only when all else passed
     placed = servers(t)
     used: dict[str, int] = defaultdict(int)
     first_side: dict[str, str] = {}

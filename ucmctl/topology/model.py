@@ -19,7 +19,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, field_validator
 
-NAME_RE = r"^[a-z0-9][a-z0-9_.-]{0,62}$"
+from ucmctl.plan.model import NAME_RE, SERVER_ROLES, ServerRole  # the Plan owns the name rule
+from ucmctl.platforms import Platform
+
 # Used with fullmatch: `$` alone would also match before a trailing newline.
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 FLAG_NAME_RE = re.compile(r"[a-z0-9][a-z0-9_-]*")
@@ -71,14 +73,6 @@ class Mode(str, Enum):
 class Engine(str, Enum):
     vllm = "vllm"
     sim = "sim"  # ucmctl's simulator: same command line, no accelerator needed
-
-
-class Platform(str, Enum):
-    cuda = "cuda"
-    ascend = "ascend"
-    musa = "musa"
-    maca = "maca"
-    cpu = "cpu"
 
 
 class Transport(str, Enum):
@@ -157,6 +151,20 @@ class Storage(Strict):
     @classmethod
     def _split(cls, v: Any) -> Any:
         return v.split(":") if isinstance(v, str) else v
+
+    def ucm_store_values(self) -> dict[str, Any]:
+        """The store's part of the UCM config file (`ucm_connector_config`), before validation
+        against its schema (ucmctl.ucm_config.StoreConfig)."""
+        values: dict[str, Any] = {
+            "store_pipeline": self.store_pipeline,
+            "storage_backends": list(self.storage_backends),
+            "cache_buffer_capacity_gb": self.cache_buffer_capacity_gb,
+        }
+        if self.posix_capacity_gb:
+            values["posix_capacity_gb"] = self.posix_capacity_gb
+        if self.io_direct:
+            values["io_direct"] = True
+        return values
 
 
 class Mooncake(Strict):
@@ -274,7 +282,7 @@ class Topology(Strict):
             )
         return v
 
-    def sides(self) -> list[tuple[str, Side]]:
+    def sides(self) -> list[tuple[ServerRole, Side]]:
         """The sides present, in start order."""
-        out = [(name, getattr(self, name)) for name in ("prefill", "decode", "mixed")]
+        out = [(name, getattr(self, name)) for name in SERVER_ROLES]
         return [(n, s) for n, s in out if s is not None]

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ucmctl.topology.model import Platform
+from ucmctl.platforms import Platform
 
 
 @dataclass(frozen=True)

@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 
 from tests.integration.sim.test_sim_server import kv_flag, ucm_config
-from tests.support.openai_checks import metric
-from tests.support.processes import sim_server
 from tests.unit.bench.helpers import invoke
 from ucmctl.bench.hitrate import Instance
 from ucmctl.bench.runner import BenchConfig, Target, run_bench
+from ucmctl.errors import ExitStatus
+from ucmctl.testing.openai_checks import metric
+from ucmctl.testing.processes import sim_server
 
 BLOCK = 16
 
@@ -83,7 +84,7 @@ def test_failures_are_counted_and_fail_the_run(tmp_path: Path) -> None:
             "0.5",
             "-q",
         )
-    assert code == 1
+    assert code == ExitStatus.REQUESTS_FAILED == 6
     assert "4 x HTTP 400" in text and "maximum context length is 900" in text
     assert "4 request(s) failed" in text  # the 1000-token measure fails; its 500-token preseed fits
 
@@ -115,7 +116,7 @@ def test_save_then_compare_catches_a_real_slowdown(tmp_path: Path) -> None:
     assert doc["completed"] == 4 and doc["mean_tpot_ms"] == doc["cells"][0]["measure"]["mean_tpot_ms"]
     assert doc["mean_tpot_ms"] == pytest.approx(2.0, abs=1.5)
     code, text = invoke("compare", str(runs["fast"]), str(runs["slow"]), "--max-regression", "tpot_mean=20%")
-    assert code == 1 and "regression" in text
+    assert code == ExitStatus.REGRESSION and "regression" in text
     code, text = invoke(
         "compare", str(runs["fast"]), str(runs["fast2"]), "--max-regression", "tpot_mean=100%"
     )

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.netns import Cluster, cluster_or_skip
+from ucmctl.testing.netns import Cluster, cluster_or_skip
 
 
 @pytest.fixture(scope="module")

@@ -6,13 +6,15 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.support.processes import free_port
+from ucmctl.testing.processes import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -67,6 +69,15 @@ def processes_of(run_dir: Path) -> list[int]:
             if state != "Z" and any(e.startswith(mark) and f"@{run_dir}/".encode() in e for e in env):
                 found.append(int(entry.name))
     return found
+
+
+@pytest.fixture(autouse=True)
+def nothing_left(tmp_path: Path) -> Iterator[None]:
+    """A test that failed before its `down` must not leave its deployment running."""
+    yield
+    for pid in processes_of(tmp_path):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(os.getpgid(pid), signal.SIGKILL)
 
 
 def test_odd_workdir_up_status_down_stop_everything(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ import pytest
 
 from tests.unit.bench.helpers import cell, invoke, write_result
 from ucmctl.bench.compare import compare, load_side, parse_limits
-from ucmctl.errors import UcmctlError
+from ucmctl.errors import ExitStatus, UcmctlError
 
 
 def test_parse_limits() -> None:
@@ -43,7 +43,7 @@ def test_exit_codes_single_samples(tmp_path: Path) -> None:
         "--junit",
         str(junit),
     )
-    assert code == 1 and "REGRESSION" in text and "+20.0%" in text
+    assert code == ExitStatus.REGRESSION == 5 and "REGRESSION" in text and "+20.0%" in text
     assert "| run/1024 | ttft_p50 |" in md.read_text()
     suite = ET.parse(junit).getroot().find("testsuite")
     assert suite is not None and suite.get("tests") == "2" and suite.get("failures") == "1"
@@ -51,7 +51,10 @@ def test_exit_codes_single_samples(tmp_path: Path) -> None:
     assert failed.get("name") == "ttft_p50"
     # throughput: lower is worse
     slower = write_result(tmp_path / "slow.json", [cell(1024, 100.0, throughput=80.0)])
-    assert invoke("compare", str(base), str(slower), "--max-regression", "output_throughput=10%")[0] == 1
+    assert (
+        invoke("compare", str(base), str(slower), "--max-regression", "output_throughput=10%")[0]
+        == ExitStatus.REGRESSION
+    )
 
 
 def test_bad_input_is_exit_2(tmp_path: Path) -> None:
@@ -84,7 +87,7 @@ def test_repeats_judge_by_mean_and_confidence_interval(tmp_path: Path) -> None:
     code, text = invoke(
         "compare", str(base), str(shifted), "--max-regression", "ttft_mean=5%", "--repeats", "5"
     )
-    assert code == 1 and "(n=5)" in text
+    assert code == ExitStatus.REGRESSION and "(n=5)" in text
     assert (
         invoke("compare", str(base), str(noisy), "--max-regression", "ttft_mean=5%", "--repeats", "5")[0] == 0
     )

@@ -94,3 +94,18 @@ def test_body_is_token_ids_with_usage_requested() -> None:
         "temperature": 0.0,
     }
     assert "model" not in json.loads(make_body([1], 1, None, False, None))
+
+
+def test_a_phase_with_no_answer_has_no_latency_figures() -> None:
+    """Nothing measured is None (null in JSON, `-` in tables), never a made-up 0."""
+    from ucmctl.bench.client import RequestResult
+    from ucmctl.bench.metrics import summarize
+
+    s = summarize(
+        [RequestResult(0, 100, error="HTTP 400: x"), RequestResult(1, 100, error="HTTP 400: x")], 1.0
+    )
+    assert (s["completed"], s["failed"]) == (0, 2)
+    assert all(s[f"{stat}_{m}_ms"] is None for m in ("ttft", "tpot", "itl", "e2el")
+               for stat in ("mean", "median", "std", "p90", "p99"))  # fmt: skip
+    one_token = summarize([RequestResult(0, 100, ok=True, output_tokens=1, ttft=0.1, latency=0.1)], 1.0)
+    assert one_token["mean_ttft_ms"] == 100.0 and one_token["mean_tpot_ms"] is None

@@ -83,13 +83,17 @@ def test_unknown_store_name_lists_valid_ones() -> None:
         parse_config(_raw(store_pipeline="Mooncake"))
 
 
-def test_store_rejects_unknown_store_key_through_connector(tmp_path: Path) -> None:
+def test_store_keys_are_checked_by_the_connector_and_sizes_by_the_store(tmp_path: Path) -> None:
+    """One schema: an unknown store key fails while the file is parsed; what needs the block
+    size (the DRAM tier must hold a block) fails when the store opens, naming the file."""
+    with pytest.raises(
+        UCMConfigError, match=r"ucm\.yaml: ucm_connectors\[0\]\.ucm_connector_config: unknown key .bogus_key."
+    ):
+        parse_config(_raw(storage_backends=str(tmp_path), bogus_key=1), source="ucm.yaml")
     ucm_store = pytest.importorskip("ucm_store")
     from ucm_connector.store import open_store
 
-    cfg = parse_config(
-        _raw(storage_backends=str(tmp_path), cache_buffer_capacity_gb=0.01, bogus_key=1), source="ucm.yaml"
-    )
-    with pytest.raises(UCMConfigError, match="bogus_key"):
-        open_store(cfg, [4096])
+    cfg = parse_config(_raw(storage_backends=str(tmp_path), cache_buffer_capacity_gb=1e-6), source="ucm.yaml")
+    with pytest.raises(UCMConfigError, match=r"ucm\.yaml: .*cache_buffer_capacity_gb.*at least one block"):
+        open_store(cfg, [1 << 20])
     assert issubclass(ucm_store.ConfigError, ValueError)

@@ -12,7 +12,8 @@ from ucmctl.plan.model import NodePlan
 
 def test_concurrent_puts_of_one_path_all_complete(tmp_path: Path) -> None:
     plan = NodePlan(name="local", host="localhost", transport="local", user="me", ssh_port=22, key=None,
-                    platform="cpu", devices=0, python="python3", run_dir=str(tmp_path))  # fmt: skip
+                    platform="cpu", devices=0, python="python3", run_dir=str(tmp_path),
+                    bind="127.0.0.1")  # fmt: skip
     target = tmp_path / "wheels" / "pkg.whl"
     versions = [bytes([i]) * 200_000 for i in range(8)]
     errors: list[OSError] = []

@@ -71,7 +71,8 @@ def test_lock_names_are_checked(tmp_path: Path) -> None:
 
 def plan(run_dir: Path) -> Plan:
     node = NodePlan(name="n1", host="localhost", transport="local", user="me", ssh_port=22, key=None,
-                    platform="cpu", devices=0, python="python3", run_dir=str(run_dir))  # fmt: skip
+                    platform="cpu", devices=0, python="python3", run_dir=str(run_dir),
+                    bind="127.0.0.1")  # fmt: skip
     return Plan(
         deployment="t-guard",
         mode="mixed",

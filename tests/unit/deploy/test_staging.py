@@ -11,20 +11,21 @@ import pytest
 
 from ucmctl.deploy import lifecycle, staging
 from ucmctl.deploy.executor import LocalExecutor
-from ucmctl.plan.model import NodePlan, PlacedFile, Process
+from ucmctl.plan.model import NodePlan, PlacedFile, Process, Stage
 
 
 def node(tmp: Path) -> NodePlan:
     return NodePlan(name="local", host="localhost", transport="local", user="me", ssh_port=22, key=None,
-                    platform="cpu", devices=0, python="python3", run_dir=str(tmp))  # fmt: skip
+                    platform="cpu", devices=0, python="python3", run_dir=str(tmp),
+                    bind="127.0.0.1")  # fmt: skip
 
 
 def process(tmp: Path, name: str, files: dict[str, tuple[str, int]]) -> Process:
     home = tmp / name
     placed = [PlacedFile(path=str(home / f), content=c, mode=m) for f, (c, m) in files.items()]
-    return Process(name=name, role="mixed", node="local", stage=1, argv=["true"], env={},
+    return Process(name=name, role="mixed", node="local", stage=Stage.servers, argv=["true"], env={},
                    launch=str(home / "launch.sh"), files=placed, ports={}, log=str(home / "output.log"),
-                   pidfile=str(home / "pid"))  # fmt: skip
+                   pidfile=str(home / "pid"), health_timeout=60.0)  # fmt: skip
 
 
 HOSTILE = 'it\'s "quoted" $(touch /tmp/ucmctl-pwned) `id` \\ \n\ttabs and ünïcödé\n'

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import threading
 from pathlib import Path
 
@@ -66,3 +67,36 @@ def test_endpoints_and_bad_names(tmp_path: Path) -> None:
         endpoints("nope", store)
     with pytest.raises(UcmctlError, match="is not a deployment name"):
         store.load("../../etc/passwd")
+
+
+def _as_v1(rec: Record) -> dict:
+    """The record as ucmctl wrote it before plan schema 2 (no health_timeout, bind, store)."""
+    raw = rec.model_dump(mode="json")
+    raw["schema_version"] = 1
+    plan = raw["plan"]
+    plan["schema_version"] = 1
+    del plan["store"]
+    for p in plan["processes"]:
+        del p["health_timeout"]
+    for n in plan["nodes"].values():
+        del n["bind"]
+    return raw
+
+
+def test_a_record_of_schema_1_is_upgraded_from_what_its_plan_held(tmp_path: Path) -> None:
+    rec = record()
+    store = StateStore(tmp_path)
+    store.path(rec.deployment).write_text(json.dumps(_as_v1(rec)))
+    loaded = store.load(rec.deployment)
+    assert loaded is not None and loaded.schema_version == 2
+    assert loaded.plan == rec.plan  # timeouts, binds and the store, as planning decides them now
+
+
+def test_a_record_of_an_unknown_schema_is_refused_in_one_line(tmp_path: Path) -> None:
+    rec = record()
+    store = StateStore(tmp_path)
+    store.path(rec.deployment).write_text(json.dumps({**rec.model_dump(mode="json"), "schema_version": 7}))
+    with pytest.raises(UcmctlError) as caught:
+        store.load(rec.deployment)
+    assert "schema version 7" in str(caught.value)
+    assert "\n" not in str(caught.value).strip()

@@ -12,7 +12,7 @@ import shlex
 from typing import Any
 from urllib.parse import urlsplit
 
-from ucmctl.plan.model import Plan, Process
+from ucmctl.plan.model import Plan, Process, Stage
 
 UCM_KV = {
     "kv_connector": "UCMConnector",
@@ -147,7 +147,7 @@ def _proxy_targets(proxy: Process) -> tuple[list[str], list[str]]:
 def test_p2p_2p2d(plans: dict[str, Plan]) -> None:
     plan = plans["2p2d-p2p"]
     master = plan.process("mooncake-master")
-    assert master.node == "a" and master.stage == 0
+    assert master.node == "a" and master.stage is Stage.mooncake
     assert_command_plain(master, MOONCAKE_MASTER)
     p0, p1, d0, d1 = (plan.process(n) for n in ("prefill-0", "prefill-1", "decode-0", "decode-1"))
     assert_command(p0, P2P_PREFILL)

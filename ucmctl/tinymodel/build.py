@@ -109,7 +109,7 @@ def make_model(out_dir: str | Path, size: ModelSize = "tiny", seed: int = 0) -> 
     out.mkdir(parents=True, exist_ok=True)
     _train_tokenizer(seed, out)
 
-    config = LlamaConfig(
+    config = LlamaConfig(  # type: ignore[call-arg]  # transformers types lag its kwargs
         vocab_size=VOCAB_SIZE,
         hidden_size=shape.hidden,
         num_hidden_layers=shape.layers,
@@ -126,7 +126,7 @@ def make_model(out_dir: str | Path, size: ModelSize = "tiny", seed: int = 0) -> 
         torch_dtype="bfloat16",
     )
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config).to(torch.bfloat16)
+    model = LlamaForCausalLM(config).to(torch.bfloat16)  # type: ignore[arg-type]
     model.save_pretrained(out, safe_serialization=True)
     (out / "ucmctl-model.json").write_text(
         json.dumps({"size": size, "seed": seed, "vocab_size": VOCAB_SIZE}, indent=2) + "\n"

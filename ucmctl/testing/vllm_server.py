@@ -24,6 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from ucmctl.ucm_config import parse_ucm_config
+
 VENV_BIN = Path(sys.executable).parent
 HASH_SEED = "0"
 
@@ -48,6 +52,7 @@ def write_ucm_config(
         "enable_event_sync: true\n"
         f"use_layerwise: {'true' if layerwise else 'false'}\n"
     )
+    parse_ucm_config(yaml.safe_load(path.read_text()))  # the file's one schema, as the connector reads it
     return path
 
 

@@ -1,4 +1,4 @@
-"""The small-model tool: deterministic for a seed, loadable, and a typer sub-app."""
+"""The small-model tool (ucmctl.tinymodel): deterministic for a seed, loadable, and a typer sub-app."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from ucmctl.model import SIZES, app, make_model
+from ucmctl.tinymodel import SIZES, app, make_model
 
 
 def digests(d: Path) -> dict[str, str]:

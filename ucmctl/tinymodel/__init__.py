@@ -4,7 +4,7 @@ Importing this package needs neither torch nor transformers: they are imported o
 model is built, so the control plane stays importable on a machine without them.
 """
 
-from ucmctl.model.build import SIZES, ModelSize, make_model
-from ucmctl.model.cli import app
+from ucmctl.tinymodel.build import SIZES, ModelSize, make_model
+from ucmctl.tinymodel.cli import app
 
 __all__ = ["SIZES", "ModelSize", "app", "make_model"]

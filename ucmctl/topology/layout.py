@@ -10,13 +10,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ucmctl.topology.model import DpMode, Mode, Platform, Side, Topology
+from ucmctl.plan.model import ServerRole
+from ucmctl.platforms import Platform
+from ucmctl.topology.model import DpMode, Mode, Side, Topology
 from ucmctl.topology.mooncake import connector_for
 
 
 @dataclass(frozen=True)
 class Server:
-    side: str  # prefill | decode | mixed
+    side: ServerRole
     index: int  # position within the side, node by node
     node: str
     local_index: int  # position on its node

@@ -22,7 +22,7 @@ def make_tiny(
     seed: int = typer.Option(0, "--seed", help="Seed of weights and tokenizer corpus."),
 ) -> None:
     """Build a random-weight Llama and a locally trained tokenizer in OUT_DIR."""
-    from ucmctl.model.build import SIZES, make_model
+    from ucmctl.tinymodel.build import SIZES, make_model
 
     if size not in SIZES:
         raise typer.BadParameter(f"{size!r} is not a size; valid: {', '.join(SIZES)}", param_hint="--size")

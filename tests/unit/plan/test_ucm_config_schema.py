@@ -1,0 +1,50 @@
+"""One schema for the UCM config file: what the plan renders is what the connector, the store
+and the simulator accept, and the pipelines a topology may name are the store's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from ucmctl.plan.model import UCM_CONFIG_FILE, Plan
+from ucmctl.sim.external import load_ucm_config
+from ucmctl.topology.checks import DEPLOYABLE_PIPELINES
+from ucmctl.ucm_config import PIPELINES, parse_ucm_config
+
+
+def test_every_rendered_ucm_config_passes_the_schema_and_matches_the_plans_store(
+    plans: dict[str, Plan], tmp_path: Path
+) -> None:
+    seen = 0
+    for plan in plans.values():
+        assert plan.store is not None
+        for p in plan.processes:
+            for f in p.files:
+                if not f.path.endswith("/" + UCM_CONFIG_FILE):
+                    continue
+                seen += 1
+                assert plan.uses_store(p)
+                ucm = parse_ucm_config(yaml.safe_load(f.content))
+                assert ucm.store.store_pipeline == plan.store.pipeline
+                assert ucm.store.storage_backends == plan.store.backends
+                assert ucm.store.cache_buffer_capacity_gb == plan.store.cache_buffer_capacity_gb
+                (tmp_path / "ucm.yaml").write_text(f.content)
+                cfg, wait = load_ucm_config(str(tmp_path / "ucm.yaml"))  # the simulator's reading
+                assert cfg["store_pipeline"] == plan.store.pipeline and wait == ucm.wait_persisted
+        users = [p.name for p in plan.processes if any(f.path.endswith(UCM_CONFIG_FILE) for f in p.files)]
+        assert users == plan.store.users
+    assert seen > 0
+
+
+def test_topology_pipelines_are_the_schemas_with_the_shared_tier() -> None:
+    assert set(DEPLOYABLE_PIPELINES) == {p for p in PIPELINES if "Posix" in p.split("|")}
+    assert "Cache" in PIPELINES and "Cache" not in DEPLOYABLE_PIPELINES
+
+
+def test_the_connector_and_the_store_use_the_same_pipelines() -> None:
+    import ucm_store
+    from ucm_connector.config import KNOWN_TIERS
+
+    assert ucm_store.PIPELINES == PIPELINES
+    assert set(KNOWN_TIERS) == set(ucm_store.TIERS)
