@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import urllib.request
@@ -96,7 +97,15 @@ def test_1p1d_over_ssh_decode_hits_what_prefill_stored(hosts: Cluster, tmp_path:
         assert counter(prefill, "vllm:prefix_cache_hits_total") >= 3 * BLOCK
         assert via_proxy[0] == local[0]  # the same greedy tokens ...
         assert via_proxy[1] == local[1]  # ... and the same top logprobs: the same KV bytes
+        # as users type it: the one deployment, its model's vocabulary, an input that fits
+        bench = ucmctl("bench", "--prefix-ratio", "0.8", "--num-prompts", "8")
+        assert bench.returncode == 0, bench.stderr[-3000:]
+        chosen = re.search(r"input length (\d+) tokens", bench.stderr)
+        assert chosen is not None and int(chosen[1]) <= 2048, bench.stderr
+        rows = [r.split() for r in bench.stdout.splitlines() if r.startswith(f"{chosen[1]} ")]
+        assert [(r[2], r[3]) for r in rows if len(r) == 9] == [("8", "0"), ("8", "0")], bench.stdout
     finally:
-        down = ucmctl("down", str(topo))
+        down = ucmctl("down")
     assert down.returncode == 0, down.stderr
+    assert "3 processes stopped" in down.stdout
     assert hosts.processes_of("e2e-two-hosts") == []
