@@ -249,11 +249,12 @@ def install(
 ) -> None:
     """Push a ucmctl wheel to every node of a topology and install it into the node's Python."""
     from ucmctl.deploy.api import install_wheel
+    from ucmctl.plan.build import build_plan
 
     if not wheel.is_file() or wheel.suffix != ".whl":
         raise UcmctlError.one(f"{wheel} is not a wheel file", fix="build one with `pip wheel . -w dist`")
     for node, line in install_wheel(
-        _load(topology), wheel, no_deps=no_deps, accept_new_host_keys=accept_new_host_keys
+        build_plan(_load(topology)), wheel, no_deps=no_deps, accept_new_host_keys=accept_new_host_keys
     ):
         out.print(f"{node}: {escape(line)}")
 

@@ -24,7 +24,7 @@ from ucmctl.deploy.state import ProcessState, Record, StateStore
 from ucmctl.errors import ExitStatus, Problem, UcmctlError
 from ucmctl.plan.build import build_plan
 from ucmctl.plan.model import Plan, Process
-from ucmctl.topology.model import Topology  # `up` and `install` take a topology and plan it
+from ucmctl.topology.model import Topology  # `up` takes a topology and plans it
 
 
 @dataclass
@@ -338,14 +338,10 @@ def deploy_down(
     return [(p.name, p.node, s.was_running) for p, s in stopped]
 
 
-def purge(plan: Plan | Topology) -> int:
+def purge(plan: Plan) -> int:
     """Delete the store's folders (`<backend>/<3 hex digits>/` and the quarantine `corrupt/`) from
     one node of the store's users (the backends are shared); nothing else under the backend is
-    touched. Returns how many folders went. Works from a deployment record's plan alone.
-
-    A Topology is still accepted (planned here) for callers not yet passing the plan."""
-    if isinstance(plan, Topology):
-        plan = build_plan(plan)
+    touched. Returns how many folders went. Works from a deployment record's plan alone."""
     if plan.store is None:
         raise UcmctlError.one(f"deployment '{plan.deployment}' has no storage to purge")
     nodes = plan.store_nodes()
@@ -367,10 +363,9 @@ def purge(plan: Plan | Topology) -> int:
 
 
 def install_wheel(
-    topology: Plan | Topology, wheel: Path, *, no_deps: bool = False, accept_new_host_keys: bool = False
+    plan: Plan, wheel: Path, *, no_deps: bool = False, accept_new_host_keys: bool = False
 ) -> list[tuple[str, str]]:
     """Copy the wheel to each node's run folder and pip-install it with the node's Python."""
-    plan = build_plan(topology) if isinstance(topology, Topology) else topology
     data = wheel.read_bytes()
     session = Session(plan, accept_new_host_keys=accept_new_host_keys)
 
