@@ -17,8 +17,9 @@ import socket
 import time
 from collections.abc import Iterator
 
-from ucmctl.deploy.executor import HELD, Executor, HostKeyError, NodeError, Watch
+from ucmctl.deploy.executor import HELD, Executor, NodeError, Watch
 from ucmctl.deploy.fanout import parallel
+from ucmctl.deploy.preflight import node_problem
 from ucmctl.errors import ExitStatus, Problem, UcmctlError
 from ucmctl.plan.model import Plan
 
@@ -53,13 +54,6 @@ def _who() -> str:
     return f"`ucmctl up` from {socket.gethostname()} (pid {os.getpid()}, since {since})"
 
 
-def _unreachable(plan: Plan, node: str, err: NodeError) -> str:
-    where = f"node {node} ({plan.nodes[node].host})"
-    return (
-        f"{where}: {err.reason}" if isinstance(err, HostKeyError) else f"{where}: unreachable: {err.reason}"
-    )
-
-
 @contextlib.contextmanager
 def node_guard(plan: Plan, executors: dict[str, Executor]) -> Iterator[None]:
     """Hold every node's lock for this deployment; refuse (BUSY) when another `up` holds one."""
@@ -79,7 +73,7 @@ def node_guard(plan: Plan, executors: dict[str, Executor]) -> Iterator[None]:
         unreachable = [(node, err) for node, err in answers if isinstance(err, NodeError)]
         if unreachable:  # as preflight says it, every such node at once
             raise UcmctlError(
-                [Problem(_unreachable(plan, node, err)) for node, err in unreachable],
+                [Problem(node_problem(plan.nodes[node], err)) for node, err in unreachable],
                 status=ExitStatus.NOT_READY,
             )
         for node, lines in answers:

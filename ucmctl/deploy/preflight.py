@@ -84,6 +84,13 @@ def preflight(plan: Plan, executors: dict[str, Executor]) -> Preflight:
     return Preflight(problems, shared.cleanup)
 
 
+def node_problem(node: NodePlan, err: NodeError) -> str:
+    """A node that could not be asked, as one preflight line (a refused host key says why)."""
+    where = f"node {node.name} ({node.host})"
+    what = "" if isinstance(err, HostKeyError) else "unreachable: "
+    return f"{where}: {what}{err.reason}"
+
+
 def _node_checks(plan: Plan, ex: Executor, shared: _SharedCheck) -> NodeFacts:
     node = plan.nodes[ex.node.name]
     out = NodeFacts(node.name)
@@ -100,11 +107,8 @@ def _node_checks(plan: Plan, ex: Executor, shared: _SharedCheck) -> NodeFacts:
     script += "\n" + lifecycle.running_lines(plan.on_node(node.name)) + "\n"
     try:
         done = ex.run(script, timeout=60)
-    except HostKeyError as exc:
-        out.problems.append(f"{where}: {exc.reason}")
-        return out
     except NodeError as exc:
-        out.problems.append(f"{where}: unreachable: {exc.reason}")
+        out.problems.append(node_problem(node, exc))
         return out
     for line in done.stdout.splitlines():
         if line.startswith("running "):
