@@ -98,16 +98,10 @@ class Cluster:
 
     def processes_of(self, deployment: str) -> list[tuple[str, int]]:
         """(host, pid) of every live process anywhere that carries a marker of `deployment`."""
-        found = []
+        from ucmctl.testing.processes import carries_marker
+
         mark = f"/{deployment}/".encode()
-        for host, pid in self.pids():
-            with contextlib.suppress(OSError):
-                env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-                stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-                ours = any(e.startswith(b"UCMCTL_PROCESS=") and mark in e for e in env)
-                if stat != "Z" and ours:
-                    found.append((host, pid))
-        return found
+        return [(host, pid) for host, pid in self.pids() if carries_marker(pid, mark)]
 
 
 def available() -> str | None:

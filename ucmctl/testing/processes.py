@@ -15,6 +15,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
+def carries_marker(pid: int, text: bytes) -> bool:
+    """Whether a live (not zombie) process has a UCMCTL_PROCESS marker containing `text`."""
+    with contextlib.suppress(OSError):
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return state != "Z" and any(e.startswith(b"UCMCTL_PROCESS=") and text in e for e in env)
+    return False
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

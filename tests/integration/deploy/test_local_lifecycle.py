@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ucmctl.testing.processes import free_port
+from ucmctl.testing.processes import carries_marker, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -58,17 +58,10 @@ def spawn(home: Path, *args: str) -> subprocess.Popen[str]:
 
 def processes_of(run_dir: Path) -> list[int]:
     """Live processes whose ucmctl marker names a launch script under `run_dir`."""
-    mark = b"UCMCTL_PROCESS="
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        with contextlib.suppress(OSError):
-            env = (entry / "environ").read_bytes().split(b"\0")
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-            if state != "Z" and any(e.startswith(mark) and f"@{run_dir}/".encode() in e for e in env):
-                found.append(int(entry.name))
-    return found
+    mark = f"@{run_dir}/".encode()
+    return [
+        int(e.name) for e in Path("/proc").iterdir() if e.name.isdigit() and carries_marker(int(e.name), mark)
+    ]
 
 
 @pytest.fixture(autouse=True)
