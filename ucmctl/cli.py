@@ -13,6 +13,7 @@ from rich.markup import escape
 
 from ucmctl import __version__
 from ucmctl.bench.cli import app as bench_app
+from ucmctl.bench.cli import spread_option_values
 
 if TYPE_CHECKING:
     from ucmctl.plan.model import Plan
@@ -312,7 +313,8 @@ def main() -> None:
     one line (what, where, the fix), no traceback, and an exit status a script can act on (see
     ExitStatus: 2 bad input, 1 failed, 5 regression, 6 requests failed ...)."""
     try:
-        code = app(standalone_mode=False)  # click returns a typer.Exit's code in this mode
+        args = spread_option_values(sys.argv[1:])  # --goodput ttft:500 tpot:50, as vLLM takes it
+        code = app(args=args, standalone_mode=False)  # click returns a typer.Exit's code in this mode
         if isinstance(code, int) and code:
             sys.exit(code)
     except UcmctlError as exc:

@@ -131,7 +131,7 @@ def test_exit_statuses_are_distinct() -> None:
     ("args", "line"),
     [
         (("up",), "error: ucmctl up: Missing argument 'topology'. (see `ucmctl up --help`)"),
-        (("bench", "--bogus"), "error: ucmctl bench: No such option: --bogus (see `ucmctl bench --help`)"),
+        (("bench", "--xyzzy"), "error: ucmctl bench: No such option: --xyzzy (see `ucmctl bench --help`)"),
         (("bench", "compare"), "error: ucmctl bench compare: Missing argument 'baseline'."),
     ],
     ids=["missing", "unknown", "sub"],

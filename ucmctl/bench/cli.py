@@ -68,17 +68,15 @@ def _ints(text: str, option: str) -> list[int]:
     return values
 
 
-def _rate(text: str) -> float:
+def _rate(text: str, key: str = "--request-rate") -> float:
     if text.strip().lower() in ("inf", "infinity"):
         return math.inf
     try:
         rate = float(text)
     except ValueError:
         rate = -1.0
-    if not rate > 0:
-        raise UcmctlError.one(
-            f"'{text}' is not a request rate", key="--request-rate", fix="inf or requests/s > 0"
-        )
+    if not (rate > 0 and math.isfinite(rate)):
+        raise UcmctlError.one(f"'{text}' is not a request rate", key=key, fix="inf or requests/s > 0")
     return rate
 
 
@@ -89,6 +87,7 @@ def _write_outputs(
     csv: Path | None,
     md: Path | None,
     plot: Path | None,
+    sweep: bool = False,
 ) -> None:
     from ucmctl.bench import report
 
@@ -105,15 +104,45 @@ def _write_outputs(
     if plot:
         report.save_plot(cells, plot)
         err.print(f"wrote {plot}")
+        if sweep:
+            from ucmctl.bench.capacity_plot import save_capacity_plot
+
+            capacity = plot.with_name(f"{plot.stem}-capacity{plot.suffix or '.png'}")
+            rows = [
+                {**c["measure"], "label": c["label"]} for c in cells if c.get("primary") and c.get("measure")
+            ]
+            save_capacity_plot(rows, capacity, title="throughput vs latency per sweep point")
+            err.print(f"wrote {capacity}")
 
 
 def _fail_on_errors(cells: list[dict[str, Any]]) -> None:
-    failed = sum((c.get(p) or {}).get("failed", 0) for c in cells for p in ("preseed", "measure"))
+    counted = [c for c in cells if not c.get("aggregate")]  # an aggregate repeats its cells' requests
+    failed = sum((c.get(p) or {}).get("failed", 0) for c in counted for p in ("preseed", "measure"))
     if failed:
         raise UcmctlError.one(
             f"{failed} request(s) failed (counted above, excluded from the figures)",
             status=ExitStatus.REQUESTS_FAILED,
         )
+
+
+def spread_option_values(argv: list[str], option: str = "--goodput") -> list[str]:
+    """`--goodput ttft:500 tpot:50` (vllm bench serve's form, one flag and several values) as
+    click reads it: `--goodput ttft:500 --goodput tpot:50`. Values are NAME:NUMBER words."""
+    out: list[str] = []
+    taking = False
+    for arg in argv:
+        if arg == option:
+            taking = True
+            out.append(arg)
+            continue
+        if taking and not arg.startswith("-") and ":" in arg:
+            if out[-1] != option:
+                out.append(option)
+            out.append(arg)
+            continue
+        taking = False
+        out.append(arg)
+    return out
 
 
 DEFAULT_INPUT_LEN = 4096
@@ -169,21 +198,66 @@ def run(
         "--metrics-url",
         help="with --url: servers whose /metrics give the hit rate (repeatable; default: the --url itself)",
     ),
+    workload: str = typer.Option(
+        "prefix",
+        "--workload",
+        "-w",
+        help="prefix (preseed then measure), multi-turn, trace (--trace FILE) or long-doc",
+    ),
     input_len: str | None = typer.Option(
         None,
         "--input-len",
-        help=f"measured prompt lengths, e.g. 4096,8192 (default {DEFAULT_INPUT_LEN}, less where the "
-        "server's max_model_len leaves no room for --output-len)",
+        help=f"prefix: measured prompt lengths, e.g. 4096,8192 (default {DEFAULT_INPUT_LEN}, less where "
+        "the server's max_model_len leaves no room for --output-len)",
     ),
     prefix_ratio: float = typer.Option(
-        0.8, "--prefix-ratio", min=0.0, max=0.999, help="preseed length / input length (0: no preseed phase)"
+        0.8,
+        "--prefix-ratio",
+        min=0.0,
+        max=0.999,
+        help="prefix: preseed length / input length (0: no preseed)",
     ),
-    num_prompts: int = typer.Option(128, "--num-prompts", min=1),
-    concurrency: int = typer.Option(128, "--concurrency", min=1, help="requests in flight at most"),
-    output_len: int = typer.Option(1000, "--output-len", min=1),
+    num_prompts: int = typer.Option(128, "--num-prompts", min=1, help="prefix: prompts per phase"),
+    concurrency: str | None = typer.Option(
+        None,
+        "--concurrency",
+        help="requests in flight at most; a list sweeps, e.g. 1,4,16 (default: prefix 128, "
+        "multi-turn one per user, long-doc 8, trace 1024)",
+    ),
+    output_len: int | None = typer.Option(
+        None,
+        "--output-len",
+        min=1,
+        help="output tokens (prefix 1000, multi-turn: each answer, 128; long-doc: each query, 100; "
+        "trace: the trace's own)",
+    ),
     request_rate: str = typer.Option(
-        "inf", "--request-rate", help="inf (all at once) or requests/s (Poisson)"
+        "inf", "--request-rate", help="inf (all at once) or requests/s (Poisson); a list sweeps, e.g. 1,2,4"
     ),
+    goodput: list[str] = typer.Option(
+        [],
+        "--goodput",
+        help="SLOs for goodput, as vllm bench serve: --goodput ttft:500 tpot:50 e2el:20000 (ms)",
+    ),
+    users: int = typer.Option(16, "--users", min=1, help="multi-turn: users (conversations)"),
+    rounds: int = typer.Option(4, "--rounds", min=1, help="multi-turn: rounds per user"),
+    system_tokens: int = typer.Option(
+        1024, "--system-tokens", min=0, help="multi-turn: the system prompt every user shares"
+    ),
+    question_tokens: int = typer.Option(
+        128, "--question-tokens", min=1, help="multi-turn: each new question"
+    ),
+    trace_file: Path | None = typer.Option(
+        None, "--trace", help="trace: a JSONL trace in Mooncake's format (docs/trace-format.md)"
+    ),
+    speedup: float = typer.Option(1.0, "--speedup", help="trace: replay X times faster than its timestamps"),
+    back_to_back: bool = typer.Option(
+        False, "--back-to-back", help="trace: ignore the timestamps, keep --concurrency requests in flight"
+    ),
+    documents: int = typer.Option(8, "--documents", min=1, help="long-doc: documents"),
+    doc_tokens: int = typer.Option(8192, "--doc-tokens", min=1, help="long-doc: tokens per document"),
+    repeat_count: int = typer.Option(2, "--repeat-count", min=1, help="long-doc: times each is queried"),
+    repeat_mode: str = typer.Option("random", "--repeat-mode", help="long-doc: random, tile or interleave"),
     ignore_eos: bool = typer.Option(
         True, "--ignore-eos/--no-ignore-eos", help="always generate --output-len"
     ),
@@ -191,10 +265,10 @@ def run(
     reset_hbm: bool = typer.Option(
         False,
         "--reset-hbm",
-        help="clear every instance's local prefix cache between the phases "
+        help="prefix: clear every instance's local prefix cache between the phases "
         "(real vLLM: needs VLLM_SERVER_DEV_MODE=1)",
     ),
-    repeats: int = typer.Option(1, "--repeats", min=1, help="run everything N times (fresh prompts each)"),
+    repeats: int = typer.Option(1, "--repeats", min=1, help="prefix: run everything N times (fresh prompts)"),
     model: str | None = typer.Option(None, "--model", help="served model name (default: /v1/models' first)"),
     model_dir: Path | None = typer.Option(
         None, "--model-dir", help="model folder: its vocabulary bounds the ids"
@@ -214,25 +288,45 @@ def run(
     save: Path | None = typer.Option(None, "--save", help="JSON result (vllm bench serve's key names)"),
     csv: Path | None = typer.Option(None, "--csv"),
     markdown: Path | None = typer.Option(None, "--markdown"),
-    plot: Path | None = typer.Option(None, "--plot", help="PNG of TTFT and E2EL by input length"),
+    plot: Path | None = typer.Option(
+        None, "--plot", help="PNG of TTFT and E2EL by cell; with a sweep also NAME-capacity.png"
+    ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bars"),
 ) -> None:
-    """Preseed then measure, per input length; without a subcommand this is what runs."""
+    """Send a workload (default: the guides' preseed then measure) and print its figures; without
+    a subcommand this is what runs."""
     if ctx.invoked_subcommand is not None:
         return
     from ucmctl.bench import report
+    from ucmctl.bench.goodput import parse_goodput
     from ucmctl.bench.hitrate import Instance
     from ucmctl.bench.runner import (
         BenchConfig,
         Target,
         model_path_of,
-        run_bench,
         server_facts,
         strip_private,
         target_from_deployment,
         vocabulary_refused,
     )
+    from ucmctl.bench.sweep import parse_concurrencies, parse_rates, points
+    from ucmctl.bench.workload import DEFAULT_OUTPUT_LEN, prompts_digest, run_points
 
+    # Everything the user typed is checked before anything is sent.
+    the_workload = _workload(
+        workload, trace_file, None if back_to_back else speedup, users, rounds, system_tokens,
+        question_tokens, documents, doc_tokens, repeat_count, repeat_mode,
+    )  # fmt: skip
+    slos = parse_goodput(goodput) if goodput else {}
+    rates = parse_rates(request_rate)
+    default_concurrency = {"prefix": 128, "multi-turn": users, "long-doc": 8, "trace": 1024}[workload]
+    concurrencies = parse_concurrencies(concurrency) if concurrency else [default_concurrency]
+    if workload == "trace" and rates != [math.inf]:
+        raise UcmctlError.one(
+            "a trace is sent on its own timestamps",
+            key="--request-rate",
+            fix="use --speedup or --back-to-back",
+        )
     if deployment is not None and url is not None:
         raise UcmctlError.one("--deployment and --url both given", fix="pass one of them")
     if plot:
@@ -267,11 +361,23 @@ def run(
     facts = asyncio.run(server_facts([target.url, *(i.url for i in target.instances)]))
     if model is None:
         model = facts.model
-    if input_len is not None:
-        input_lens = _ints(input_len, "--input-len")
-    else:
-        input_lens = [_default_input_len(facts.max_model_len, output_len)]
-        err.print(f"input length {input_lens[0]} tokens (the default; --input-len to choose)", soft_wrap=True)
+    out_len = output_len or DEFAULT_OUTPUT_LEN.get(workload, 1000)
+    input_lens: list[int] = []
+    if workload == "prefix":
+        if input_len is not None:
+            input_lens = _ints(input_len, "--input-len")
+        else:
+            input_lens = [_default_input_len(facts.max_model_len, out_len)]
+            err.print(
+                f"input length {input_lens[0]} tokens (the default; --input-len to choose)", soft_wrap=True
+            )
+    elif input_len is not None:
+        raise UcmctlError.one(f"--input-len is for the prefix workload, not {workload}", key="--input-len")
+    if the_workload.multi_turn is not None:
+        the_workload.multi_turn.answer_tokens = out_len
+        the_workload.multi_turn.check(facts.max_model_len)
+    if the_workload.long_doc is not None:
+        the_workload.long_doc.check(out_len, facts.max_model_len)
     vocab, checked = _vocabulary(model_dir, vocab, [model_path, facts.root])
     if not checked:
         refused = asyncio.run(vocabulary_refused(target.url + endpoint, vocab, model))
@@ -286,9 +392,9 @@ def run(
         input_lens=input_lens,
         prefix_ratio=prefix_ratio,
         num_prompts=num_prompts,
-        concurrency=concurrency,
-        output_len=output_len,
-        request_rate=_rate(request_rate),
+        concurrency=concurrencies[0],
+        output_len=out_len,
+        request_rate=rates[0],
         ignore_eos=ignore_eos,
         seed=seed,
         reset_hbm=reset_hbm,
@@ -298,21 +404,146 @@ def run(
         temperature=temperature,
         settle_s=settle,
         timeout_s=timeout,
+        goodput=slos,
     )
+    capacity = _check_capacity(the_workload, cfg, target, max(concurrencies))
     progress = None if quiet else RichProgress(err)
-    cells = strip_private(asyncio.run(run_bench(cfg, target, progress, log=err.print)))
+    sweep = points(rates, concurrencies)
+    cells = strip_private(asyncio.run(run_points(the_workload, cfg, sweep, target, progress, err.print)))
     report.print_cells(cells, out)
     target_info = {
         "url": target.url,
         "deployment": deployment,
         "instances": [i.__dict__ for i in target.instances],
+        "kv_capacity": capacity,
     }
-    doc = report.document(cells, cfg.as_dict(), report.provenance(digest, topo_path), target_info)
-    _write_outputs(cells, doc, save, csv, markdown, plot)
+    prov = report.provenance(digest, topo_path)
+    prov["prompts_digest"] = prompts_digest(cells)
+    config = {**cfg.as_dict(), **the_workload.describe(), "sweep": [p.as_dict() for p in sweep]}
+    doc = report.document(cells, config, prov, target_info)
+    _write_outputs(cells, doc, save, csv, markdown, plot, sweep=len(sweep) > 1)
     _fail_on_errors(cells)
 
 
-app.command("run", help="Preseed then measure, per input length (also `ucmctl bench` alone).")(run)
+app.command("run", help="Send a workload and print its figures (also `ucmctl bench` alone).")(run)
+
+
+def _workload(
+    kind: str,
+    trace_file: Path | None,
+    speedup: float | None,
+    users: int,
+    rounds: int,
+    system_tokens: int,
+    question_tokens: int,
+    documents: int,
+    doc_tokens: int,
+    repeat_count: int,
+    repeat_mode: str,
+) -> Any:
+    """The workload as typed; its file (a trace) read and checked before anything is sent."""
+    from ucmctl.bench.longdoc import LongDoc
+    from ucmctl.bench.multiturn import MultiTurn
+    from ucmctl.bench.replay import TraceReplay
+    from ucmctl.bench.trace import send_schedule
+    from ucmctl.bench.workload import Workload
+
+    w = Workload(kind)
+    if kind != "trace" and trace_file is not None:
+        raise UcmctlError.one(
+            f"--trace is for the trace workload, not {kind}", key="--trace", fix="add --workload trace"
+        )
+    if kind == "multi-turn":
+        w.multi_turn = MultiTurn(users, rounds, system_tokens, question_tokens)
+    elif kind == "long-doc":
+        w.long_doc = LongDoc(documents, doc_tokens, repeat_count, repeat_mode)
+        w.long_doc.check(1, None)
+    elif kind == "trace":
+        if trace_file is None:
+            raise UcmctlError.one("the trace workload needs a trace", key="--trace", fix="--trace FILE.jsonl "
+                                  "(`ucmctl bench make-trace` writes one)")  # fmt: skip
+        w.replay = TraceReplay(trace_file, speedup)
+        w.requests = w.replay.load()
+        send_schedule(w.requests, speedup)  # checks --speedup
+    return w
+
+
+def _check_capacity(workload: Any, cfg: Any, target: Any, concurrency: int) -> list[dict[str, Any]]:
+    """Read every instance's KV capacity; warn in one line when the workload would overflow
+    decode's; the servers' block size becomes the ideal hit rates' granularity."""
+    from ucmctl.bench.capacity import capacity_warning, read_capacities
+    from ucmctl.bench.client import session
+
+    async def read() -> Any:
+        async with session(4, 60) as http:
+            return await read_capacities(http, target.instances)
+
+    capacities = asyncio.run(read())
+    sizes = [c.block_size for c in capacities if c.block_size]
+    if sizes:
+        cfg.block_size = sizes[0]
+    in_flight = workload.in_flight_tokens(cfg, concurrency)
+    warning = capacity_warning(capacities, in_flight) if in_flight is not None else None
+    if warning:
+        err.print(warning, style="yellow", markup=False, soft_wrap=True)
+    return [
+        {
+            "instance": c.instance,
+            "role": c.role,
+            "blocks": c.blocks,
+            "block_size": c.block_size,
+            "tokens": c.tokens,
+        }
+        for c in capacities
+    ]
+
+
+@app.command("make-trace")
+def make_trace(
+    path: Path = typer.Argument(..., help="the JSONL trace to write", show_default=False),
+    requests: int = typer.Option(200, "--requests", help="requests in the trace"),
+    rate: str = typer.Option("2", "--rate", help="requests/s (Poisson timestamps), or inf: all at 0"),
+    input_len: int = typer.Option(4096, "--input-len", help="mean prompt length (tokens)"),
+    output_len: int = typer.Option(128, "--output-len", help="mean output length (tokens)"),
+    pattern: str = typer.Option(
+        "shared-prefix", "--pattern", help="shared-prefix, sessions (growing conversations) or unique"
+    ),
+    groups: int = typer.Option(8, "--groups", help="shared-prefix: prefix groups; sessions: sessions"),
+    shared_fraction: float = typer.Option(
+        0.5,
+        "--shared-fraction",
+        help="shared-prefix: share of a prompt from its group; sessions: of the context",
+    ),
+    seed: int = typer.Option(0, "--seed", min=0),
+) -> None:
+    """Write a synthetic trace in Mooncake's format with a chosen reuse pattern, and print its
+    ideal hit ratio (docs/trace-format.md)."""
+    from ucmctl.bench import trace
+
+    if pattern not in ("shared-prefix", "sessions", "unique"):
+        raise UcmctlError.one(
+            f"unknown pattern '{pattern}'", key="--pattern", fix="use shared-prefix, sessions or unique"
+        )
+    per_s = None if rate.strip().lower() in ("inf", "infinity") else _rate(rate, "--rate")
+    reqs = trace.make_trace(
+        requests=requests,
+        rate=per_s,
+        input_len=input_len,
+        output_len=output_len,
+        pattern=pattern,  # type: ignore[arg-type]
+        groups=groups,
+        shared_fraction=shared_fraction,
+        seed=seed,
+    )
+    trace.write_trace(reqs, path)
+    ideal = trace.ideal_hits(reqs)
+    ratio = "-" if ideal.ratio is None else f"{100 * ideal.ratio:.1f}%"
+    span = reqs[-1].timestamp_ms / 1000
+    out.print(
+        f"wrote {escape(str(path))}: {len(reqs)} requests over {span:.1f} s, "
+        f"{ideal.total_tokens:,} prompt tokens, ideal hit ratio {ratio}",
+        soft_wrap=True,
+    )
 
 
 @app.command("suite")
@@ -333,8 +564,8 @@ def suite(
     Interrupted? Run it again: finished cells are kept in the results file."""
     from ucmctl.bench import report
     from ucmctl.bench.prompts import vocab_from_model
-    from ucmctl.bench.runner import run_bench, strip_private
-    from ucmctl.bench.suite import DeployApi, ResultsFile, load_suite, run_suite
+    from ucmctl.bench.runner import strip_private
+    from ucmctl.bench.suite import DeployApi, ResultsFile, WorkloadSpec, load_suite, run_suite
     from ucmctl.topology.load import load_topology
 
     the_suite = load_suite(path)
@@ -354,8 +585,13 @@ def suite(
     )
     progress = None if quiet else RichProgress(err)
 
+    workload = (the_suite.workload or WorkloadSpec.model_validate({})).build(
+        path.parent, the_suite.output_len
+    )
+
     def run_cell(cfg: Any, target: Any) -> list[dict[str, Any]]:
-        return strip_private(asyncio.run(run_bench(cfg, target, progress, log=err.print)))
+        _check_capacity(workload, cfg, target, cfg.concurrency)
+        return strip_private(asyncio.run(workload.run(cfg, target, progress, err.print)))
 
     cells = run_suite(
         the_suite, topology, str(topo_path), results_file, run_cell, DeployApi(), vocab, err.print

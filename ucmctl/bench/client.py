@@ -36,6 +36,8 @@ class RequestResult:
     itl: list[float] = field(default_factory=list)
     latency: float = 0.0
     start_time: float = 0.0
+    token_ids: list[int] | None = None  # the answer's ids, when the phase asked for them
+    lag: float | None = None  # seconds the send came after its scheduled time (replays)
 
 
 @dataclass
@@ -45,7 +47,12 @@ class PhaseRun:
 
 
 def make_body(
-    prompt: Sequence[int], max_tokens: int, model: str | None, ignore_eos: bool, temperature: float | None
+    prompt: Sequence[int],
+    max_tokens: int,
+    model: str | None,
+    ignore_eos: bool,
+    temperature: float | None,
+    return_token_ids: bool = False,
 ) -> bytes:
     """The request's JSON, encoded once before the clock starts."""
     body: dict[str, Any] = {
@@ -55,6 +62,8 @@ def make_body(
         "stream_options": {"include_usage": True},
         "ignore_eos": ignore_eos,
     }
+    if return_token_ids:  # vLLM >= 0.10.2 (and the simulator) put the ids in every chunk
+        body["return_token_ids"] = True
     if model:
         body["model"] = model
     if temperature is not None:
@@ -69,6 +78,16 @@ def has_choices(event: bytes) -> bool:
         return False
     rest = event[i + len(_CHOICES) : i + len(_CHOICES) + 8].lstrip()
     return rest[:1] == b"[" and rest[1:].lstrip()[:1] not in (b"]", b"")
+
+
+def _token_ids(event: bytes) -> list[int] | None:
+    """The ids a token chunk carries (`choices[0].token_ids`), None when it carries none."""
+    try:
+        data = json.loads(event.removeprefix(b"data:").strip())
+        ids = data["choices"][0].get("token_ids")
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+        return None
+    return [int(t) for t in ids] if isinstance(ids, list) else None
 
 
 def _finish(out: RequestResult, tail: list[bytes], got_token: bool) -> None:
@@ -102,17 +121,29 @@ def _finish(out: RequestResult, tail: list[bytes], got_token: bool) -> None:
     if out.usage_prompt_tokens != out.prompt_len:
         out.error = f"usage.prompt_tokens {out.usage_prompt_tokens} != {out.prompt_len} tokens sent"
         return
+    if out.token_ids is not None and len(out.token_ids) != out.output_tokens:
+        out.error = (
+            f"the stream returned {len(out.token_ids)} token ids for "
+            f"usage.completion_tokens {out.output_tokens}"
+        )
+        return
     out.ok = True
 
 
-async def send(session: aiohttp.ClientSession, url: str, body: bytes, out: RequestResult) -> None:
-    """One streamed request; fills `out` (never raises)."""
+async def send(
+    session: aiohttp.ClientSession, url: str, body: bytes, out: RequestResult, collect_tokens: bool = False
+) -> None:
+    """One streamed request; fills `out` (never raises). With `collect_tokens` every token chunk
+    is decoded for its `token_ids` (the body must ask for them: make_body(return_token_ids=True))."""
     perf = time.perf_counter
     start = last = perf()
     out.start_time = start
     tail: list[bytes] = []
     got_token = False
     itl = out.itl
+    token_ids: list[int] = []
+    if collect_tokens:
+        out.token_ids = token_ids
     try:
         async with session.post(url, data=body, headers=HEADERS) as resp:
             if resp.status != 200:
@@ -128,6 +159,12 @@ async def send(session: aiohttp.ClientSession, url: str, body: bytes, out: Reque
                 *events, buf = buf.replace(b"\r\n", b"\n").split(b"\n\n")
                 for event in events:
                     if has_choices(event):
+                        if collect_tokens:
+                            ids = _token_ids(event)
+                            if ids is None:
+                                out.error = "a token chunk without token_ids (return_token_ids ignored)"
+                                return
+                            token_ids.extend(ids)
                         if got_token:
                             itl.append(now - last)
                         else:
@@ -160,37 +197,68 @@ def session(concurrency: int, timeout_s: float) -> aiohttp.ClientSession:
     )
 
 
+BodyFactory = Callable[[int], bytes]
+
+
 async def run_phase(
     http: aiohttp.ClientSession,
     url: str,
-    bodies: Sequence[bytes],
+    bodies: Sequence[bytes] | BodyFactory,
     prompt_lens: Sequence[int],
     concurrency: int,
     request_rate: float = float("inf"),
     seed: int = 0,
     on_done: Callable[[RequestResult], None] | None = None,
+    schedule: Sequence[float] | None = None,
+    collect_tokens: bool = False,
 ) -> PhaseRun:
-    """Send every body, at most `concurrency` at once, arrivals Poisson at `request_rate`
-    (all at once when infinite), as `vllm bench serve --request-rate R --max-concurrency C` does."""
+    """Send every request, at most `concurrency` at once. Arrivals: at the `schedule` (seconds
+    from the start: a trace replay), else Poisson at `request_rate` (all at once when infinite),
+    as `vllm bench serve --request-rate R --max-concurrency C` does. `bodies` may be a factory:
+    then bodies are encoded a few ahead while the loop waits for the next arrival, not all
+    before the start (a long trace's prompts would not fit in memory)."""
     gate = asyncio.Semaphore(max(1, concurrency))
-    results = [RequestResult(i, n) for i, n in enumerate(prompt_lens)]
+    n = len(prompt_lens)
+    results = [RequestResult(i, k) for i, k in enumerate(prompt_lens)]
+    make = bodies.__getitem__ if isinstance(bodies, Sequence) else bodies
+    ready: dict[int, bytes] = {}
 
-    async def one(i: int) -> None:
+    async def one(i: int, body: bytes, due: float | None) -> None:
         async with gate:
-            await send(http, url, bodies[i], results[i])
+            if due is not None:
+                results[i].lag = max(0.0, time.perf_counter() - (start + due))
+            await send(http, url, body, results[i], collect_tokens)
         if on_done is not None:
             on_done(results[i])
 
     rng = np.random.default_rng(seed)
+    due_times = list(schedule) if schedule is not None else None
+    if due_times is None:
+        due_times = [0.0] * n
+        if request_rate != float("inf"):
+            arrival = 0.0
+            for i in range(1, n):
+                arrival += float(rng.exponential(1.0 / request_rate))
+                due_times[i] = arrival
+    for i in range(min(n, 8)):  # the first few before the clock starts
+        ready[i] = make(i)
     start = time.perf_counter()
     tasks = []
-    arrival = 0.0
-    for i in range(len(bodies)):
-        if request_rate != float("inf") and i > 0:
-            arrival += float(rng.exponential(1.0 / request_rate))
-            delay = start + arrival - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-        tasks.append(asyncio.create_task(one(i)))
+    prepared = len(ready)
+    for i in range(n):
+        while True:
+            delay = start + due_times[i] - time.perf_counter()
+            if delay <= 0:
+                break
+            if prepared < n and prepared < i + 256 and delay > 0.003:
+                ready[prepared] = make(prepared)  # idle time: encode the next body
+                prepared += 1
+                continue
+            # The loop's timers wake up to a millisecond late (epoll's resolution): sleep to
+            # just short of the send time, then yield until it comes.
+            await asyncio.sleep(delay - 0.0015 if delay > 0.002 else 0)
+        body = ready.pop(i) if i in ready else make(i)
+        prepared = max(prepared, i + 1)
+        tasks.append(asyncio.create_task(one(i, body, due_times[i] if schedule is not None else None)))
     await asyncio.gather(*tasks)
     return PhaseRun(results, time.perf_counter() - start)

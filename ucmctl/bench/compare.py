@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree as ET
 
-from ucmctl.bench.report import load_document
+from ucmctl.bench.report import cell_key, load_document
 from ucmctl.errors import UcmctlError
 
 DEFAULT_LIMITS = "ttft_mean=10%,tpot_mean=10%,e2el_mean=10%,output_throughput=10%"
-HIGHER_IS_BETTER = {"output_throughput", "request_throughput", "total_token_throughput"}
+HIGHER_IS_BETTER = {"output_throughput", "request_throughput", "total_token_throughput", "request_goodput"}
 _STAT_ALIASES = {
     "p50": "median",
     "median": "median",
@@ -112,7 +112,7 @@ def parse_limits(text: str) -> list[Limit]:
                 f"unknown metric '{name}'",
                 key="--max-regression",
                 fix="use ttft|tpot|itl|e2el with _mean|_median|_p50|_p90|_p99|_std, "
-                "or output_throughput, request_throughput",
+                "or output_throughput, request_throughput, total_token_throughput, request_goodput",
             )
         limits.append(Limit(name, f"{_STAT_ALIASES[stat]}_{metric}_ms", fraction, False))
     if not limits:
@@ -135,7 +135,7 @@ def load_side(path: Path) -> dict[str, list[dict[str, Any]]]:
         for cell in load_document(f).get("cells", []):
             if not cell.get("measure"):
                 continue
-            label = f"{cell.get('scenario') or 'run'}/{cell['input_len']}"
+            label = f"{cell.get('scenario') or 'run'}/{cell_key(cell)}"
             cells.setdefault(label, []).append(cell["measure"])
     return cells
 

@@ -21,6 +21,7 @@ COUNTERS = {
     "local_hits": "vllm:prefix_cache_hits",
     "external_queries": "vllm:external_prefix_cache_queries",
     "external_hits": "vllm:external_prefix_cache_hits",
+    "preemptions": "vllm:num_preemptions",  # not a hit counter: read with them, reported per phase
 }
 
 
@@ -69,6 +70,30 @@ async def scrape(
     return {inst.name: v for inst, v in zip(instances, values, strict=True)}
 
 
+def merge(phases: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several phases' `hit_rates` as one: counter deltas summed, rates recomputed."""
+
+    def total(parts: list[dict[str, Any] | None]) -> dict[str, Any] | None:
+        known = [p for p in parts if p]
+        if not known:
+            return None
+        return _rates({k: float(sum(p.get(k, 0) for p in known)) for k in COUNTERS})
+
+    roles = list(dict.fromkeys(r for p in phases for r in (p.get("by_role") or {})))
+    names = list(dict.fromkeys(n for p in phases for n in (p.get("by_instance") or {})))
+    per: dict[str, Any] = {}
+    for name in names:
+        merged = total([(p.get("by_instance") or {}).get(name) for p in phases])
+        role = next(p["by_instance"][name]["role"] for p in phases if name in (p.get("by_instance") or {}))
+        per[name] = {"role": role, **(merged or {})}
+    return {
+        "total": total([p.get("total") for p in phases]),
+        "by_role": {r: total([(p.get("by_role") or {}).get(r) for p in phases]) for r in roles},
+        "by_instance": per,
+        "missing": sorted({m for p in phases for m in p.get("missing") or []}),
+    }
+
+
 def _rates(c: dict[str, float]) -> dict[str, Any]:
     lq, lh, eq, eh = (c["local_queries"], c["local_hits"], c["external_queries"], c["external_hits"])
     return {
@@ -95,7 +120,7 @@ def hit_rates(
         if a is None or b is None:
             missing.append(inst.name)
             continue
-        delta = {k: b[k] - a[k] for k in COUNTERS}
+        delta = {k: b.get(k, 0.0) - a.get(k, 0.0) for k in COUNTERS}
         per[inst.name] = {"role": inst.role, **_rates(delta)}
         role = roles.setdefault(inst.role, dict.fromkeys(COUNTERS, 0.0))
         for k in COUNTERS:

@@ -28,7 +28,8 @@ from ucmctl.bench.metrics import METRICS, STATS
 from ucmctl.errors import UcmctlError
 from ucmctl.tables import FIGURE, NAME, PAIR, fitted
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: cells name their workload and label; version 1 results read the same
+READABLE_VERSIONS = (1, 2)
 KIND = "ucmctl-bench-result"
 VLLM_KEYS = (
     "duration",
@@ -41,6 +42,52 @@ VLLM_KEYS = (
     "total_token_throughput",
     *(f"{s}_{m}_ms" for m in METRICS for s in STATS),
 )
+OPTIONAL_KEYS = ("request_goodput", "good_completed")  # present when --goodput was given
+
+# How each workload names its phases (the JSON keeps "preseed" and "measure" for all).
+PHASE_NAMES = {
+    "prefix": {"preseed": "preseed", "measure": "measure"},
+    "multi-turn": {"preseed": "-", "measure": "measure"},
+    "trace": {"preseed": "-", "measure": "replay"},
+    "long-doc": {"preseed": "warm-up", "measure": "query"},
+}
+
+
+def workload_of(cell: dict[str, Any]) -> str:
+    return str(cell.get("workload") or "prefix")
+
+
+def label_of(cell: dict[str, Any]) -> str:
+    """A cell's row name: its label, else (results before labels) its input length."""
+    return str(cell.get("label") or cell["input_len"])
+
+
+def row_name(cell: dict[str, Any]) -> str:
+    """The label, and the sweep point when the run swept several."""
+    point = cell.get("point_name")
+    return f"{label_of(cell)} @ {point}" if point else label_of(cell)
+
+
+def cell_key(cell: dict[str, Any]) -> str:
+    """What `bench compare` pairs cells by (with the scenario): the row name, by workload."""
+    workload = workload_of(cell)
+    return row_name(cell) if workload == "prefix" else f"{workload}: {row_name(cell)}"
+
+
+def phase_name(cell: dict[str, Any], phase: str) -> str:
+    return PHASE_NAMES.get(workload_of(cell), PHASE_NAMES["prefix"])[phase]
+
+
+def ideal_of(cell: dict[str, Any]) -> float | None:
+    """The hit rate the workload allows: its reusable fraction, else the prefix ratio asked."""
+    ideal = cell.get("ideal_hit_rate")
+    return ideal if ideal is not None else cell.get("prefix_ratio")
+
+
+def preemptions_of(phase: dict[str, Any] | None) -> int | None:
+    total = ((phase or {}).get("hit_rate") or {}).get("total") or {}
+    value = total.get("preemptions")
+    return None if value is None else int(value)
 
 
 # ---- provenance ----------------------------------------------------------------------------
@@ -160,7 +207,7 @@ def load_document(path: Path) -> dict[str, Any]:
         raise UcmctlError.one(f"cannot read a result: {exc}", file=str(path)) from None
     if not isinstance(doc, dict) or doc.get("kind") != KIND:
         raise UcmctlError.one("not a `ucmctl bench --save` result", file=str(path))
-    if doc.get("schema_version") != SCHEMA_VERSION:
+    if doc.get("schema_version") not in READABLE_VERSIONS:
         raise UcmctlError.one(
             f"schema_version {doc.get('schema_version')} is not {SCHEMA_VERSION}",
             file=str(path),
@@ -187,18 +234,27 @@ def rows(cells: Iterable[dict[str, Any]]) -> pd.DataFrame:
             p = cell.get(phase)
             if not p:
                 continue
+            point = cell.get("point") or {}
             row: dict[str, Any] = {
                 "scenario": cell.get("scenario") or "",
+                "workload": workload_of(cell),
+                "label": row_name(cell),
+                "point": cell.get("point_name"),
                 "input_len": cell["input_len"],
                 "repeat": cell.get("repeat", 0),
                 "phase": phase,
+                "request_rate_asked": point.get("request_rate"),
+                "max_concurrency": point.get("max_concurrency"),
                 "prompt_len": p.get("input_len"),
                 "output_len": p.get("output_len"),
                 "prefix_ratio": cell.get("prefix_ratio"),
             }
             row.update({k: p.get(k) for k in VLLM_KEYS})
+            row.update({k: p.get(k) for k in OPTIONAL_KEYS})
             for key in ("local_hit_rate", "external_hit_rate", "hit_rate"):
                 row[f"measured_{key}"] = _rate(p, key)
+            row["ideal_hit_rate"] = cell.get("ideal_hit_rate") if phase == "measure" else None
+            row["preemptions"] = preemptions_of(p)
             out.append(row)
     return pd.DataFrame(out)
 
@@ -218,19 +274,21 @@ def markdown(cells: list[dict[str, Any]]) -> str:
     scenarios = list(dict.fromkeys(c.get("scenario") or "" for c in measured))
     if scenarios != [""]:
         return suite_markdown(measured, scenarios)
+    prefix_only = all(workload_of(c) == "prefix" for c in measured)
     head = (
-        "| input | output | ok/failed | TTFT mean / p99 (ms) | TPOT mean / p99 (ms) | ITL mean (ms) "
-        "| E2EL mean / p99 (ms) | out tok/s | hit rate local / external (requested) |"
+        f"| {'input' if prefix_only else 'cell'} | output | ok/failed | TTFT mean / p99 (ms) "
+        "| TPOT mean / p99 (ms) | ITL mean (ms) | E2EL mean / p99 (ms) | out tok/s "
+        f"| hit rate local / external ({'requested' if prefix_only else 'ideal'}) |"
     )
     lines = [head, "|" + "---|" * 9]
     for c in measured:
         m = c["measure"]
         lines.append(
-            f"| {c['input_len']} | {m['output_len']} | {m['completed']}/{m['failed']} "
+            f"| {row_name(c)} | {m['output_len']} | {m['completed']}/{m['failed']} "
             f"| {_ms(m['mean_ttft_ms'])} / {_ms(m['p99_ttft_ms'])} | {_ms(m['mean_tpot_ms'])} / "
             f"{_ms(m['p99_tpot_ms'])} | {_ms(m['mean_itl_ms'])} | {_ms(m['mean_e2el_ms'])} / "
             f"{_ms(m['p99_e2el_ms'])} | {m['output_throughput']:.1f} | {_pct(_rate(m, 'local_hit_rate'))} / "
-            f"{_pct(_rate(m, 'external_hit_rate'))} ({_pct(c.get('prefix_ratio'))}) |"
+            f"{_pct(_rate(m, 'external_hit_rate'))} ({_pct(ideal_of(c))}) |"
         )
     return "\n".join(lines) + "\n"
 
@@ -243,11 +301,14 @@ def _mean_of(cells: list[dict[str, Any]], key: str) -> float | None:
 def suite_markdown(cells: list[dict[str, Any]], scenarios: list[str]) -> str:
     """The guides' side-by-side table: input, output, then TTFT / TPOT / E2EL per scenario
     (means over repeats), and the measured hit rate per scenario."""
-    head = "| input | output | " + " | ".join(f"{s} TTFT / TPOT / E2EL (ms)" for s in scenarios)
-    head += " | " + " | ".join(f"{s} hit rate" for s in scenarios) + " |"
-    lines = [head, "|" + "---|" * (2 + 2 * len(scenarios))]
-    for input_len in dict.fromkeys(c["input_len"] for c in cells):
-        group = [c for c in cells if c["input_len"] == input_len]
+    prefix_only = all(workload_of(c) == "prefix" for c in cells)
+    first = "input" if prefix_only else "cell"
+    head = f"| {first} | output | " + " | ".join(f"{s} TTFT / TPOT / E2EL (ms)" for s in scenarios)
+    head += " | " + " | ".join(f"{s} hit rate" for s in scenarios)
+    head += " |" if prefix_only else " | ideal |"
+    lines = [head, "|" + "---|" * (2 + 2 * len(scenarios) + (0 if prefix_only else 1))]
+    for label in dict.fromkeys(row_name(c) for c in cells):
+        group = [c for c in cells if row_name(c) == label]
         out_len = group[0]["measure"]["output_len"]
         lat, hits = [], []
         for s in scenarios:
@@ -258,7 +319,8 @@ def suite_markdown(cells: list[dict[str, Any]], scenarios: list[str]) -> str:
                 continue
             lat.append(" / ".join(_ms(_mean_of(mine, f"mean_{m}_ms")) for m in ("ttft", "tpot", "e2el")))
             hits.append(_pct(_rate(mine[0]["measure"], "hit_rate")))
-        lines.append(f"| {input_len} | {out_len} | " + " | ".join(lat) + " | " + " | ".join(hits) + " |")
+        ideal = "" if prefix_only else f" {_pct(ideal_of(group[0]))} |"
+        lines.append(f"| {label} | {out_len} | " + " | ".join(lat) + " | " + " | ".join(hits) + " |" + ideal)
     return "\n".join(lines) + "\n"
 
 
@@ -283,14 +345,21 @@ def save_plot(cells: list[dict[str, Any]], path: Path) -> None:
 
     frame = rows(cells)
     frame = frame[frame["phase"] == "measure"]
+    one_point = all(frame[k].nunique(dropna=False) <= 1 for k in ("request_rate_asked", "max_concurrency"))
+    by_length = bool((frame["workload"] == "prefix").all()) and one_point
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     for ax, key, title in ((axes[0], "mean_ttft_ms", "TTFT"), (axes[1], "mean_e2el_ms", "E2EL")):
         for scenario, group in frame.groupby("scenario", sort=False):
-            series = group.groupby("input_len")[key].mean()
-            ax.plot(series.index, series.values, marker="o", label=scenario or "run")
-        ax.set_xlabel("input length (tokens)")
+            if by_length:
+                series = group.groupby("input_len")[key].mean()
+                ax.plot(series.index, series.values, marker="o", label=scenario or "run")
+            else:  # rounds, a trace, documents: one point per cell, in run order
+                series = group.groupby("label", sort=False)[key].mean()
+                ax.plot(range(len(series)), series.values, marker="o", label=scenario or "run")
+                ax.set_xticks(range(len(series)), [str(x) for x in series.index], rotation=20)
+        ax.set_xlabel("input length (tokens)" if by_length else "cell")
         ax.set_ylabel(f"mean {title} (ms)")
-        ax.set_title(f"{title} by input length")
+        ax.set_title(f"{title} by {'input length' if by_length else 'cell'}")
         ax.grid(alpha=0.3)
         ax.legend()
     fig.tight_layout()
@@ -305,7 +374,10 @@ def print_cells(cells: list[dict[str, Any]], console: Console) -> None:
     """Two tables (latencies; throughput and hit rates), then every failure and unread /metrics.
     A figure nothing measured (every request of the phase failed) shows as `-`."""
     has_scenario = any(c.get("scenario") for c in cells)
+    has_point = any(c.get("point_name") for c in cells)
+    prefix_only = all(workload_of(c) == "prefix" for c in cells)
     lead = [("scenario", NAME)] if has_scenario else []
+    lead += [("point", NAME)] if has_point else []
     latency, load = [], []
     for cell in cells:
         for phase in ("preseed", "measure"):
@@ -313,15 +385,16 @@ def print_cells(cells: list[dict[str, Any]], console: Console) -> None:
             if not p:
                 continue
             first = [cell.get("scenario") or ""] if has_scenario else []
+            first += [cell.get("point_name") or ""] if has_point else []
             first += [
-                str(cell["input_len"]) + (f" #{cell['repeat'] + 1}" if cell.get("repeat") else ""),
-                phase,
+                label_of(cell) + (f" #{cell['repeat'] + 1}" if cell.get("repeat") else ""),
+                phase_name(cell, phase),
             ]
             failed = f"[red]{p['failed']}[/]" if p["failed"] else "0"
             latency.append(
                 [*first, *(f"{_ms(p.get(f'mean_{m}_ms'))} / {_ms(p.get(f'p99_{m}_ms'))}" for m in METRICS)]
             )
-            requested = _pct(cell.get("prefix_ratio")) if phase == "measure" else "-"
+            requested = _pct(ideal_of(cell)) if phase == "measure" else "-"
             measured = p["completed"] > 0
             load.append(
                 [
@@ -335,21 +408,44 @@ def print_cells(cells: list[dict[str, Any]], console: Console) -> None:
                     requested,
                 ]
             )
-    head = [*lead, ("input", NAME), ("phase", NAME)]
+    head = [*lead, ("input" if prefix_only else "cell", NAME), ("phase", NAME)]
     metric_cols = [(m.upper(), PAIR) for m in METRICS]
     for t in fitted(console, "latency, ms (mean / p99)", head, metric_cols, latency):
         console.print(t)
         console.print()
-    load_cols = [(c, FIGURE) for c in ("ok", "failed", "req/s", "tok/s", "hit L", "hit E", "asked")]
-    title = "throughput and hit rate (measured local, external; asked)"
+    ideal = "asked" if prefix_only else "ideal"
+    load_cols = [(c, FIGURE) for c in ("ok", "failed", "req/s", "tok/s", "hit L", "hit E", ideal)]
+    title = f"throughput and hit rate (measured local, external; {ideal})"
     for t in fitted(console, title, head, load_cols, load):
         console.print(t)
         console.print()
     for cell in cells:
         for phase in ("preseed", "measure"):
             p = cell.get(phase) or {}
+            name = f"{phase_name(cell, phase)} {row_name(cell)}"
             for e in p.get("errors", []):
-                console.print(f"[red]{phase} {cell['input_len']}: {e['count']} x {e['error']}[/]")
+                console.print(f"{name}: {e['count']} x {e['error']}", style="red", markup=False)
+            preempted = preemptions_of(p)
+            if preempted:
+                console.print(
+                    f"{name}: {preempted} preemption(s): the KV cache was full (figures include them)",
+                    style="yellow",
+                    markup=False,
+                )
+            if p.get("request_goodput") is not None:
+                slos = ", ".join(f"{k} <= {v:g} ms" for k, v in (p.get("goodput_slos_ms") or {}).items())
+                console.print(
+                    f"{name}: goodput {p['request_goodput']:.2f} req/s ({p.get('good_completed')} of "
+                    f"{p['completed'] + p['failed']} requests met {slos})",
+                    markup=False,
+                )
+            lag = p.get("send_lag_ms")
+            if lag and lag.get("p99") is not None:
+                console.print(
+                    f"{name}: sends behind the trace's schedule by {lag['p50']:.2f} ms p50, "
+                    f"{lag['p99']:.2f} ms p99, {lag['max']:.2f} ms max",
+                    markup=False,
+                )
             by_role = (p.get("hit_rate") or {}).get("by_role") or {}
             # In PD the decode leg finds what the prefill leg just stored: judge the first leg.
             leg = by_role.get("prefill") or by_role.get("mixed")
@@ -359,11 +455,11 @@ def print_cells(cells: list[dict[str, Any]], console: Console) -> None:
                 for role, r in by_role.items():
                     local, ext = r.get("local_hit_rate"), r.get("external_hit_rate")
                     parts.append(f"{role} local {_pct(local)}, external {_pct(ext)}")
-                console.print(f"{cell.get('scenario') or 'run'} {cell['input_len']} {phase} hit rates: "
+                console.print(f"{cell.get('scenario') or 'run'} {name} hit rates: "
                               + "; ".join(parts), markup=False)  # fmt: skip
-            if phase == "preseed" and rate is not None and rate > 0.05:
+            if phase == "preseed" and workload_of(cell) == "prefix" and rate is not None and rate > 0.05:
                 console.print(
-                    f"[yellow]preseed {cell['input_len']}: {100 * rate:.1f}% of its prompt tokens were "
+                    f"[yellow]preseed {row_name(cell)}: {100 * rate:.1f}% of its prompt tokens were "
                     "already cached (a run with the same --seed before?): the measured hit rate "
                     "includes them; use another --seed or reset the caches[/]"
                 )

@@ -4,15 +4,17 @@ caches, then measure; with the measured hit rate of each phase from the instance
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import math
-from collections.abc import Callable
+from array import array
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 import aiohttp
 
-from ucmctl.bench import client, hitrate, metrics, prompts
+from ucmctl.bench import client, goodput, hitrate, metrics, prompts
 from ucmctl.bench.client import RequestResult
 from ucmctl.bench.hitrate import Instance
 
@@ -35,6 +37,8 @@ class BenchConfig:
     settle_s: float = 0.0  # pause between the phases (an asynchronous store finishing its writes)
     timeout_s: float = 6 * 3600
     stream_base: int = 0  # offsets the prompts' stream numbers (a suite gives each cell its own)
+    goodput: dict[str, float] = field(default_factory=dict)  # SLOs in ms: ttft, tpot, e2el
+    block_size: int = 16  # the servers' KV block, for the workloads' ideal hit rates
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -135,6 +139,47 @@ async def vocabulary_refused(url: str, vocab: int, model: str | None) -> str | N
     return " ".join(str(message).split())[:200]
 
 
+async def measure(
+    http: aiohttp.ClientSession,
+    cfg: BenchConfig,
+    target: Target,
+    label: str,
+    bodies: Sequence[bytes] | client.BodyFactory,
+    prompt_lens: Sequence[int],
+    progress: Progress,
+    *,
+    schedule: Sequence[float] | None = None,
+    collect_tokens: bool = False,
+) -> dict[str, Any]:
+    """One phase of any workload: send, then summarize under vLLM's key names, with the measured
+    hit rates and preemptions (counter deltas across the phase) and the goodput when asked."""
+    before = await hitrate.scrape(http, target.instances)
+    progress.start(label, len(prompt_lens))
+    try:
+        run = await client.run_phase(
+            http,
+            target.url + target.endpoint,
+            bodies,
+            prompt_lens,
+            cfg.concurrency,
+            cfg.request_rate,
+            cfg.seed,
+            progress.advance,
+            schedule=schedule,
+            collect_tokens=collect_tokens,
+        )
+    finally:
+        progress.stop()
+    after = await hitrate.scrape(http, target.instances)
+    summary = metrics.summarize(run.results, run.duration)
+    if cfg.goodput:
+        summary.update(goodput.goodput_fields(run.results, run.duration, cfg.goodput))
+    summary["num_prompts"] = len(prompt_lens)
+    summary["hit_rate"] = hitrate.hit_rates(target.instances, before, after)
+    summary["_results"] = run.results  # dropped before saving; kept for tests and debugging
+    return summary
+
+
 async def _phase(
     http: aiohttp.ClientSession,
     cfg: BenchConfig,
@@ -145,43 +190,17 @@ async def _phase(
     stream: int,
     progress: Progress,
 ) -> dict[str, Any]:
-    """One phase: N prompts, each the first `length` tokens of its prompt stream."""
-    bodies = [
-        client.make_body(
-            prompts.prompt_ids(cfg.seed, i, length, cfg.vocab, stream),
-            max_tokens,
-            cfg.model,
-            cfg.ignore_eos,
-            cfg.temperature,
-        )
-        for i in range(cfg.num_prompts)
-    ]
-    before = await hitrate.scrape(http, target.instances)
-    progress.start(label, cfg.num_prompts)
-    try:
-        run = await client.run_phase(
-            http,
-            target.url + target.endpoint,
-            bodies,
-            [length] * cfg.num_prompts,
-            cfg.concurrency,
-            cfg.request_rate,
-            cfg.seed,
-            progress.advance,
-        )
-    finally:
-        progress.stop()
-    after = await hitrate.scrape(http, target.instances)
-    summary = metrics.summarize(run.results, run.duration)
+    """One phase of the prefix workload: N prompts, each the first `length` tokens of its stream."""
+    digest = hashlib.sha256()
+    bodies = []
+    for i in range(cfg.num_prompts):
+        ids = prompts.prompt_ids(cfg.seed, i, length, cfg.vocab, stream)
+        digest.update(array("q", ids).tobytes())
+        bodies.append(client.make_body(ids, max_tokens, cfg.model, cfg.ignore_eos, cfg.temperature))
+    summary = await measure(http, cfg, target, label, bodies, [length] * cfg.num_prompts, progress)
     summary.update(
-        {
-            "input_len": length,
-            "output_len": max_tokens,
-            "num_prompts": cfg.num_prompts,
-            "hit_rate": hitrate.hit_rates(target.instances, before, after),
-        }
+        {"input_len": length, "output_len": max_tokens, "_prompts_digest": digest.hexdigest()[:16]}
     )
-    summary["_results"] = run.results  # dropped before saving; kept for tests and debugging
     return summary
 
 
@@ -223,6 +242,7 @@ async def run_bench(
                 cell["measure"] = await _phase(
                     http, cfg, target, f"measure {tag}", input_len, cfg.output_len, stream, progress
                 )
+                cell["prompts_digest"] = cell["measure"]["_prompts_digest"]  # preseeds are their prefixes
                 cells.append(cell)
     return cells
 

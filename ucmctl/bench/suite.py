@@ -16,12 +16,15 @@ import os
 import secrets
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ucmctl.bench.runner import BenchConfig, Target
+
+if TYPE_CHECKING:
+    from ucmctl.bench.workload import Workload
 from ucmctl.errors import ExitStatus, UcmctlError
 from ucmctl.topology.model import FlagValue, Topology
 
@@ -33,13 +36,52 @@ def _all_scenarios() -> list[Scenario]:
     return ["recompute", "hbm", "ucm"]
 
 
+class WorkloadSpec(BaseModel):
+    """A suite's workload other than the guides' prefix one (`ucmctl bench --workload`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["prefix", "multi-turn", "long-doc", "trace"] = "prefix"
+    users: int = Field(16, ge=1)
+    rounds: int = Field(4, ge=1)
+    system_tokens: int = Field(1024, ge=0)
+    question_tokens: int = Field(128, ge=1)
+    documents: int = Field(8, ge=1)
+    doc_tokens: int = Field(8192, ge=1)
+    repeat_count: int = Field(2, ge=1)
+    repeat_mode: Literal["random", "tile", "interleave"] = "random"
+    trace: str | None = Field(None, description="trace file, relative to the suite file")
+    speedup: float | None = Field(1.0, gt=0, description="null: back to back")
+
+    def build(self, suite_dir: Path, output_len: int) -> Workload:
+        from ucmctl.bench.longdoc import LongDoc
+        from ucmctl.bench.multiturn import MultiTurn
+        from ucmctl.bench.replay import TraceReplay
+        from ucmctl.bench.workload import Workload
+
+        w = Workload(self.kind)
+        if self.kind == "multi-turn":
+            w.multi_turn = MultiTurn(
+                self.users, self.rounds, self.system_tokens, self.question_tokens, output_len
+            )
+        elif self.kind == "long-doc":
+            w.long_doc = LongDoc(self.documents, self.doc_tokens, self.repeat_count, self.repeat_mode)
+        elif self.kind == "trace":
+            if not self.trace:
+                raise UcmctlError.one("a trace workload needs `trace: FILE`", key="workload.trace")
+            w.replay = TraceReplay(suite_dir / self.trace, self.speedup)
+            w.requests = w.replay.load()
+        return w
+
+
 class Suite(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
     topology: str = Field(description="topology file, relative to the suite file")
     scenarios: list[Scenario] = Field(default_factory=lambda: _all_scenarios(), min_length=1)
-    input_lens: list[int] = Field(min_length=1)
+    workload: WorkloadSpec | None = None  # the guides' prefix workload when absent
+    input_lens: list[int] = Field(default_factory=list, description="prefix workload: required")
     output_len: int = Field(1000, ge=1)
     prefix_ratio: float = Field(0.8, ge=0, lt=1)
     num_prompts: int = Field(128, ge=1)
@@ -55,13 +97,30 @@ class Suite(BaseModel):
         default_factory=dict, description="vLLM flags added to every side, every scenario"
     )
 
+    @model_validator(mode="after")
+    def _lengths_for_prefix(self) -> Suite:
+        if self.kind == "prefix" and not self.input_lens:
+            raise ValueError("input_lens: the prefix workload needs at least one input length")
+        if self.kind != "prefix" and self.input_lens:
+            raise ValueError(f"input_lens: only the prefix workload has input lengths, not {self.kind}")
+        return self
+
+    @property
+    def kind(self) -> str:
+        return self.workload.kind if self.workload else "prefix"
+
     def digest(self) -> str:
-        text = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        # A suite without a workload digests as before workloads existed: its results resume.
+        data = self.model_dump(mode="json", exclude={"workload"} if self.workload is None else set())
+        text = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
+    def lengths(self) -> list[int]:
+        return self.input_lens if self.kind == "prefix" else [0]
+
     def cells(self) -> list[tuple[str, int, int]]:
-        """(scenario, input length, repeat) in run order: one deployment per scenario."""
-        return [(s, n, r) for s in self.scenarios for r in range(self.repeats) for n in self.input_lens]
+        """(scenario, input length or 0, repeat) in run order: one deployment per scenario."""
+        return [(s, n, r) for s in self.scenarios for r in range(self.repeats) for n in self.lengths()]
 
     def bench_config(self, vocab: int) -> BenchConfig:
         rate = math.inf if self.request_rate == "inf" else float(self.request_rate)
@@ -119,7 +178,7 @@ class ResultsFile:
     def __init__(self, path: Path, suite: Suite) -> None:
         self.path = path
         self.digest = suite.digest()
-        self.done: dict[tuple[str, int, int], dict[str, Any]] = {}
+        self.done: dict[tuple[str, int, int], list[dict[str, Any]]] = {}
         self.attempt = 0
         self.salt = secrets.randbelow(1 << 30)  # the first header keeps it: this file's own prompts
 
@@ -145,8 +204,9 @@ class ResultsFile:
                     if self.attempt == 0:
                         self.salt = int(rec.get("salt", self.salt))
                     self.attempt = max(self.attempt, int(rec.get("attempt", 0)) + 1)
-                elif rec.get("type") == "cell":
-                    self.done[(rec["scenario"], rec["input_len"], rec["repeat"])] = rec["cell"]
+                elif rec.get("type") == "cell":  # one run's cells ("cell": a file of before workloads)
+                    cells = rec["cells"] if "cells" in rec else [rec["cell"]]
+                    self.done[(rec["scenario"], rec["input_len"], rec["repeat"])] = cells
         self._append(
             {
                 "type": "header",
@@ -161,10 +221,10 @@ class ResultsFile:
         text = ":".join(str(x) for x in (self.salt, self.attempt, *cell))
         return int(hashlib.sha256(text.encode()).hexdigest()[:12], 16)
 
-    def record(self, key: tuple[str, int, int], cell: dict[str, Any]) -> None:
-        self.done[key] = cell
+    def record(self, key: tuple[str, int, int], cells: list[dict[str, Any]]) -> None:
+        self.done[key] = cells
         self._append(
-            {"type": "cell", "scenario": key[0], "input_len": key[1], "repeat": key[2], "cell": cell}
+            {"type": "cell", "scenario": key[0], "input_len": key[1], "repeat": key[2], "cells": cells}
         )
 
     def _append(self, rec: dict[str, Any]) -> None:
@@ -227,7 +287,8 @@ def run_suite(
         build_plan(t)
     base = suite.bench_config(vocab)
     all_cells = suite.cells()
-    n_len, n_rep = len(suite.input_lens), suite.repeats
+    lengths = suite.lengths()
+    n_len, n_rep = len(lengths), suite.repeats
     for si, scenario in enumerate(suite.scenarios):
         todo = [c for c in all_cells if c[0] == scenario and c not in results.done]
         if not todo:
@@ -238,21 +299,24 @@ def run_suite(
         try:
             for key in todo:
                 _, input_len, repeat = key
-                li = suite.input_lens.index(input_len)
-                cfg = BenchConfig(**{**base.__dict__, "input_lens": [input_len], "repeats": 1})
+                li = lengths.index(input_len)
+                cfg = BenchConfig(
+                    **{**base.__dict__, "input_lens": [input_len] if input_len else [], "repeats": 1}
+                )
                 # A stream of prompts of its own per cell, attempt and results file: a re-run never
                 # hits the store entries that an interrupted or an earlier run left behind.
                 cfg.stream_base = results.stream(si, li, repeat)
-                (cell,) = run_cell(cfg, target)
-                cell.update(
-                    {
-                        "scenario": scenario,
-                        "repeat": repeat,
-                        "topology_digest": scenario_topologies[scenario].digest(),
-                    }
-                )
-                results.record(key, cell)
-                log(f"{scenario} {input_len}: done")
+                cells = run_cell(cfg, target)
+                for cell in cells:
+                    cell.update(
+                        {
+                            "scenario": scenario,
+                            "repeat": repeat,
+                            "topology_digest": scenario_topologies[scenario].digest(),
+                        }
+                    )
+                results.record(key, cells)
+                log(f"{scenario} {input_len or suite.kind}: done")
         finally:
             deployer.down(topology.name)
-    return [results.done[c] for c in all_cells]
+    return [cell for c in all_cells for cell in results.done[c]]

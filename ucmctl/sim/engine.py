@@ -3,12 +3,26 @@
 Each step's compute time comes from the Profile and is slept on a fixed schedule (deadlines,
 not sleeps after work), so the engine's own overhead does not stretch simulated time. Loads
 from and saves to the external tier are real I/O and add their real cost to the step.
+
+KV blocks are accounted as vLLM's KV cache manager does, in a simpler form: the engine has
+`num_blocks` blocks (vLLM's num_gpu_blocks, the prefix cache's capacity). A running request
+holds ceil(context / block_size) of them (its prompt from admission on, then one more block
+each time a decode step crosses a block boundary); the prefix cache keeps what the running
+requests leave free (cached-but-free blocks are evicted first, least recent first). A waiting
+request is admitted only when the blocks of its whole prompt are free; when a running
+request needs a block and none is free, the most recently admitted running request is
+preempted (vLLM v1, FCFS: `preempted_req = self.running.pop()`): its blocks are released and
+it goes back to the front of the queue to recompute its prompt and the tokens it already
+generated (those are not sent again). A request alone in the engine is never preempted: it
+may overcommit (vLLM refuses to start when max_model_len does not fit; the server rejects
+such requests up front).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 import zlib
 from array import array
@@ -17,7 +31,7 @@ from dataclasses import dataclass, field
 
 from ucmctl.sim.external import ExternalTier
 from ucmctl.sim.metrics import Histogram, inter_token_buckets, ttft_buckets
-from ucmctl.sim.prefix_cache import PrefixCache
+from ucmctl.sim.prefix_cache import PrefixCache, extend_keys
 from ucmctl.sim.profile import Profile
 
 FINISHED = -1  # queue sentinel
@@ -28,7 +42,7 @@ class SimRequest:
     request_id: str
     prompt: list[int]
     max_tokens: int
-    keys: list[bytes]  # keys of the prompt's full blocks
+    keys: list[bytes]  # keys of the full blocks whose KV exists: the prompt's, then the answer's
     arrival: float = field(default_factory=time.monotonic)
     remote_kv: bool = False  # P2P decode: the prompt's KV arrived from a prefill instance
     computed: int = 0  # prompt tokens whose KV exists
@@ -39,8 +53,13 @@ class SimRequest:
     cancelled: bool = False
     delivered: bool = False  # the client has every token
     admitted: bool = False
+    blocks: int = 0  # KV blocks it holds while running
+    recompute: int = 0  # generated tokens to prefill again after a preemption
+    preemptions: int = 0
     last_emit: float = 0.0
     out: asyncio.Queue[int] = field(default_factory=asyncio.Queue)
+    output: list[int] = field(default_factory=list)  # the tokens generated so far
+    namespace: bytes = b""  # the keys' namespace (the server's)
 
     @property
     def seed(self) -> int:
@@ -48,8 +67,13 @@ class SimRequest:
         return zlib.crc32(array("q", self.prompt[-16:]).tobytes())
 
     @property
+    def prefill_target(self) -> int:
+        """Tokens to prefill: the prompt, plus what it had generated when it was preempted."""
+        return len(self.prompt) + self.recompute
+
+    @property
     def prefill_done(self) -> bool:
-        return self.computed >= len(self.prompt)
+        return self.computed >= self.prefill_target
 
 
 @dataclass
@@ -61,6 +85,7 @@ class EngineStats:
     prompt_tokens: int = 0
     generation_tokens: int = 0
     finished: int = 0
+    preemptions: int = 0
     steps: int = 0
     planned_ms: float = 0.0  # simulated compute the steps asked for
     elapsed_ms: float = 0.0  # wall time the steps took
@@ -91,11 +116,21 @@ class Engine:
         self.cache = cache
         self.external = external
         self.vocab = vocab
+        self.num_blocks = cache.capacity  # vLLM's num_gpu_blocks: running requests and cache share it
+        self.held_blocks = 0  # held by running requests
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []
         self.stats = EngineStats()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+
+    @property
+    def kv_usage(self) -> float:
+        """vLLM's kv_cache_usage_perc: blocks held by running requests over all blocks."""
+        return min(self.held_blocks / self.num_blocks, 1.0) if self.num_blocks else 0.0
+
+    def blocks_for(self, tokens: int) -> int:
+        return math.ceil(tokens / self.block_size)
 
     @property
     def load(self) -> int:
@@ -136,7 +171,7 @@ class Engine:
             delay = done - time.monotonic()
             await asyncio.sleep(max(delay, 0))
             saving = time.monotonic()
-            await self._save_new_blocks(chunks)  # the connector's wait_for_save, for real
+            await self._save_new_blocks(chunks, decoding)  # the connector's wait_for_save, for real
             free_at = done + (time.monotonic() - saving)
             self._advance(chunks, decoding, time.monotonic())
             self.stats.steps += 1
@@ -148,25 +183,36 @@ class Engine:
             self.waiting = deque(r for r in self.waiting if not r.cancelled)
         for r in [r for r in self.running if r.cancelled]:
             self.running.remove(r)
+            self._release(r)
             r.out.put_nowait(FINISHED)
 
     async def _schedule(self) -> tuple[list[tuple[SimRequest, int]], list[SimRequest], float]:
         """vLLM's order: running decodes, running prefills, then new requests, within the token
         budget. Returns the prefill chunks, the decoding requests and the step's compute ms."""
         budget = self.max_num_batched_tokens
+        preempted = self._grow_running()
         decoding = [r for r in self.running if r.prefill_done]
         budget -= len(decoding)
         chunks: list[tuple[SimRequest, int]] = []
         for r in self.running:
             if not r.prefill_done and budget > 0:
-                n = min(len(r.prompt) - r.computed, budget)
+                n = min(r.prefill_target - r.computed, budget)
                 chunks.append((r, n))
                 budget -= n
-        while self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
-            r = self.waiting.popleft()
-            await self._admit(r)
+        # As vLLM: no new admissions in a step that had to preempt.
+        while not preempted and self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
+            r = self.waiting[0]
+            need = self.blocks_for(r.prefill_target)
+            if need > self.num_blocks - self.held_blocks and self.running:
+                break  # its prompt's blocks are not free: it waits (FCFS, as vLLM's scheduler)
+            self.waiting.popleft()
+            self._hold(r, need)
+            if r.admitted:  # readmitted after a preemption: recompute everything
+                r.computed = 0
+            else:
+                await self._admit(r)
             self.running.append(r)
-            n = min(len(r.prompt) - r.computed, budget)
+            n = min(r.prefill_target - r.computed, budget)
             chunks.append((r, n))
             budget -= n
         compute_ms = self.profile.base_ms if chunks else 0.0  # the fixed cost of a prefill step
@@ -174,6 +220,56 @@ class Engine:
         context = sum(len(r.prompt) + r.generated for r in decoding)
         compute_ms += self.profile.decode_ms(len(decoding), context)
         return chunks, decoding, compute_ms
+
+    def _grow_running(self) -> bool:
+        """Give each running request the blocks this step writes into, preempting the most
+        recently admitted ones when none are free. Whether any request was preempted."""
+        preempted = False
+        i = 0
+        while i < len(self.running):
+            r = self.running[i]
+            tokens = len(r.prompt) + r.generated if r.prefill_done else r.prefill_target
+            need = self.blocks_for(tokens) - r.blocks
+            while need > self.num_blocks - self.held_blocks and len(self.running) > 1:
+                victim = self.running.pop()  # the lowest priority: the last admitted
+                self._preempt(victim)
+                preempted = True
+                if victim is r:
+                    break
+            if i == len(self.running):  # r itself was preempted: it was the last one
+                break
+            if need > 0:
+                self._hold(r, need)  # alone in the engine it may overcommit rather than hang
+            i += 1
+        return preempted
+
+    def _preempt(self, r: SimRequest) -> None:
+        """vLLM's recompute preemption: free the blocks, back to the front of the queue."""
+        self._release(r)
+        r.recompute = r.generated
+        r.computed = 0
+        r.preemptions += 1
+        self.stats.preemptions += 1
+        self.waiting.appendleft(r)
+
+    def _hold(self, r: SimRequest, blocks: int) -> None:
+        r.blocks += blocks
+        self.held_blocks += blocks
+        self._fit_cache()
+
+    def _release(self, r: SimRequest) -> None:
+        self.held_blocks -= r.blocks
+        r.blocks = 0
+        self._fit_cache()
+
+    def _fit_cache(self) -> None:
+        """The prefix cache keeps the blocks running requests leave free: least recent go first."""
+        limit = max(self.num_blocks - self.held_blocks, 0)
+        self.cache.capacity = limit
+        blocks = self.cache._blocks  # no trim in PrefixCache's API; its insert evicts one at a time
+        while len(blocks) > limit:
+            blocks.popitem(last=False)
+            self.cache.evictions += 1
 
     def _advance(self, chunks: list[tuple[SimRequest, int]], decoding: list[SimRequest], now: float) -> None:
         for r, n in chunks:
@@ -216,8 +312,12 @@ class Engine:
         r.saved_blocks = local + external  # what came from a cache needs no save
         self.cache.insert(r.keys[: local + external])
 
-    async def _save_new_blocks(self, chunks: list[tuple[SimRequest, int]]) -> None:
-        """Blocks this step completed go to the local cache and the external tier."""
+    async def _save_new_blocks(
+        self, chunks: list[tuple[SimRequest, int]], decoding: list[SimRequest]
+    ) -> None:
+        """Blocks this step completed go to the local cache and the external tier: prompt
+        blocks as prefill fills them, then answer blocks as decode does (a decode step writes
+        the KV of the token emitted last), as vLLM's prefix cache and the connector do."""
         to_save: list[bytes] = []
         for r, n in chunks:
             full = min((r.computed + n) // self.block_size, len(r.keys))
@@ -226,6 +326,16 @@ class Engine:
                 self.cache.insert(new)
                 to_save.extend(new)
                 r.saved_blocks = full
+        for r in decoding:
+            covered = len(r.prompt) + r.generated
+            if r.cancelled or r.remote_kv or covered // self.block_size <= len(r.keys):
+                continue
+            extend_keys(r.keys, r.prompt + r.output[: covered - len(r.prompt)], self.block_size, r.namespace)
+            new = r.keys[r.saved_blocks :]
+            if new:
+                self.cache.insert(new)
+                to_save.extend(new)
+                r.saved_blocks = len(r.keys)
         if self.external is not None and to_save:
             await asyncio.to_thread(self.external.save, to_save)
 
@@ -238,8 +348,10 @@ class Engine:
         r.last_emit = now
         r.generated += 1
         self.stats.generation_tokens += 1
+        r.output.append(token)
         r.out.put_nowait(token)
         if r.generated >= r.max_tokens:
             self.running.remove(r)
+            self._release(r)
             self.stats.finished += 1
             r.out.put_nowait(FINISHED)

@@ -10,6 +10,40 @@ if TYPE_CHECKING:
     from ucmctl.sim.engine import Engine
 
 
+# vLLM 0.32's `vllm:cache_config_info` labels: every CacheConfig field (CacheConfig.metrics_info(),
+# str() of each value), here at CacheConfig()'s defaults, plus `engine`. exposition() fills in
+# what the simulator knows; the rest keeps vLLM's default.
+CACHE_CONFIG_DEFAULTS = {
+    "_block_size_resolved": "True", "block_size": "16", "cache_dtype": "auto",
+    "cache_hit_alignment_tokens": "None", "effective_attention_block_size": "None",
+    "enable_mamba_shared_prefix_checkpoint": "False", "enable_prefix_caching": "True",
+    "gpu_memory_utilization": "0.92", "hash_block_size": "None", "is_attention_free": "False",
+    "kv_cache_dtype_skip_layers": "[]", "kv_cache_layout": "None", "kv_cache_max_concurrency": "None",
+    "kv_cache_memory_bytes": "None", "kv_cache_size_tokens": "None", "kv_offloading_backend": "native",
+    "kv_offloading_size": "None", "kv_sharing_fast_prefill": "False", "mamba_block_size": "None",
+    "mamba_cache_dtype": "auto", "mamba_cache_mode": "none", "mamba_page_size_padded": "None",
+    "mamba_ssm_cache_dtype": "auto", "num_cpu_blocks": "None", "num_gpu_blocks": "None",
+    "num_gpu_blocks_override": "None", "prefix_cache_retention_interval": "0",
+    "prefix_caching_hash_algo": "sha256", "prefix_match_unit": "None", "replayssm_buffer_len": "16",
+    "skip_page_size_padded": "None", "sliding_window": "None", "swa_bounded_replay": "True",
+    "use_kda_recoverssm": "False", "use_replayssm": "False", "user_specified_block_size": "True",
+}  # fmt: skip
+
+
+def cache_config_labels(engines: Sequence[Engine], engine: Engine) -> str:
+    """One engine's label set, as vLLM prints it (sorted by name). As vLLM's front end does
+    (core_client.py: "Sum num_gpu_blocks from all engines in DP case"), num_gpu_blocks is the
+    sum over the server's engines and every engine's line repeats it; kv_cache_size_tokens
+    stays per engine."""
+    values = dict(CACHE_CONFIG_DEFAULTS)
+    values["block_size"] = str(engine.block_size)
+    values["enable_prefix_caching"] = str(engine.cache.enabled)
+    values["num_gpu_blocks"] = str(sum(e.num_blocks for e in engines))
+    values["kv_cache_size_tokens"] = str(engine.num_blocks * engine.block_size)
+    values["engine"] = str(engine.index)
+    return ",".join(f'{k}="{v}"' for k, v in sorted(values.items()))
+
+
 def ttft_buckets() -> list[float]:
     return [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
             10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]  # fmt: skip
@@ -65,10 +99,17 @@ def exposition(model: str, engines: Sequence[Engine]) -> str:
             "Number of requests waiting to be processed.",
             lambda e: len(e.waiting),
         ),
+        (
+            "vllm:kv_cache_usage_perc",
+            "KV-cache usage. 1 means 100 percent usage.",
+            lambda e: e.kv_usage,
+        ),
     ]
     for name, help_text, value in gauges:
         family(name, "gauge", help_text)
         out.extend(f"{name}{{{labels(e)}}} {value(e)}" for e in engines)
+    family("vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig")
+    out.extend(f"vllm:cache_config_info{{{cache_config_labels(engines, e)}}} 1.0" for e in engines)
     counters = [
         ("vllm:prefix_cache_queries", "Prefix cache queries, in tokens.", lambda e: e.stats.prefix_queries),
         ("vllm:prefix_cache_hits", "Prefix cache hits, in tokens.", lambda e: e.stats.prefix_hits),
@@ -80,6 +121,8 @@ def exposition(model: str, engines: Sequence[Engine]) -> str:
         ("vllm:generation_tokens", "Number of generation tokens processed.",
          lambda e: e.stats.generation_tokens),
         ("vllm:request_success", "Count of successfully processed requests.", lambda e: e.stats.finished),
+        ("vllm:num_preemptions", "Cumulative number of preemption from the engine.",
+         lambda e: e.stats.preemptions),
     ]  # fmt: skip
     for name, help_text, value in counters:
         family(f"{name}_total", "counter", help_text)

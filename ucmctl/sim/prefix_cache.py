@@ -21,6 +21,16 @@ def block_keys(tokens: Sequence[int], block_size: int, namespace: bytes) -> list
     return keys
 
 
+def extend_keys(keys: list[bytes], tokens: Sequence[int], block_size: int, namespace: bytes) -> None:
+    """Append the keys of the full blocks of `tokens` past those `keys` already names (the
+    blocks an answer fills: engines cache generated tokens' KV as they do the prompt's)."""
+    parent = keys[-1] if keys else hashlib.sha256(namespace).digest()[:KEY_SIZE]
+    for start in range(len(keys) * block_size, len(tokens) - block_size + 1, block_size):
+        chunk = array("q", tokens[start : start + block_size]).tobytes()
+        parent = hashlib.sha256(parent + chunk).digest()[:KEY_SIZE]
+        keys.append(parent)
+
+
 class PrefixCache:
     """The blocks an engine keeps in its own KV memory (vLLM's HBM prefix cache)."""
 

@@ -148,6 +148,7 @@ class SimServer:
             body = await _json_body(request)
             prompt = self._prompt(body, chat)
             max_tokens = self._max_tokens(body, len(prompt))
+            self._check_fits(len(prompt) + max_tokens)
         except BadRequest as exc:
             return _error(str(exc), exc.param)
         request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
@@ -170,6 +171,7 @@ class SimServer:
             max_tokens=max_tokens,
             keys=block_keys(prompt, self.config.block_size, self.namespace),
             remote_kv=remote_kv,
+            namespace=self.namespace,
         )
         engine = self._pick_engine()
         engine.submit(sim_request)
@@ -181,6 +183,7 @@ class SimServer:
             created=int(time.time()),
             kv_transfer_params=self._kv_params_out(kv_params, sim_request),
         )
+        ctx.return_token_ids = bool(body.get("return_token_ids")) and not chat
         try:
             if body.get("stream"):
                 options = body.get("stream_options") or {}
@@ -238,6 +241,19 @@ class SimServer:
             )
         return value
 
+    def _check_fits(self, tokens: int) -> None:
+        """vLLM refuses to start when max_model_len does not fit in one engine's KV cache, so
+        a request that alone would outgrow it never reaches an engine; the simulator, which
+        starts anyway, refuses the request instead of letting it overcommit."""
+        capacity = self.engines[0].num_blocks * self.config.block_size
+        if tokens > capacity:
+            raise BadRequest(
+                f"This request needs KV cache for {tokens} tokens, more than an engine holds "
+                f"({capacity} tokens): vLLM would not start with max_model_len above that. "
+                "Reduce the prompt or max_tokens, or raise --kv-cache-gib.",
+                "max_tokens",
+            )
+
     def _kv_params_out(self, kv_in: Any, r: SimRequest) -> dict[str, Any] | None:
         if not isinstance(kv_in, dict) or self.config.p2p == "mooncake":
             return None  # vLLM's MooncakeConnector returns none: the router knows the engine
@@ -272,6 +288,8 @@ class SimServer:
                 "finish_reason": finish,
                 "stop_reason": None,
             }
+            if ctx.return_token_ids:
+                choice.update({"prompt_token_ids": list(r.prompt), "token_ids": tokens})
         body = ctx.envelope([choice])
         body["usage"] = _usage(r)
         body["kv_transfer_params"] = ctx.kv_transfer_params
@@ -306,6 +324,11 @@ class SimServer:
                     done = True
                     break
                 sent += 1
+                if ctx.return_token_ids:  # vLLM's return_token_ids: the ids with every chunk
+                    frames.append(
+                        ctx.token_ids_chunk(self._piece(token), token, sent >= r.max_tokens, r, sent == 1)
+                    )
+                    continue
                 text = json.dumps(self._piece(token)).encode()
                 finish = b'"length"' if sent >= r.max_tokens else b"null"
                 frames.append(head + text + middle + finish + tail)
@@ -332,6 +355,15 @@ class _Reply:
     chat: bool
     created: int
     kv_transfer_params: dict[str, Any] | None
+    return_token_ids: bool = False
+
+    def token_ids_chunk(self, text: str, token: int, last: bool, r: Any, first: bool) -> bytes:
+        """A completion chunk as vLLM sends it with return_token_ids: the prompt's ids in the
+        first one, the new token's id in each."""
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": "length" if last else None,
+                  "stop_reason": None, "prompt_token_ids": list(r.prompt) if first else None,
+                  "token_ids": [token]}  # fmt: skip
+        return self.sse([choice])
 
     def envelope(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
         kind = "chat.completion" if self.chat else "text_completion"

@@ -112,7 +112,8 @@ def test_save_then_compare_catches_a_real_slowdown(tmp_path: Path) -> None:
             assert code == 0
             runs[name] = out
     doc = json.loads(runs["fast"].read_text())
-    assert doc["schema_version"] == 1 and doc["provenance"]["ucmctl_version"]
+    assert doc["schema_version"] == 2 and doc["provenance"]["ucmctl_version"]
+    assert doc["cells"][0]["workload"] == "prefix" and doc["cells"][0]["label"] == "256"
     assert doc["completed"] == 4 and doc["mean_tpot_ms"] == doc["cells"][0]["measure"]["mean_tpot_ms"]
     assert doc["mean_tpot_ms"] == pytest.approx(2.0, abs=1.5)
     code, text = invoke("compare", str(runs["fast"]), str(runs["slow"]), "--max-regression", "tpot_mean=20%")

@@ -10,6 +10,7 @@ import typer
 from typer.testing import CliRunner
 
 from ucmctl.bench.cli import app as bench_app
+from ucmctl.bench.cli import spread_option_values
 from ucmctl.bench.report import document, provenance
 from ucmctl.errors import UcmctlError
 
@@ -23,7 +24,7 @@ def invoke(*args: str) -> tuple[int, str]:
     def _root() -> None:
         pass
 
-    result = CliRunner().invoke(root, ["bench", *args])
+    result = CliRunner().invoke(root, spread_option_values(["bench", *args]))
     if isinstance(result.exception, UcmctlError):
         return int(result.exception.status), result.output + str(result.exception)
     if result.exception is not None and not isinstance(result.exception, SystemExit):

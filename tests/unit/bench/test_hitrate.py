@@ -13,6 +13,8 @@ vllm:prefix_cache_hits_total{engine="0",model_name="m"} 300.0
 vllm:external_prefix_cache_queries_total{engine="0",model_name="m"} 1200.0
 vllm:external_prefix_cache_hits_total{engine="0",model_name="m"} 960.0
 vllm:prefix_cache_hits_bogus 5
+vllm:num_preemptions_total{engine="0",model_name="m"} 3.0
+vllm:num_preemptions_total{engine="1",model_name="m"} 4.0
 """
 
 
@@ -23,6 +25,7 @@ def test_parse_sums_engines_and_ignores_created() -> None:
         "local_hits": 300.0,
         "external_queries": 1200.0,
         "external_hits": 960.0,
+        "preemptions": 7.0,
     }
 
 

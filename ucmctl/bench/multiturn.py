@@ -1,0 +1,188 @@
+"""The multi-turn workload (multi-round QA): U users x R rounds over one shared system prompt.
+
+Round r of user u sends the system prompt, that user's whole history (every earlier question
+and the answer the server actually returned, as token ids) and a new question; the answer is
+kept for the next round. A round's requests go out at the request rate (all at once when
+infinite) with at most `concurrency` in flight (default: one per user); the next round starts
+when every answer of this one is in, so each round's hit rates are exact counter deltas.
+
+Each round reports TTFT/TPOT/E2EL, the measured hit rates, and the ideal hit rate of an
+unbounded cache, computed from the workload's own token stream (`reuse.ReuseTracker`): the
+prompts in the order they were sent and the answers as they came back.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ucmctl.bench import client, prompts
+from ucmctl.bench.reuse import ReuseTracker
+from ucmctl.bench.runner import BenchConfig, NoProgress, Progress, Target, measure
+from ucmctl.errors import UcmctlError
+
+NAME = "multi-turn"
+
+
+@dataclass
+class MultiTurn:
+    users: int = 16
+    rounds: int = 4
+    system_tokens: int = 1024
+    question_tokens: int = 128
+    answer_tokens: int = 128
+
+    def longest_prompt(self) -> int:
+        return (
+            self.system_tokens + self.rounds * self.question_tokens + (self.rounds - 1) * self.answer_tokens
+        )
+
+    def check(self, max_model_len: int | None) -> None:
+        for key, value in (
+            ("--users", self.users),
+            ("--rounds", self.rounds),
+            ("--question-tokens", self.question_tokens),
+            ("--answer-tokens", self.answer_tokens),
+        ):
+            if value < 1:
+                raise UcmctlError.one(f"{value} is not a positive count", key=key)
+        if self.system_tokens < 0:
+            raise UcmctlError.one(f"{self.system_tokens} is negative", key="--system-tokens")
+        need = self.longest_prompt() + self.answer_tokens
+        if max_model_len is not None and need > max_model_len:
+            raise UcmctlError.one(
+                f"the last round needs {need} tokens (system {self.system_tokens} + "
+                f"{self.rounds} x question {self.question_tokens} + {self.rounds} x answer "
+                f"{self.answer_tokens}), more than the server's max_model_len {max_model_len}",
+                key="--rounds",
+                fix="fewer rounds or shorter prompts",
+            )
+
+    def in_flight_tokens(self, concurrency: int) -> int:
+        return min(concurrency, self.users) * (self.longest_prompt() + self.answer_tokens)
+
+
+def _question(cfg: BenchConfig, spec: MultiTurn, user: int, round_: int, stream: int) -> list[int]:
+    return prompts.prompt_ids(
+        cfg.seed, 1 + user * spec.rounds + round_, spec.question_tokens, cfg.vocab, stream
+    )
+
+
+async def run_multi_turn(
+    cfg: BenchConfig, spec: MultiTurn, target: Target, progress: Progress | None = None
+) -> list[dict[str, Any]]:
+    """One cell per round, then one for rounds 2..R together (when R > 1)."""
+    progress = progress or NoProgress()
+    stream = cfg.stream_base
+    concurrency = cfg.concurrency if cfg.concurrency else spec.users
+    cfg = BenchConfig(**{**cfg.__dict__, "concurrency": min(concurrency, spec.users)})
+    system = (
+        prompts.prompt_ids(cfg.seed, 0, spec.system_tokens, cfg.vocab, stream) if spec.system_tokens else []
+    )
+    history: list[list[int]] = [[] for _ in range(spec.users)]
+    alive = [True] * spec.users
+    ideal = ReuseTracker(cfg.block_size)
+    digest = hashlib.sha256()
+    cells: list[dict[str, Any]] = []
+    later: list[dict[str, Any]] = []
+    async with client.session(cfg.concurrency, cfg.timeout_s) as http:
+        for r in range(spec.rounds):
+            users = [u for u in range(spec.users) if alive[u]]
+            lost = spec.users - len(users)
+            asked = [system + history[u] + _question(cfg, spec, u, r, stream) for u in users]
+            reusable = 0
+            for p in asked:  # in the order they are sent: a prompt sent earlier is cached first
+                reusable += ideal.reusable(p)
+                ideal.add(p)
+                digest.update(len(p).to_bytes(4, "little") + array("q", p).tobytes())
+            bodies = [
+                client.make_body(p, spec.answer_tokens, cfg.model, cfg.ignore_eos, cfg.temperature, True)
+                for p in asked
+            ]
+            phase = await measure(
+                http, cfg, target, f"round {r + 1}/{spec.rounds}", bodies, [len(p) for p in asked],
+                progress, collect_tokens=True,
+            )  # fmt: skip
+            for u, p, res in zip(users, asked, phase["_results"], strict=True):
+                if res.ok and res.token_ids is not None:
+                    history[u] = p[len(system) :] + res.token_ids
+                    ideal.add(p + res.token_ids[:-1])  # the last answer token's KV is never computed
+                else:
+                    alive[u] = False  # no answer: this user's conversation cannot go on
+            total = sum(len(p) for p in asked)
+            phase.update(
+                {
+                    "input_len": round(total / len(asked)) if asked else 0,
+                    "output_len": spec.answer_tokens,
+                    "users_lost": lost,
+                }
+            )
+            if lost:
+                phase["failed"] += lost
+                phase["errors"] = [
+                    *phase["errors"],
+                    {"error": "an earlier round of this user failed", "count": lost},
+                ]
+            cell = {
+                "workload": NAME,
+                "label": f"round {r + 1}",
+                "round": r + 1,
+                "input_len": phase["input_len"],
+                "repeat": 0,
+                "stream": stream,
+                "preseed": None,
+                "measure": phase,
+                "ideal_hit_rate": reusable / total if total else None,
+                "ideal_reused_tokens": reusable,
+                "ideal_total_tokens": total,
+            }
+            cells.append(cell)
+            if r > 0:
+                later.append(cell)
+    if later:
+        cells.append(_later_rounds(later, cfg))
+    for cell in cells:
+        cell["prompts_digest"] = digest.hexdigest()[:16]
+    (cells[-1] if len(cells) > 1 else cells[0])["primary"] = True
+    return cells
+
+
+def _later_rounds(cells: list[dict[str, Any]], cfg: BenchConfig) -> dict[str, Any]:
+    """Rounds 2..R as one measurement: every request of them, over their summed wall time."""
+    from ucmctl.bench import goodput, hitrate, metrics
+
+    results = [r for c in cells for r in c["measure"]["_results"]]
+    duration = sum(c["measure"]["duration"] for c in cells)
+    phase = metrics.summarize(results, duration)
+    lost = sum(c["measure"]["users_lost"] for c in cells)
+    phase["failed"] += lost
+    if cfg.goodput:
+        phase.update(goodput.goodput_fields(results, duration, cfg.goodput))
+    phase["num_prompts"] = len(results) + lost
+    phase["hit_rate"] = hitrate.merge([c["measure"]["hit_rate"] for c in cells])
+    phase["input_len"] = round(sum(r.prompt_len for r in results) / len(results)) if results else 0
+    phase["output_len"] = cells[0]["measure"]["output_len"]
+    phase["_results"] = results
+    reused = sum(c["ideal_reused_tokens"] for c in cells)
+    total = sum(c["ideal_total_tokens"] for c in cells)
+    first, last = cells[0]["round"], cells[-1]["round"]
+    return {
+        "workload": NAME,
+        "label": f"rounds {first}-{last}",
+        "round": None,
+        "aggregate": True,
+        "input_len": phase["input_len"],
+        "repeat": 0,
+        "stream": cells[0]["stream"],
+        "preseed": None,
+        "measure": phase,
+        "ideal_hit_rate": reused / total if total else None,
+        "ideal_reused_tokens": reused,
+        "ideal_total_tokens": total,
+    }
+
+
+def spec_dict(spec: MultiTurn) -> dict[str, Any]:
+    return {"workload": NAME, **asdict(spec)}

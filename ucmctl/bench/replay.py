@@ -1,0 +1,117 @@
+"""The trace workload: a Mooncake-format trace replayed on its timestamps (or back to back).
+
+Each request's prompt is built from its hash ids (`trace.prompt_ids`: one id, one block of
+512 tokens, the same id always the same tokens) and sent when the trace says, scaled by
+`speedup`; bodies are encoded a few ahead of their send time, not all up front. The cell
+reports how late each send was against the schedule (`send_lag_ms`), and the trace's ideal hit
+ratio for an unbounded cache next to the measured one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+
+from ucmctl.bench import client, trace
+from ucmctl.bench.runner import BenchConfig, NoProgress, Progress, Target, measure
+
+NAME = "trace"
+
+
+@dataclass
+class TraceReplay:
+    path: Path
+    speedup: float | None = 1.0  # None: back to back (at most --concurrency in flight)
+
+    def load(self) -> list[trace.TraceRequest]:
+        return trace.load_trace(self.path)
+
+
+async def _open_connection(http: aiohttp.ClientSession, url: str) -> None:
+    """One request before the clock starts: the session's first connection (and aiohttp's
+    first-use work) would otherwise make the trace's first sends late by ~20 ms."""
+    with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError, OSError):
+        async with http.get(f"{url}/v1/models", timeout=aiohttp.ClientTimeout(total=15)) as r:
+            await r.read()
+
+
+def lag_stats(lags: list[float]) -> dict[str, float | None]:
+    """How late the sends were, in ms: mean, p50, p99, max (None when nothing was scheduled)."""
+    if not lags:
+        return {"mean": None, "p50": None, "p99": None, "max": None}
+    arr = np.asarray(lags, dtype=np.float64) * 1000.0
+    return {
+        "mean": float(arr.mean()),
+        "p50": float(np.percentile(arr, 50)),
+        "p99": float(np.percentile(arr, 99)),
+        "max": float(arr.max()),
+    }
+
+
+def in_flight_tokens(reqs: list[trace.TraceRequest], concurrency: int, speedup: float | None) -> int | None:
+    """Back to back: `concurrency` requests of the trace's mean size. On its timestamps how many
+    overlap depends on how fast the server is: None (the preemptions are reported instead)."""
+    if speedup is not None:
+        return None
+    mean = sum(r.input_length + r.output_length for r in reqs) / len(reqs)
+    return int(min(concurrency, len(reqs)) * mean)
+
+
+async def run_trace(
+    cfg: BenchConfig,
+    spec: TraceReplay,
+    target: Target,
+    progress: Progress | None = None,
+    reqs: list[trace.TraceRequest] | None = None,
+) -> list[dict[str, Any]]:
+    progress = progress or NoProgress()
+    reqs = reqs if reqs is not None else spec.load()
+    stream = cfg.stream_base
+    ideal = trace.ideal_hits(reqs, block_size=cfg.block_size)
+    schedule = trace.send_schedule(reqs, spec.speedup)
+    digest = hashlib.sha256(spec.path.read_bytes()).hexdigest()[:16]
+
+    def body(i: int) -> bytes:
+        r = reqs[i]
+        ids = trace.prompt_ids(r, seed=cfg.seed, stream=stream, vocab=cfg.vocab)
+        return client.make_body(ids, r.output_length, cfg.model, cfg.ignore_eos, cfg.temperature)
+
+    async with client.session(cfg.concurrency, cfg.timeout_s) as http:
+        await _open_connection(http, target.url)
+        phase = await measure(
+            http, cfg, target, "replay", body, [r.input_length for r in reqs], progress,
+            schedule=schedule if spec.speedup is not None else None,
+        )  # fmt: skip
+    lags = [r.lag for r in phase["_results"] if r.lag is not None]
+    phase.update(
+        {
+            "input_len": round(sum(r.input_length for r in reqs) / len(reqs)),
+            "output_len": round(sum(r.output_length for r in reqs) / len(reqs)),
+            "send_lag_ms": lag_stats(lags),
+        }
+    )
+    return [
+        {
+            "workload": NAME,
+            "label": spec.path.name,
+            "input_len": phase["input_len"],
+            "repeat": 0,
+            "stream": stream,
+            "preseed": None,
+            "measure": phase,
+            "ideal_hit_rate": ideal.ratio,
+            "ideal_reused_tokens": ideal.reused_tokens,
+            "ideal_total_tokens": ideal.total_tokens,
+            "speedup": spec.speedup,
+            "trace_requests": len(reqs),
+            "prompts_digest": digest,
+            "primary": True,
+        }
+    ]
