@@ -79,6 +79,41 @@ def plan(
         err.print(f"wrote {len(files)} files under {escape(str(out_dir))}")
 
 
+@app.command()
+def render(
+    topology: Path = TopologyArg,
+    k8s: Path = typer.Option(
+        ..., "--k8s", help="write Kubernetes manifests into this folder, one per object"
+    ),
+    namespace: str = typer.Option("default", "--namespace", help="namespace of every object"),
+    image: list[str] | None = typer.Option(
+        None,
+        "--image",
+        help="container image, or PLATFORM=IMAGE for one platform's pods (repeatable; "
+        "default: ucmctl:<version>)",
+    ),
+    storage_class: str | None = typer.Option(
+        None, "--storage-class", help="StorageClass of the store's claim"
+    ),
+    store_size: str = typer.Option("1Ti", "--store-size", help="size the store's ReadWriteMany claim asks"),
+) -> None:
+    """Write Kubernetes manifests for the plan (LeaderWorkerSets, Deployments, Services, a
+    ConfigMap, the store's claim); rendered and schema-checked, never applied by ucmctl."""
+    from ucmctl.k8s.render import Options, parse_images, render_manifests, write_manifests
+    from ucmctl.plan.build import build_plan
+
+    topo = _load(topology)
+    the_plan = build_plan(topo)
+    default_image, platform_images = parse_images(image or [])
+    options = Options(namespace=namespace, image=default_image, platform_images=platform_images,
+                      storage_class=storage_class, store_size=store_size)  # fmt: skip
+    manifests = render_manifests(the_plan, topo, options)
+    for path in write_manifests(manifests, the_plan, k8s):
+        out.print(escape(str(path)))
+    out.print(f"wrote {len(manifests)} manifests under {escape(str(k8s))}: apply them with "
+              f"`kubectl apply -f {escape(str(k8s))}` (needs the LeaderWorkerSet controller)")  # fmt: skip
+
+
 def _load(topology: Path) -> Topology:
     from ucmctl.topology.load import load_topology
 

@@ -180,9 +180,17 @@ def compare(
         for limit in limits:
             b = [float(m[limit.key]) for m in base[cell] if m.get(limit.key) is not None]
             n = [float(m[limit.key]) for m in new[cell] if m.get(limit.key) is not None]
+            if not b and not n:
+                continue  # neither side measured it here (goodput asked of other cells only)
             if not b or not n:
                 raise UcmctlError.one(f"{cell} has no '{limit.key}' on one side")
             verdicts.append(_judge(cell, limit, b, n))
+    for limit in limits:
+        if not any(v.limit == limit for v in verdicts):
+            hint = "request_goodput needs --goodput on both runs" if limit.key == "request_goodput" else None
+            raise UcmctlError.one(
+                f"no cell has '{limit.key}' on both sides", key="--max-regression", fix=hint
+            )
     return verdicts
 
 

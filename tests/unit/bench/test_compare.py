@@ -91,3 +91,28 @@ def test_repeats_judge_by_mean_and_confidence_interval(tmp_path: Path) -> None:
     assert (
         invoke("compare", str(base), str(noisy), "--max-regression", "ttft_mean=5%", "--repeats", "5")[0] == 0
     )
+
+
+def test_every_workload_is_gated_by_its_own_cells(tmp_path: Path) -> None:
+    def rounds(ttft2: float, goodput: float) -> list[dict]:
+        cells = []
+        for i, ttft in ((1, 100.0), (2, ttft2)):
+            c = cell(900 * i, ttft)
+            c.update({"workload": "multi-turn", "label": f"round {i}"})
+            c["measure"]["request_goodput"] = goodput
+            cells.append(c)
+        trace = cell(2000, 50.0)
+        trace.update({"workload": "trace", "label": "t.jsonl"})
+        return [*cells, trace]
+
+    base = write_result(tmp_path / "base.json", rounds(40.0, 4.0))
+    worse = write_result(tmp_path / "worse.json", rounds(60.0, 2.0))
+    code, text = invoke(
+        "compare", str(base), str(worse), "--max-regression", "ttft_mean=10%,request_goodput=10%"
+    )
+    assert code == ExitStatus.REGRESSION
+    # round 2 got slower and every multi-turn cell lost goodput; round 1's TTFT and the trace held
+    assert "run/multi-turn: round 2 ttft_mean +50.0%" in text
+    assert "run/multi-turn: round 1 request_goodput +50.0%" in text
+    assert "run/multi-turn: round 1 ttft_mean" not in text.split("regression:")[-1]
+    assert "run/trace: t.jsonl | ttft_mean" in text

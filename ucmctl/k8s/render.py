@@ -1,0 +1,652 @@
+"""Plan -> Kubernetes manifests: the same processes, command lines and files as `up` starts
+over SSH, as objects a cluster runs (ucmctl only writes them; `kubectl apply -f DIR` runs them).
+
+The layout, one object per file, numbered in apply order:
+
+- a ReadWriteMany PersistentVolumeClaim for the UCM store (mounted at every storage backend
+  path of the store's users; several backends are sub-paths of the one claim);
+- a ConfigMap with each side's UCM config and, in P2P mode, `mooncake.json` (its master
+  address becomes the Mooncake master's Service name);
+- `mooncake_master` (P2P) and the proxy: a Deployment and a Service each; the proxy's
+  upstreams are the servers' pod DNS names under their LeaderWorkerSet's headless Service;
+- one LeaderWorkerSet (`leaderworkerset.x-k8s.io/v1`) per side: replicas = instances, size =
+  pods per instance. With external DP (one API server per rank, the EP layout) an instance is
+  a DP group: a pod per node of the group, a container per rank on that node; the rank and
+  the DP master address come from the LWS environment (`LWS_WORKER_INDEX`,
+  `LWS_LEADER_ADDRESS`, `LWS_GROUP_SIZE` checked), through a shell. Otherwise an instance is
+  one API server: one pod of one container.
+
+What differs from the SSH plan: the scheduler places pods, so the topology's node names and
+hosts are not used (listeners bind 0.0.0.0 in their pod; the addresses a process announces,
+`VLLM_HOST_IP` and `HCCL_IF_IP`, are the pod's IP); the device plugin gives each container its
+cards (`nvidia.com/gpu`, `huawei.com/Ascend910`, ...), so the device variable
+(`CUDA_VISIBLE_DEVICES`, ...) is not set; `/dev/shm` is a memory `emptyDir`; files under the
+node's run directory live in an `emptyDir`; health is a readiness probe on the Plan's first
+health URL (`/health`; `/metrics` for the Mooncake master).
+
+Kubernetes expands `$(NAME)` in `command`, `args` and `env` values and reduces `$$` to `$`:
+every `$` of a value from the topology is written `$$`, so values reach the process as
+written (as `launch.sh` passes them); every word that reaches a shell is `shlex.quote`d.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import re
+import shlex
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import yaml
+
+from ucmctl import __version__
+from ucmctl.errors import UcmctlError
+from ucmctl.plan.model import Plan, Process
+from ucmctl.platforms import Platform
+from ucmctl.topology.layout import is_external_dp
+from ucmctl.topology.model import Side, Topology
+
+API_LWS = "leaderworkerset.x-k8s.io/v1"
+DEFAULT_IMAGE = f"ucmctl:{__version__}"  # an image with the engine, ucmctl and its connector
+CONFIG_DIR = "/etc/ucmctl"  # the ConfigMap's files, in every server container
+WORK_DIR = "/var/lib/ucmctl"  # what the Plan puts under the node's run directory
+ANY_ADDRESS = "0.0.0.0"  # the pod's own interfaces
+HEADER_MARK = "# Rendered by `ucmctl render --k8s`"
+
+# The extended resource a platform's device plugin advertises. Ascend's device plugin names
+# the chip family (Ascend910 for the Atlas 800 A2/A3 servers of the guides); MUSA and MACA are
+# their vendors' plugins' names. The CPU platform asks for none.
+DEVICE_RESOURCE: dict[Platform, str | None] = {
+    Platform.cuda: "nvidia.com/gpu",
+    Platform.ascend: "huawei.com/Ascend910",
+    Platform.musa: "mthreads.com/gpu",
+    Platform.maca: "metax-tech.com/gpu",
+    Platform.cpu: None,
+}
+# Variables that name the node's own address: on Kubernetes, the pod's.
+POD_IP_VARIABLES = ("VLLM_HOST_IP", "HCCL_IF_IP")
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
+_NAME_ROOM = 40  # <name>-mooncake-master and the pods' <name>-prefill-<group>-<worker> stay <= 63
+
+
+@dataclass(frozen=True)
+class Options:
+    namespace: str = "default"
+    image: str = DEFAULT_IMAGE
+    platform_images: dict[str, str] = field(default_factory=dict)  # platform -> image
+    storage_class: str | None = None
+    store_size: str = "1Ti"
+
+    def image_for(self, platform: str) -> str:
+        return self.platform_images.get(platform, self.image)
+
+
+def parse_images(values: list[str]) -> tuple[str, dict[str, str]]:
+    """`--image IMAGE` (every pod) and `--image PLATFORM=IMAGE` (that platform's pods)."""
+    default = DEFAULT_IMAGE
+    per_platform: dict[str, str] = {}
+    for value in values:
+        platform, sep, image = value.partition("=")
+        if not sep:
+            platform, image = "", value
+        elif platform not in {p.value for p in Platform}:
+            raise UcmctlError.one(
+                f"--image {value}: unknown platform '{platform}'",
+                fix=f"use IMAGE or PLATFORM=IMAGE with one of {', '.join(p.value for p in Platform)}",
+            )
+        if not image or any(ch.isspace() for ch in image):
+            raise UcmctlError.one(
+                f"--image {value!r}: not an image reference", fix="e.g. registry/ucmctl:0.1"
+            )
+        if platform:
+            per_platform[platform] = image
+        else:
+            default = image
+    return default, per_platform
+
+
+def check_options(o: Options) -> None:
+    if len(o.namespace) > 63 or not _DNS_LABEL.match(o.namespace):
+        raise UcmctlError.one(
+            f"--namespace {o.namespace!r} is not a Kubernetes namespace name",
+            fix="lowercase letters, digits and '-', at most 63",
+        )
+    if o.storage_class is not None and (
+        len(o.storage_class) > 253 or not _DNS_SUBDOMAIN.match(o.storage_class)
+    ):
+        raise UcmctlError.one(
+            f"--storage-class {o.storage_class!r} is not a StorageClass name",
+            fix="lowercase letters, digits, '-' and '.'",
+        )
+    if not _QUANTITY.match(o.store_size):
+        raise UcmctlError.one(
+            f"--store-size {o.store_size!r} is not a Kubernetes quantity", fix="e.g. 1Ti, 500Gi"
+        )
+
+
+def k8s_name(deployment: str) -> str:
+    """The deployment's name as a DNS-1035 label prefix (Services and pod hostnames need one)."""
+    name = re.sub(r"[^a-z0-9-]+", "-", deployment.lower())
+    name = re.sub(r"-{2,}", "-", name).strip("-")
+    if not name[:1].isalpha():
+        name = f"ucm-{name}".rstrip("-")
+    return name[:_NAME_ROOM].rstrip("-")
+
+
+def k8s_escape(text: str) -> str:
+    """A value as Kubernetes must hold it to hand the process exactly `text`: `$$` for `$`."""
+    return text.replace("$", "$$")
+
+
+@dataclass(frozen=True)
+class Raw:
+    """Shell text written as is (Kubernetes `$(LWS_...)` references, arithmetic)."""
+
+    text: str
+
+
+Word = str | Raw
+
+
+@dataclass
+class Manifest:
+    filename: str
+    obj: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class SideLayout:
+    """How one side's API servers become a LeaderWorkerSet."""
+
+    role: str
+    name: str  # the LWS (and its headless Service)
+    replicas: int  # instances
+    size: int  # pods per instance
+    templates: list[Process]  # the Plan's servers of the first pod, one per container
+    external_dp: bool
+    # every Plan server -> (group, worker index, container index)
+    where: dict[str, tuple[int, int, int]]
+
+    @property
+    def per_pod(self) -> int:
+        return len(self.templates)
+
+    def pod_host(self, namespace: str, group: int, worker: int) -> str:
+        """The pod's DNS name under the LWS's headless Service (LWS_LEADER_ADDRESS's form)."""
+        pod = f"{self.name}-{group}" if worker == 0 else f"{self.name}-{group}-{worker}"
+        return f"{pod}.{self.name}.{namespace}"
+
+
+class _Renderer:
+    def __init__(self, plan: Plan, topology: Topology, options: Options) -> None:
+        self.plan = plan
+        self.t = topology
+        self.o = options
+        self.base = k8s_name(plan.deployment)
+        self.ns = options.namespace
+        self.labels = {
+            "app.kubernetes.io/name": "ucmctl",
+            "app.kubernetes.io/instance": self.base,
+            "app.kubernetes.io/managed-by": "ucmctl",
+        }
+        self.sides = [self._layout(role, side) for role, side in topology.sides()]
+        self.mooncake = next((p for p in plan.processes if p.role == "mooncake"), None)
+        self.proxy = next((p for p in plan.processes if p.role == "proxy"), None)
+        self.config_name = f"{self.base}-config"
+        self.store_name = f"{self.base}-store"
+        self.mooncake_name = f"{self.base}-mooncake-master"
+        self.proxy_name = f"{self.base}-proxy"
+        self.config_data: dict[str, str] = {}
+
+    # --- layout -------------------------------------------------------------------------------
+
+    def _layout(self, role: str, side: Side) -> SideLayout:
+        procs = [p for p in self.plan.servers() if p.role == role]
+        platforms = {self.plan.nodes[p.node].platform for p in procs}
+        if len(platforms) > 1:
+            raise UcmctlError.one(
+                f"{role}: nodes of several platforms ({', '.join(sorted(platforms))}) cannot share one "
+                "pod template",
+                key=f"{role}.nodes",
+                fix="give each side nodes of one platform",
+            )
+        name = f"{self.base}-{role}"
+        if not is_external_dp(side):
+            where = {p.name: (i, 0, 0) for i, p in enumerate(procs)}
+            return SideLayout(role, name, len(procs), 1, [procs[0]], False, where)
+        dp = side.dp
+        groups = [procs[i : i + dp] for i in range(0, len(procs), dp)]
+        runs = [_runs(group) for group in groups]
+        per_pod = runs[0][0]
+        if len(procs) % dp or any(count != per_pod for run in runs for count in run):
+            raise UcmctlError.one(
+                f"{role}: a LeaderWorkerSet needs the same number of DP ranks on every node of a DP "
+                f"group (the layout gives {[run for run in runs]})",
+                key=f"{role}.servers_per_node",
+                fix=f"use one servers_per_node that divides dp ({dp})",
+            )
+        where = {}
+        for g, group in enumerate(groups):
+            for rank, p in enumerate(group):
+                where[p.name] = (g, rank // per_pod, rank % per_pod)
+        return SideLayout(role, name, len(groups), dp // per_pod, groups[0][:per_pod], True, where)
+
+    # --- objects ------------------------------------------------------------------------------
+
+    def manifests(self) -> list[Manifest]:
+        objs: list[dict[str, Any]] = []
+        if self.plan.store is not None:
+            objs.append(self._pvc())
+        containers = {s.role: [self._server_container(s, c) for c in range(s.per_pod)] for s in self.sides}
+        if self.config_data:
+            objs.append(self._object("v1", "ConfigMap", self.config_name, "config", data=self.config_data))
+        if self.mooncake is not None:
+            objs += self._deployment_and_service(self.mooncake, self.mooncake_name, "mooncake")
+        for s in self.sides:
+            objs.append(self._lws(s, containers[s.role]))
+        if self.proxy is not None:
+            objs += self._deployment_and_service(self.proxy, self.proxy_name, "proxy")
+        self._check_equal_where_checks_demand(objs)
+        return [
+            Manifest(f"{i:02d}-{obj['kind'].lower()}-{obj['metadata']['name']}.yaml", obj)
+            for i, obj in enumerate(objs)
+        ]
+
+    def _meta(self, name: str, component: str) -> dict[str, Any]:
+        return {
+            "name": name,
+            "namespace": self.ns,
+            "labels": {**self.labels, "app.kubernetes.io/component": component},
+            "annotations": {
+                "ucmctl/deployment": self.plan.deployment,
+                "ucmctl/topology-digest": self.plan.topology_digest,
+            },
+        }
+
+    def _object(self, api: str, kind: str, name: str, component: str, **body: Any) -> dict[str, Any]:
+        return {"apiVersion": api, "kind": kind, "metadata": self._meta(name, component), **body}
+
+    def _pvc(self) -> dict[str, Any]:
+        spec: dict[str, Any] = {
+            "accessModes": ["ReadWriteMany"],
+            "resources": {"requests": {"storage": self.o.store_size}},
+        }
+        if self.o.storage_class:
+            spec["storageClassName"] = self.o.storage_class
+        return self._object("v1", "PersistentVolumeClaim", self.store_name, "store", spec=spec)
+
+    def _selector(self, component: str) -> dict[str, str]:
+        return {
+            "app.kubernetes.io/instance": self.base,
+            "app.kubernetes.io/component": component,
+        }
+
+    def _deployment_and_service(self, p: Process, name: str, component: str) -> list[dict[str, Any]]:
+        container = self._container(p, name=component, words=self._service_argv(p), env=self._env(p))
+        pod = self._pod_template(component, [container], [])
+        deployment = self._object(
+            "apps/v1", "Deployment", name, component,
+            spec={"replicas": 1, "selector": {"matchLabels": self._selector(component)}, "template": pod},
+        )  # fmt: skip
+        ports = [
+            {"name": _port_name(key), "port": port, "targetPort": port, "protocol": "TCP"}
+            for key, port in p.ports.items()
+        ]
+        service = self._object(
+            "v1", "Service", name, component,
+            spec={"type": "ClusterIP", "selector": self._selector(component), "ports": ports},
+        )  # fmt: skip
+        return [deployment, service]
+
+    def _pod_template(
+        self, component: str, containers: list[dict[str, Any]], volumes: list[dict[str, Any]]
+    ) -> dict[str, Any]:
+        spec: dict[str, Any] = {"containers": containers}
+        if volumes:
+            spec["volumes"] = volumes
+        labels = {**self.labels, "app.kubernetes.io/component": component}
+        return {"metadata": {"labels": labels}, "spec": spec}
+
+    def _lws(self, s: SideLayout, containers: list[dict[str, Any]]) -> dict[str, Any]:
+        volumes: list[dict[str, Any]] = [{"name": "dshm", "emptyDir": {"medium": "Memory"}}]
+        items = [{"key": f"{s.role}.{f}", "path": f} for f in sorted(self._side_files(s))]
+        if items:
+            volumes.append({"name": "config", "configMap": {"name": self.config_name, "items": items}})
+        if self._uses_store(s):
+            volumes.append({"name": "store", "persistentVolumeClaim": {"claimName": self.store_name}})
+        if any(m["name"] == "work" for c in containers for m in c.get("volumeMounts", [])):
+            volumes.append({"name": "work", "emptyDir": {}})
+        pod = self._pod_template(s.role, containers, volumes)
+        spec = {
+            "replicas": s.replicas,
+            "startupPolicy": "LeaderCreated",
+            "leaderWorkerTemplate": {
+                "size": s.size,
+                # one rank gone stalls its DP group: the group restarts as a whole
+                "restartPolicy": "RecreateGroupOnPodRestart",
+                "workerTemplate": pod,
+            },
+        }
+        return self._object(API_LWS, "LeaderWorkerSet", s.name, s.role, spec=spec)
+
+    # --- containers ---------------------------------------------------------------------------
+
+    def _container(
+        self,
+        p: Process,
+        *,
+        name: str,
+        words: list[Word],
+        env: list[dict[str, Any]],
+        suffix: str = "",
+        mounts: list[dict[str, Any]] | None = None,
+        resources: dict[str, Any] | None = None,
+        prelude: list[str] | None = None,
+    ) -> dict[str, Any]:
+        platform = self.plan.nodes[p.node].platform
+        container: dict[str, Any] = {"name": name, "image": self.o.image_for(platform)}
+        if any(isinstance(w, Raw) for w in words) or prelude:
+            script = "\n".join([*(prelude or []), "exec " + " ".join(_shell_word(w) for w in words)])
+            container["command"] = ["/bin/sh", "-c", script]
+        else:
+            container["command"] = [k8s_escape(w) for w in words if isinstance(w, str)]
+        if env:
+            container["env"] = env
+        container["ports"] = [
+            {"name": _port_name(key, suffix), "containerPort": port, "protocol": "TCP"}
+            for key, port in p.ports.items()
+        ]
+        if p.health:
+            health = urlsplit(p.health[0])
+            container["readinessProbe"] = {
+                "httpGet": {"path": health.path or "/", "port": health.port},
+                "periodSeconds": 10,
+                "timeoutSeconds": 5,
+                "failureThreshold": 3,
+            }
+        if resources:
+            container["resources"] = resources
+        if mounts:
+            container["volumeMounts"] = mounts
+        return container
+
+    def _server_container(self, s: SideLayout, c: int) -> dict[str, Any]:
+        p = s.templates[c]
+        paths = _PathMap(self.plan, p)
+        words: list[Word] = list(p.argv)
+        _set_value(words, "--host", ANY_ADDRESS)
+        prelude: list[str] = []
+        if s.external_dp:
+            _set_value(
+                words, "--data-parallel-rank", Raw(f'"$$(( $(LWS_WORKER_INDEX) * {s.per_pod} + {c} ))"')
+            )
+            _set_value(words, "--data-parallel-address", Raw('"$(LWS_LEADER_ADDRESS)"'))
+            prelude = [
+                "set -eu",
+                'case "$(LWS_WORKER_INDEX)" in',
+                "  ''|*[!0-9]*) echo 'ucmctl: LWS_WORKER_INDEX is not set: start this pod through its "
+                "LeaderWorkerSet' >&2; exit 1 ;;",
+                "esac",
+                f'if [ "$(LWS_GROUP_SIZE)" != {s.size} ]; then',
+                f"  echo 'ucmctl: LWS_GROUP_SIZE differs from the {s.size} pods this command was rendered "
+                "for: render again' >&2; exit 1",
+                "fi",
+            ]
+        i = _last(words, "--kv-transfer-config")
+        if i is not None and isinstance(words[i + 1], str):
+            words[i + 1] = json.dumps(_map_json(json.loads(str(words[i + 1])), paths.map))
+        words = [paths.map(w) if isinstance(w, str) else w for w in words]
+
+        for f in p.files:
+            if f.path == p.launch:
+                continue
+            content = f.content
+            if posixpath.basename(f.path) == "mooncake.json":
+                content = self._mooncake_json(content)
+            key = f"{s.role}.{posixpath.basename(f.path)}"
+            if self.config_data.setdefault(key, content) != content:
+                raise UcmctlError.one(f"{s.role}: {key} differs between the side's servers")
+
+        mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}]
+        if self._side_files(s):
+            mounts.append({"name": "config", "mountPath": CONFIG_DIR, "readOnly": True})
+        if self._uses_store(s) and self.plan.store is not None:
+            backends = self.plan.store.backends
+            for i, path in enumerate(backends):
+                mount = {"name": "store", "mountPath": path}
+                if len(backends) > 1:
+                    mount["subPath"] = f"backend-{i}"
+                mounts.append(mount)
+        env = self._env(p, paths)
+        if paths.used_work:
+            mounts.append({"name": "work", "mountPath": WORK_DIR})
+        resources = None
+        resource = DEVICE_RESOURCE[Platform(self.plan.nodes[p.node].platform)]
+        if resource and p.devices:
+            count = len(p.devices)
+            resources = {"requests": {resource: count}, "limits": {resource: count}}
+        return self._container(
+            p, name=f"{s.role}-{c}", words=words, env=env, suffix=f"-{c}", mounts=mounts,
+            resources=resources, prelude=prelude,
+        )  # fmt: skip
+
+    def _side_files(self, s: SideLayout) -> list[str]:
+        return sorted(
+            posixpath.basename(f.path) for f in s.templates[0].files if f.path != s.templates[0].launch
+        )
+
+    def _uses_store(self, s: SideLayout) -> bool:
+        return self.plan.uses_store(s.templates[0])
+
+    def _env(self, p: Process, paths: _PathMap | None = None) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        for key, value in p.env.items():
+            if key == p.device_variable:
+                continue  # the device plugin makes the container's cards visible
+            if key in POD_IP_VARIABLES:
+                out.append({"name": key, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
+                continue
+            if paths is not None:
+                value = paths.map(value)
+            out.append({"name": key, "value": k8s_escape(value)})
+        return out
+
+    def _service_argv(self, p: Process) -> list[Word]:
+        """The Mooncake master's or the proxy's argv: listeners on the pod, upstreams by DNS."""
+        words: list[Word] = list(p.argv)
+        for flag in ("--host", "--rpc_address", "--metrics_host"):
+            _set_value(words, flag, ANY_ADDRESS)
+        urls = self._upstream_urls()
+        upstream_flags = {"--prefiller", "--decoder", "--instance", "--bootstrap"}
+        for i in range(1, len(words)):
+            if words[i - 1] in upstream_flags:
+                url = str(words[i])
+                if url not in urls:
+                    raise AssertionError(f"proxy upstream {url} is no server of the plan")
+                words[i] = urls[url]
+        return words
+
+    def _upstream_urls(self) -> dict[str, str]:
+        """Each server's URL (and bootstrap URL) in the Plan -> its pod's DNS name."""
+        urls: dict[str, str] = {}
+        for s in self.sides:
+            for p in self.plan.servers():
+                if p.name not in s.where or p.url is None:
+                    continue
+                group, worker, c = s.where[p.name]
+                host = s.pod_host(self.ns, group, worker)
+                template = s.templates[c]
+                urls[p.url] = f"http://{host}:{template.ports['http']}"
+                if "bootstrap" in p.ports:
+                    plan_host = p.url.rsplit(":", 1)[0]
+                    urls[f"{plan_host}:{p.ports['bootstrap']}"] = (
+                        f"http://{host}:{template.ports['bootstrap']}"
+                    )
+        return urls
+
+    def _mooncake_json(self, content: str) -> str:
+        assert self.mooncake is not None, "mooncake.json is written only in P2P mode"
+        config = json.loads(content)
+        config["master_server_address"] = f"{self.mooncake_name}.{self.ns}:{self.mooncake.ports['master']}"
+        return json.dumps(config, indent=4, ensure_ascii=False) + "\n"
+
+    def _check_equal_where_checks_demand(self, objs: list[dict[str, Any]]) -> None:
+        """PYTHONHASHSEED and --dtype as rendered, on every server: one value each (the
+        topology checks demand it of the Plan; this holds the manifests to it too)."""
+        seeds, dtypes = set(), set()
+        for obj in objs:
+            if obj["kind"] != "LeaderWorkerSet":
+                continue
+            for c in obj["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"]:
+                env = {e["name"]: e.get("value") for e in c.get("env", [])}
+                seeds.add(env.get("PYTHONHASHSEED"))
+                words = (
+                    shlex.split(c["command"][2]) if c["command"][:2] == ["/bin/sh", "-c"] else c["command"]
+                )
+                dtypes.add(words[words.index("--dtype") + 1] if "--dtype" in words else None)
+        if seeds and seeds != {str(self.t.model.hash_seed)}:
+            raise UcmctlError.one(
+                f"PYTHONHASHSEED differs between the rendered servers: {sorted(map(str, seeds))}"
+            )
+        if len(dtypes) > 1:
+            raise UcmctlError.one(f"--dtype differs between the rendered servers: {sorted(map(str, dtypes))}")
+
+
+class _PathMap:
+    """The Plan's paths on a node -> where they are in the container: the process's placed files
+    in the ConfigMap's folder, anything else under the node's run directory in an emptyDir."""
+
+    def __init__(self, plan: Plan, p: Process) -> None:
+        self.files = {f.path: posixpath.join(CONFIG_DIR, posixpath.basename(f.path)) for f in p.files}
+        self.run_dir = plan.nodes[p.node].run_dir
+        self.used_work = False
+
+    def map(self, value: str) -> str:
+        if value in self.files:
+            return self.files[value]
+        if value == self.run_dir or value.startswith(self.run_dir + "/"):
+            self.used_work = True
+            return WORK_DIR + value[len(self.run_dir) :]
+        return value
+
+
+def _runs(group: list[Process]) -> list[int]:
+    """How many consecutive ranks of a DP group each node holds."""
+    runs: list[tuple[str, int]] = []
+    for p in group:
+        if runs and runs[-1][0] == p.node:
+            runs[-1] = (p.node, runs[-1][1] + 1)
+        else:
+            runs.append((p.node, 1))
+    return [count for _, count in runs]
+
+
+def _map_json(value: Any, fn: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _map_json(v, fn) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_map_json(v, fn) for v in value]
+    return fn(value) if isinstance(value, str) else value
+
+
+def _first(words: list[Word], flag: str) -> int | None:
+    return next((i for i, w in enumerate(words[:-1]) if w == flag), None)
+
+
+def _last(words: list[Word], flag: str) -> int | None:
+    return next((i for i in range(len(words) - 2, -1, -1) if words[i] == flag), None)
+
+
+def _set_value(words: list[Word], flag: str, value: Word) -> None:
+    """Replace the value of the Plan's own `flag` (the first: derived flags come before the
+    topology's extra flags)."""
+    i = _first(words, flag)
+    if i is not None:
+        words[i + 1] = value
+
+
+def _shell_word(word: Word) -> str:
+    return word.text if isinstance(word, Raw) else k8s_escape(shlex.quote(word))
+
+
+def _port_name(key: str, suffix: str = "") -> str:
+    """An IANA service name (<= 15 characters, a-z0-9 and single '-')."""
+    name = re.sub(r"[^a-z0-9]+", "-", key.lower()).strip("-")[: 15 - len(suffix)].rstrip("-")
+    return name + suffix
+
+
+def render_manifests(plan: Plan, topology: Topology, options: Options | None = None) -> list[Manifest]:
+    """Every object of the deployment, in apply order (a pure function of its inputs)."""
+    options = options or Options()
+    check_options(options)
+    return _Renderer(plan, topology, options).manifests()
+
+
+class _Dumper(yaml.SafeDumper):
+    pass
+
+
+def _text(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _text)
+
+
+def manifest_text(m: Manifest, plan: Plan) -> str:
+    header = (
+        f"{HEADER_MARK} from topology {plan.deployment} (digest {plan.topology_digest[:12]}):\n"
+        "# ucmctl does not run it. Apply the folder with `kubectl apply -f DIR`, remove it with\n"
+        "# `kubectl delete -f DIR`. The topology's node names and hosts are not used on Kubernetes:\n"
+        "# the scheduler places the pods.\n"
+    )
+    return header + yaml.dump(m.obj, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=100)
+
+
+def _ours(path: Path) -> bool:
+    try:
+        with path.open(encoding="utf-8") as f:
+            return f.read(len(HEADER_MARK)) == HEADER_MARK
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+def _foreign(folder: Path) -> Iterator[Path]:
+    for path in sorted(folder.iterdir()):
+        if path.suffix in (".yaml", ".yml", ".json") and not _ours(path):
+            yield path
+
+
+def write_manifests(manifests: list[Manifest], plan: Plan, folder: Path) -> list[Path]:
+    """Write one file per object; files an earlier render wrote there and this one does not are
+    removed (`kubectl apply -f DIR` would apply them too). A folder that holds other manifests
+    is refused."""
+    if folder.exists() and not folder.is_dir():
+        raise UcmctlError.one(f"--k8s {folder}: not a folder")
+    folder.mkdir(parents=True, exist_ok=True)
+    foreign = list(_foreign(folder))
+    if foreign:
+        raise UcmctlError.one(
+            f"--k8s {folder}: holds manifests ucmctl did not write ({foreign[0].name}"
+            + (f" and {len(foreign) - 1} more" if len(foreign) > 1 else "")
+            + "): `kubectl apply -f` would apply them too",
+            fix="use an empty folder",
+        )
+    names = {m.filename for m in manifests}
+    for old in folder.iterdir():
+        if old.suffix == ".yaml" and old.name not in names and _ours(old):
+            old.unlink()
+    written = []
+    for m in manifests:
+        path = folder / m.filename
+        path.write_text(manifest_text(m, plan), encoding="utf-8")
+        written.append(path)
+    return written
