@@ -14,6 +14,7 @@ from ucmctl.topology.model import (
     FLAG_NAME_RE,
     NAME_RE,
     DpMode,
+    Engine,
     Mode,
     Platform,
     Storage,
@@ -436,6 +437,8 @@ def _check_placement(t: Topology, bad) -> None:
                 "lower servers_per_node or tp, or spread the side over more nodes",
             )
 
+    _check_cpu_binding(t, placed, bad)
+
     ports: dict[str, dict[int, str]] = defaultdict(dict)
     reported: set[tuple[str, str, str]] = set()
 
@@ -482,3 +485,38 @@ def _check_placement(t: Topology, bad) -> None:
             )
     if t.proxy is not None:
         claim(t.proxy.node, t.proxy.port, "proxy", ("proxy", "port"))
+
+
+CPU_BIND = "VLLM_CPU_OMP_THREADS_BIND"
+
+
+def _check_cpu_binding(t: Topology, placed: list, bad) -> None:
+    """vLLM on the CPU binds its threads itself, and every server on a machine picks the same
+    cores (on 2 cores: both core 0, each at half speed; a Mooncake receiver thread sharing them
+    starves). Servers that share a CPU node must each be given their own cores."""
+    if t.engine is Engine.sim:
+        return
+    by_node: dict[str, list[tuple[str, str | None]]] = defaultdict(list)
+    for server in placed:
+        node = t.nodes[server.node]
+        if node.platform is not Platform.cpu:
+            continue
+        side = dict(t.sides())[server.side]
+        bind = {**node.env, **side.env}.get(CPU_BIND)
+        by_node[server.node].append((server.side, bind))
+    for node_name, binds in by_node.items():
+        if len(binds) < 2:
+            continue
+        values = [b for _, b in binds]
+        # unset or "auto": vLLM's own choice, the same for every server; "nobind": the OS places
+        culprit = next(
+            (s for s, b in binds if b in (None, "auto") or (b != "nobind" and values.count(b) > 1)), None
+        )
+        if culprit is None:
+            continue
+        bad(
+            (culprit, "env", CPU_BIND),
+            f"node {node_name!r} runs {len(binds)} vLLM CPU servers and vLLM binds each to the same "
+            f"cores unless {CPU_BIND} gives each its own",
+            'set it per side, e.g. "0" and "1", or core ranges such as "0-15" and "16-31"',
+        )

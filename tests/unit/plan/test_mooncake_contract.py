@@ -85,7 +85,8 @@ def test_cuda_p2p_renders_what_vllms_mooncake_connector_reads() -> None:
 
 def test_cpu_p2p_defaults_to_tcp() -> None:
     text = CUDA_P2P.replace("platform: cuda, devices: 8", "platform: cpu, devices: 0")
-    text = text.replace("tp: 4", "tp: 1")
+    # one server per CPU node: two would need a VLLM_CPU_OMP_THREADS_BIND each (a check)
+    text = text.replace("servers_per_node: 2, tp: 4", "servers_per_node: 1, tp: 1")
     plan = build_plan(parse_topology(text))
     assert kv_config(plan.process("decode-0"))["kv_connector_extra_config"]["mooncake_protocol"] == "tcp"
 
