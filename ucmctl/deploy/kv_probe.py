@@ -27,6 +27,7 @@ from pydantic import BaseModel
 from ucmctl.plan.model import Plan
 
 PROBE_TOKENS = 1100  # several whole blocks at any block size vLLM uses (16 .. 512)
+MAX_TOKENS = 2
 TOKEN_RANGE = (10, 500)  # ids every vocabulary has
 TRANSFER = ("vllm:prompt_tokens_by_source_total", 'source="external_kv_transfer"')
 EXTERNAL_HITS = ("vllm:external_prefix_cache_hits_total", "")
@@ -94,12 +95,13 @@ def run_probe(plan: Plan, *, timeout: float = 300.0) -> ProbeResult:
     served = _served_name(plan)
     get = lambda url: _get(url, timeout=10.0)  # noqa: E731
     rng = random.Random(time.time_ns())
-    prompt = [rng.randrange(*TOKEN_RANGE) for _ in range(PROBE_TOKENS)]
+    length = probe_tokens(plan)
+    prompt = [rng.randrange(*TOKEN_RANGE) for _ in range(length)]
     now = time.time()
     try:
         metric, before = _reading(plan, get)
-        _post(f"{proxy.url}/v1/completions",
-              {"model": served, "prompt": prompt, "max_tokens": 2, "temperature": 0}, timeout)  # fmt: skip
+        body = {"model": served, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0}
+        _post(f"{proxy.url}/v1/completions", body, timeout)
         # a counter moves when the engine logs its step's stats: give it a few seconds
         deadline = time.monotonic() + 15.0
         while True:
@@ -115,12 +117,23 @@ def run_probe(plan: Plan, *, timeout: float = 300.0) -> ProbeResult:
     p2p = plan.mode == "p2p"
     if moved <= 0:
         how = "Mooncake moved no KV to decode" if p2p else "decode found nothing prefill stored"
-        detail = (f"{plan.mode}: {how} ({metric} did not grow for a {PROBE_TOKENS}-token probe): "
+        detail = (f"{plan.mode}: {how} ({metric} did not grow for a {length}-token probe): "
                   "decode recomputes every prompt")  # fmt: skip
         return ProbeResult(mode=plan.mode, ok=False, at=now, detail=detail)
     what = "KV-transfer tokens" if p2p else "external prefix hits"
-    detail = f"{plan.mode}: decode's {what} grew by {moved:.0f} for a {PROBE_TOKENS}-token probe"
+    detail = f"{plan.mode}: decode's {what} grew by {moved:.0f} for a {length}-token probe"
     return ProbeResult(mode=plan.mode, ok=True, at=now, detail=detail)
+
+
+def probe_tokens(plan: Plan) -> int:
+    """PROBE_TOKENS, or what the smallest --max-model-len of the servers leaves for the answer."""
+    limits = []
+    for p in plan.processes:
+        if p.is_server and "--max-model-len" in p.argv:
+            i = p.argv.index("--max-model-len") + 1
+            if i < len(p.argv) and p.argv[i].isdigit():
+                limits.append(int(p.argv[i]) - MAX_TOKENS)
+    return min([PROBE_TOKENS, *limits])
 
 
 def _why(exc: BaseException) -> str:

@@ -44,3 +44,15 @@ def test_a_failed_probe_request_is_one_line_with_the_proxys_reason() -> None:
     assert _why(urllib.error.URLError(ConnectionRefusedError(111, "Connection refused"))) == (
         "[Errno 111] Connection refused"
     )
+
+
+def test_the_probe_fits_the_servers_max_model_len() -> None:
+    from ucmctl.deploy.kv_probe import PROBE_TOKENS, probe_tokens
+
+    plan = build_plan(load_topology("topologies/local-1p1d.yaml"))
+    assert probe_tokens(plan) == PROBE_TOKENS  # max-model-len 8192: the full probe
+    short = plan.model_copy(deep=True)
+    for p in short.processes:
+        if p.is_server:
+            p.argv[p.argv.index("--max-model-len") + 1] = "1024"
+    assert probe_tokens(short) == 1022  # two tokens left for the answer
