@@ -566,6 +566,7 @@ def suite(
     from ucmctl.bench.prompts import vocab_from_model
     from ucmctl.bench.runner import strip_private
     from ucmctl.bench.suite import DeployApi, ResultsFile, WorkloadSpec, load_suite, run_suite
+    from ucmctl.bench.workload import prompts_digest
     from ucmctl.topology.load import load_topology
 
     the_suite = load_suite(path)
@@ -599,6 +600,7 @@ def suite(
     report.print_cells(cells, out)
     out.print(report.markdown(cells))
     prov = report.provenance(topology.digest(), str(topo_path))
+    prov["prompts_digest"] = prompts_digest(cells)
     doc = report.document(cells, {**the_suite.model_dump(mode="json"), "vocab": vocab}, prov)
     _write_outputs(cells, doc, save, csv, markdown, plot)
     _fail_on_errors(cells)
