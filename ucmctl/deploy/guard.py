@@ -69,7 +69,13 @@ def node_guard(plan: Plan, executors: dict[str, Executor]) -> Iterator[None]:
         return node, text.splitlines()
 
     try:
-        answers = parallel(executors, take)
+        # The first node in name order is taken alone, before the others: two `up`s from two
+        # control machines meet there first, so one of them wins the whole set (taken all at
+        # once, each could win some nodes and both would be refused).
+        first, *rest = sorted(executors)
+        answers = [take(first)]
+        if isinstance(answers[0][1], NodeError) or answers[0][1][:1] != ["busy"]:
+            answers += parallel(rest, take)
         unreachable = [(node, err) for node, err in answers if isinstance(err, NodeError)]
         if unreachable:  # as preflight says it, every such node at once
             raise UcmctlError(
