@@ -27,6 +27,16 @@ DEVICE_VARIABLE: dict[Platform, str | None] = {
 }
 ALL_DEVICE_VARIABLES = {v for v in DEVICE_VARIABLE.values() if v} | {"HIP_VISIBLE_DEVICES"}
 
+# The extended resource a platform's device plugin advertises on Kubernetes. Ascend's device plugin names
+# the chip family (Ascend910 for the Atlas 800 A2/A3 servers of the guides); MUSA and MACA are
+# their vendors' plugins' names. The CPU platform asks for none.
+DEVICE_RESOURCE: dict[Platform, str | None] = {
+    Platform.cuda: "nvidia.com/gpu",
+    Platform.ascend: "huawei.com/Ascend910",
+    Platform.musa: "mthreads.com/gpu",
+    Platform.maca: "metax-tech.com/gpu",
+    Platform.cpu: None,
+}
 # The tool that counts a node's cards, per platform (preflight's `nvidia`/`npu` facts); a
 # platform absent here has no standard way to count them: the topology is trusted.
 DEVICE_COUNTER: dict[Platform, str] = {

@@ -46,7 +46,7 @@ import yaml
 from ucmctl import __version__
 from ucmctl.errors import UcmctlError
 from ucmctl.plan.model import Plan, Process
-from ucmctl.platforms import Platform
+from ucmctl.platforms import DEVICE_RESOURCE, Platform
 from ucmctl.topology.layout import is_external_dp
 from ucmctl.topology.model import Side, Topology
 
@@ -57,16 +57,6 @@ WORK_DIR = "/var/lib/ucmctl"  # what the Plan puts under the node's run director
 ANY_ADDRESS = "0.0.0.0"  # the pod's own interfaces
 HEADER_MARK = "# Rendered by `ucmctl render --k8s`"
 
-# The extended resource a platform's device plugin advertises. Ascend's device plugin names
-# the chip family (Ascend910 for the Atlas 800 A2/A3 servers of the guides); MUSA and MACA are
-# their vendors' plugins' names. The CPU platform asks for none.
-DEVICE_RESOURCE: dict[Platform, str | None] = {
-    Platform.cuda: "nvidia.com/gpu",
-    Platform.ascend: "huawei.com/Ascend910",
-    Platform.musa: "mthreads.com/gpu",
-    Platform.maca: "metax-tech.com/gpu",
-    Platform.cpu: None,
-}
 # Variables that name the node's own address: on Kubernetes, the pod's.
 POD_IP_VARIABLES = ("VLLM_HOST_IP", "HCCL_IF_IP")
 
