@@ -13,7 +13,7 @@ import asyncio
 import hashlib
 import random
 from array import array
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from ucmctl.bench import client, prompts
@@ -123,7 +123,3 @@ async def run_long_doc(
             "primary": True,
         }
     ]
-
-
-def spec_dict(spec: LongDoc) -> dict[str, Any]:
-    return {"workload": NAME, **asdict(spec)}

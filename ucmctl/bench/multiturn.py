@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import hashlib
 from array import array
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
-from ucmctl.bench import client, prompts
+from ucmctl.bench import client, goodput, hitrate, metrics, prompts
 from ucmctl.bench.reuse import ReuseTracker
 from ucmctl.bench.runner import BenchConfig, NoProgress, Progress, Target, measure
 from ucmctl.errors import UcmctlError
@@ -151,8 +151,6 @@ async def run_multi_turn(
 
 def _later_rounds(cells: list[dict[str, Any]], cfg: BenchConfig) -> dict[str, Any]:
     """Rounds 2..R as one measurement: every request of them, over their summed wall time."""
-    from ucmctl.bench import goodput, hitrate, metrics
-
     results = [r for c in cells for r in c["measure"]["_results"]]
     duration = sum(c["measure"]["duration"] for c in cells)
     phase = metrics.summarize(results, duration)
@@ -182,7 +180,3 @@ def _later_rounds(cells: list[dict[str, Any]], cfg: BenchConfig) -> dict[str, An
         "ideal_reused_tokens": reused,
         "ideal_total_tokens": total,
     }
-
-
-def spec_dict(spec: MultiTurn) -> dict[str, Any]:
-    return {"workload": NAME, **asdict(spec)}

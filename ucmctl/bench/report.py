@@ -473,8 +473,7 @@ def print_cells(cells: list[dict[str, Any]], console: Console) -> None:
                 )
             by_role = (p.get("hit_rate") or {}).get("by_role") or {}
             # In PD the decode leg finds what the prefill leg just stored: judge the first leg.
-            leg = by_role.get("prefill") or by_role.get("mixed")
-            rate = leg.get("hit_rate") if leg else _rate(p, "hit_rate")
+            rate = first_leg_hit_rate(p)
             if len(by_role) > 1:
                 parts = []
                 for role, r in by_role.items():

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ucmctl.bench import trace
@@ -19,7 +19,7 @@ from ucmctl.bench.multiturn import MultiTurn, run_multi_turn
 from ucmctl.bench.replay import TraceReplay, run_trace
 from ucmctl.bench.replay import in_flight_tokens as trace_in_flight
 from ucmctl.bench.runner import BenchConfig, Progress, Target, run_bench
-from ucmctl.bench.sweep import Point
+from ucmctl.bench.sweep import Point, format_rate
 from ucmctl.errors import UcmctlError
 
 WORKLOADS: tuple[str, ...] = ("prefix", "multi-turn", "trace", "long-doc")
@@ -42,8 +42,6 @@ class Workload:
 
     def describe(self) -> dict[str, Any]:
         """The workload's own parameters, for the result's config."""
-        from dataclasses import asdict
-
         spec: dict[str, Any] = {"workload": self.kind}
         for part in (self.multi_turn, self.long_doc):
             if part is not None:
@@ -116,8 +114,6 @@ async def run_points(
 
 def point_name(point: Point, points: list[Point]) -> str:
     """The point by what varies across the sweep only: `conc 8`, `2/s`, or both."""
-    from ucmctl.bench.sweep import format_rate
-
     rates = {p.request_rate for p in points}
     concs = {p.concurrency for p in points}
     parts = []
