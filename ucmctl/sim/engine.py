@@ -264,12 +264,7 @@ class Engine:
 
     def _fit_cache(self) -> None:
         """The prefix cache keeps the blocks running requests leave free: least recent go first."""
-        limit = max(self.num_blocks - self.held_blocks, 0)
-        self.cache.capacity = limit
-        blocks = self.cache._blocks  # no trim in PrefixCache's API; its insert evicts one at a time
-        while len(blocks) > limit:
-            blocks.popitem(last=False)
-            self.cache.evictions += 1
+        self.cache.resize(max(self.num_blocks - self.held_blocks, 0))
 
     def _advance(self, chunks: list[tuple[SimRequest, int]], decoding: list[SimRequest], now: float) -> None:
         for r, n in chunks:

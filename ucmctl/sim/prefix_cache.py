@@ -63,9 +63,17 @@ class PrefixCache:
                 self._blocks.move_to_end(key)
                 continue
             self._blocks[key] = None
-            if len(self._blocks) > self.capacity:
-                self._blocks.popitem(last=False)
-                self.evictions += 1
+            self._evict()
+
+    def resize(self, capacity: int) -> None:
+        """A new capacity; the least recently used blocks beyond it go."""
+        self.capacity = max(0, capacity)
+        self._evict()
+
+    def _evict(self) -> None:
+        while len(self._blocks) > self.capacity:
+            self._blocks.popitem(last=False)
+            self.evictions += 1
 
     def reset(self) -> None:
         self._blocks.clear()
