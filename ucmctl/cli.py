@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import sys
 from enum import Enum
 from pathlib import Path
@@ -82,34 +83,57 @@ def plan(
 @app.command()
 def render(
     topology: Path = TopologyArg,
-    k8s: Path = typer.Option(
-        ..., "--k8s", help="write Kubernetes manifests into this folder, one per object"
+    k8s: Path | None = typer.Option(
+        None, "--k8s", help="write Kubernetes manifests into this folder, one per object"
     ),
-    namespace: str = typer.Option("default", "--namespace", help="namespace of every object"),
+    slurm: Path | None = typer.Option(
+        None, "--slurm", help="write a self-contained sbatch script into this folder (needs a Slurm cluster)"
+    ),
+    namespace: str = typer.Option("default", "--namespace", help="--k8s: namespace of every object"),
     image: list[str] | None = typer.Option(
         None,
         "--image",
-        help="container image, or PLATFORM=IMAGE for one platform's pods (repeatable; "
+        help="--k8s: container image, or PLATFORM=IMAGE for one platform's pods (repeatable; "
         "default: ucmctl:<version>)",
     ),
     storage_class: str | None = typer.Option(
-        None, "--storage-class", help="StorageClass of the store's claim"
+        None, "--storage-class", help="--k8s: StorageClass of the store's claim"
     ),
-    store_size: str = typer.Option("1Ti", "--store-size", help="size the store's ReadWriteMany claim asks"),
+    store_size: str = typer.Option(
+        "1Ti", "--store-size", help="--k8s: size the store's ReadWriteMany claim asks"
+    ),
 ) -> None:
-    """Write Kubernetes manifests for the plan (LeaderWorkerSets, Deployments, Services, a
-    ConfigMap, the store's claim); rendered and schema-checked, never applied by ucmctl."""
-    from ucmctl.k8s.render import Options, parse_images, render_manifests, write_manifests
+    """Write the plan for a scheduler, never run by ucmctl: Kubernetes manifests (--k8s:
+    LeaderWorkerSets, Deployments, Services, a ConfigMap, the store's claim; schema-checked) or
+    an sbatch script (--slurm: the deployment as one batch job; `ucmctl down` stops it)."""
     from ucmctl.plan.build import build_plan
 
+    if (k8s is None) == (slurm is None):
+        raise UcmctlError.one("ucmctl render: pass exactly one of --k8s DIR or --slurm DIR")
     topo = _load(topology)
     the_plan = build_plan(topo)
+    if slurm is not None:
+        from ucmctl.launch.sbatch import log_pattern, write_script
+
+        if the_plan.slurm is None:
+            raise UcmctlError.one("--slurm needs a Slurm cluster in the topology", file=str(topology),
+                                  fix="add `cluster: {kind: slurm, partition: NAME}`")  # fmt: skip
+        path = write_script(the_plan, slurm)
+        out.print(escape(str(path)))
+        out.print(f"wrote the sbatch script of {the_plan.deployment}: submit it with `sbatch "
+                  f"{escape(shlex.quote(str(path)))}` (its output goes to {escape(log_pattern(the_plan))} "
+                  f"in the folder sbatch runs from); stop it with `ucmctl down {escape(str(topology))}` "
+                  "or `scancel`")  # fmt: skip
+        return
+    assert k8s is not None
+    from ucmctl.k8s.render import Options, parse_images, render_manifests, write_manifests
+
     default_image, platform_images = parse_images(image or [])
     options = Options(namespace=namespace, image=default_image, platform_images=platform_images,
                       storage_class=storage_class, store_size=store_size)  # fmt: skip
     manifests = render_manifests(the_plan, topo, options)
-    for path in write_manifests(manifests, the_plan, k8s):
-        out.print(escape(str(path)))
+    for written in write_manifests(manifests, the_plan, k8s):
+        out.print(escape(str(written)))
     out.print(f"wrote {len(manifests)} manifests under {escape(str(k8s))}: apply them with "
               f"`kubectl apply -f {escape(str(k8s))}` (needs the LeaderWorkerSet controller)")  # fmt: skip
 
@@ -139,6 +163,13 @@ def up(
         False, "--skip-kv-probe", help="do not prove with one request that KV reaches decode"
     ),
     accept_new_host_keys: bool = AcceptNewHostKeys,
+    wait_allocation: float | None = typer.Option(
+        None,
+        "--wait-allocation",
+        min=1,
+        help="Slurm: seconds to wait for the allocation to start "
+        "(default: the topology's cluster.wait_allocation, 300); then it is cancelled",
+    ),
 ) -> None:
     """Check the nodes, then start Mooncake, the servers and the proxy, each gated on health,
     then prove with one request through the proxy that KV reaches decode."""
@@ -149,16 +180,21 @@ def up(
     topo = _load(topology)
     if dry_run:
         plan = build_plan(topo)
-        out.print(f"dry run: nothing is touched. `up` would check {len(plan.nodes)} nodes (SSH, Python, "
-                  "engine, connector, devices, /dev/shm and RAM, ports, shared storage), place the files "
-                  "below, then start stage by stage:")  # fmt: skip
+        first = ""
+        if plan.slurm is not None:
+            first = (f"take one Slurm allocation (job {plan.slurm.job_name(plan.deployment)} on "
+                     f"{', '.join(plan.nodes)}; each process a job step), then ")  # fmt: skip
+        reached = "Slurm steps" if plan.slurm else "SSH"
+        out.print(f"dry run: nothing is touched. `up` would {first}check {len(plan.nodes)} nodes ({reached}, "
+                  "Python, engine, connector, devices, /dev/shm and RAM, ports, shared storage), place the "
+                  "files below, then start stage by stage:")  # fmt: skip
         for i, stage in enumerate(plan.stages()):
             out.print(f"  stage {i}: " + ", ".join(f"{p.name}@{p.node}" for p in stage))
         print_plan(plan, out)
         return
     options = Options(keep_on_failure=keep_on_failure, skip_preflight=skip_preflight,
                       health_timeout=health_timeout, kv_probe=not skip_kv_probe,
-                      accept_new_host_keys=accept_new_host_keys)  # fmt: skip
+                      accept_new_host_keys=accept_new_host_keys, wait_allocation=wait_allocation)  # fmt: skip
     record = deploy_up(topo, str(topology.resolve()), options=options, console=err)
     proxy = next((p.url for p in record.plan.processes if p.role == "proxy"), None)
     out.print(f"deployment {record.deployment} is up: {len(record.plan.processes)} processes"

@@ -4,19 +4,17 @@ its greedy tokens equal those of an instance holding the same prefix in its own 
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
 import sys
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from ucmctl.testing.netns import Cluster, cluster_or_skip
+from ucmctl.testing.openai_checks import counter, greedy_with_logprobs
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 BLOCK = 128
@@ -48,22 +46,6 @@ proxy: {{node: h1, port: 8000}}
 """
 
 
-def complete(url: str, prompt: list[int]) -> tuple[list[int], list[Any]]:
-    body = {"model": "m", "prompt": prompt, "max_tokens": 8, "temperature": 0.0, "logprobs": 3,
-            "ignore_eos": True, "return_tokens_as_token_ids": True}  # fmt: skip
-    req = urllib.request.Request(f"{url}/v1/completions", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})  # fmt: skip
-    with urllib.request.urlopen(req, timeout=300) as r:
-        lp = json.loads(r.read())["choices"][0]["logprobs"]
-    return [int(t.removeprefix("token_id:")) for t in lp["tokens"]], lp["top_logprobs"]
-
-
-def counter(url: str, name: str) -> float:
-    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    return sum(float(x.rsplit(" ", 1)[1]) for x in text.splitlines() if x.startswith(name + "{"))
-
-
 def test_1p1d_over_ssh_decode_hits_what_prefill_stored(hosts: Cluster, tmp_path: Path) -> None:
     from ucmctl.tinymodel import make_model
 
@@ -87,13 +69,13 @@ def test_1p1d_over_ssh_decode_hits_what_prefill_stored(hosts: Cluster, tmp_path:
         decode = f"http://{hosts.host('h2').address}:8200"
         before = counter(decode, "vllm:external_prefix_cache_hits_total")
         prompt = [(i * 37) % 3000 + 20 for i in range(3 * BLOCK + 40)]  # 3 full blocks + 40 tokens
-        via_proxy = complete(f"http://{hosts.host('h1').address}:8000", prompt)
+        via_proxy = greedy_with_logprobs(f"http://{hosts.host('h1').address}:8000", prompt)
         external = counter(decode, "vllm:external_prefix_cache_hits_total") - before
         assert external == 3 * BLOCK  # decode loaded every full block prefill stored
         logs = ucmctl("logs", "e2e-two-hosts", "decode-0", "-n", "400").stdout
         assert "hit external: 3" in logs
         # Prefill holds the same prefix in its own cache (it computed it): a local hit there.
-        local = complete(prefill, prompt)
+        local = greedy_with_logprobs(prefill, prompt)
         assert counter(prefill, "vllm:prefix_cache_hits_total") >= 3 * BLOCK
         assert via_proxy[0] == local[0]  # the same greedy tokens ...
         assert via_proxy[1] == local[1]  # ... and the same top logprobs: the same KV bytes

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from ucmctl.deploy import kv_probe, lifecycle
-from ucmctl.deploy.executor import Executor, NodeError, executor_for
+from ucmctl.deploy.executor import NodeError
 from ucmctl.deploy.fanout import cancelled, parallel
 from ucmctl.deploy.guard import node_guard
 from ucmctl.deploy.health import wait_healthy
@@ -22,6 +22,7 @@ from ucmctl.deploy.progress import Progress
 from ucmctl.deploy.staging import stage_node
 from ucmctl.deploy.state import ProcessState, Record, StateStore
 from ucmctl.errors import ExitStatus, Problem, UcmctlError
+from ucmctl.launch import Allocation, Launcher, LaunchError, launcher_for
 from ucmctl.plan.build import build_plan
 from ucmctl.plan.model import Plan, Process
 from ucmctl.topology.model import Topology  # `up` takes a topology and plans it
@@ -36,34 +37,7 @@ class Options:
     health_timeout: float | None = None  # overrides every process.health_timeout
     kv_probe: bool = True  # after the health gate, prove KV reaches decode (deploy/kv_probe.py)
     accept_new_host_keys: bool = False  # record unknown SSH host keys instead of refusing them
-
-
-class Session:
-    """Executors of one plan's nodes, opened lazily and closed together."""
-
-    def __init__(
-        self, plan: Plan, connect_timeout: float = 10.0, *, accept_new_host_keys: bool = False
-    ) -> None:
-        self.plan = plan
-        self._executors: dict[str, Executor] = {}
-        self.connect_timeout = connect_timeout
-        self.accept_new_host_keys = accept_new_host_keys
-
-    def __getitem__(self, node: str) -> Executor:
-        if node not in self._executors:
-            self._executors[node] = executor_for(
-                self.plan.nodes[node],
-                connect_timeout=self.connect_timeout,
-                accept_new_host_keys=self.accept_new_host_keys,
-            )
-        return self._executors[node]
-
-    def all(self) -> dict[str, Executor]:
-        return {name: self[name] for name in self.plan.nodes if self.plan.on_node(name)}
-
-    def close(self) -> None:
-        for ex in self._executors.values():
-            ex.close()
+    wait_allocation: float | None = None  # Slurm: overrides the topology's cluster.wait_allocation
 
 
 def deploy_up(
@@ -83,23 +57,64 @@ def deploy_up(
     store = store or StateStore()
     plan = build_plan(topology)
     with store.lock(plan.deployment, "up"):
-        session = Session(plan, options.connect_timeout, accept_new_host_keys=options.accept_new_host_keys)
+        launcher = launcher_for(plan, connect_timeout=options.connect_timeout,
+                                accept_new_host_keys=options.accept_new_host_keys)  # fmt: skip
+        started = False  # once processes start, _stage_and_start answers for them and the record
         try:
             _refuse_if_running(store.load(plan.deployment), options)
-            with node_guard(plan, session.all()):
-                cleanup = _preflight(plan, session, options, console)
-                return _stage_and_start(topology_path, plan, session, cleanup, options, console, store)
+            _acquire(launcher, topology_path, store, console, options.wait_allocation)
+            with node_guard(plan, launcher.all()):
+                cleanup = _preflight(plan, launcher, options, console)
+                started = True
+                return _stage_and_start(topology_path, plan, launcher, cleanup, options, console, store)
         except NodeError as exc:
             raise UcmctlError.one(str(exc), status=ExitStatus.FAILURE) from None
+        except LaunchError as exc:
+            raise UcmctlError.one(str(exc), status=exc.status) from None
         finally:
-            session.close()
+            if not started and launcher.allocation is not None:
+                _give_back(launcher, store, console)  # nothing started: nothing left queued
+            launcher.close()
+
+
+def _acquire(
+    launcher: Launcher, topology_path: str, store: StateStore, console: Console, wait: float | None
+) -> None:
+    """The launcher's own checks (exit 3, nothing submitted), then what the processes run in
+    (Slurm: the allocation), recorded before the scheduler is asked."""
+    plan = launcher.plan
+    problems = launcher.preflight()
+    if problems:
+        raise UcmctlError([Problem(p) for p in problems], status=ExitStatus.NOT_READY)
+
+    def record(allocation: Allocation) -> None:
+        digest = plan.topology_digest
+        store.save(Record(deployment=plan.deployment, topology_path=topology_path, topology_digest=digest,
+                          plan=plan, allocation=allocation))  # fmt: skip
+
+    launcher.acquire(console, record, wait=wait)
+
+
+def _give_back(launcher: Launcher, store: StateStore, console: Console) -> bool:
+    """Release what the launcher holds; the record goes only once nothing of it is left."""
+    try:
+        released = launcher.release()
+    except LaunchError as exc:
+        console.print(f"could not release the allocation: {exc}", markup=False)
+        released = False
+    if released:
+        store.remove(launcher.plan.deployment)
+    else:
+        console.print(f"the allocation is still listed: `ucmctl down {launcher.plan.deployment}` "
+                      "cancels it", markup=False)  # fmt: skip
+    return released
 
 
 def _refuse_if_running(existing: Record | None, options: Options) -> None:
     """This machine's record of the deployment names processes that still run: refuse."""
     if existing is None or existing.status not in ("starting", "up", "failed"):
         return
-    earlier = Session(existing.plan, options.connect_timeout)  # its nodes may differ
+    earlier = launcher_for(existing.plan, existing.allocation, connect_timeout=options.connect_timeout)
     try:
         alive = parallel(existing.plan.processes, lambda p: _alive(earlier, p))
     finally:
@@ -112,14 +127,14 @@ def _refuse_if_running(existing: Record | None, options: Options) -> None:
         )
 
 
-def _preflight(plan: Plan, session: Session, options: Options, console: Console) -> dict[str, list[str]]:
+def _preflight(plan: Plan, launcher: Launcher, options: Options, console: Console) -> dict[str, list[str]]:
     """Check every node; returns the commands that tidy up after the checks, per node."""
     if options.skip_preflight:
         return {}
-    console.print(f"preflight on {len(session.all())} nodes ...")
-    checked = preflight(plan, session.all())
+    console.print(f"preflight on {len(launcher.all())} nodes ...")
+    checked = preflight(plan, launcher.all())
     if checked.problems:
-        _run_each(session, checked.cleanup)
+        _run_each(launcher, checked.cleanup)
         raise UcmctlError([Problem(p) for p in checked.problems], status=ExitStatus.NOT_READY)
     return checked.cleanup
 
@@ -127,13 +142,13 @@ def _preflight(plan: Plan, session: Session, options: Options, console: Console)
 def _stage_and_start(
     topology_path: str,
     plan: Plan,
-    session: Session,
+    launcher: Launcher,
     cleanup: dict[str, list[str]],
     options: Options,
     console: Console,
     store: StateStore,
 ) -> Record:
-    running = _stage_files(session, plan, cleanup)
+    running = _stage_files(launcher, plan, cleanup)
     if running:
         raise UcmctlError.one(
             f"deployment '{plan.deployment}' already runs on the nodes ({', '.join(running)})",
@@ -146,6 +161,7 @@ def _stage_and_start(
         topology_digest=plan.topology_digest,
         plan=plan,
         processes={p.name: ProcessState(name=p.name, node=p.node) for p in plan.processes},
+        allocation=launcher.allocation,
     )
     store.save(record)  # before anything starts: `down` can always find what this run did
     progress = Progress(plan, console)
@@ -153,16 +169,16 @@ def _stage_and_start(
     try:
         with progress:
             for stage in plan.stages():
-                failure = _start_stage(session, record, store, stage, progress, options)
+                failure = _start_stage(launcher, record, store, stage, progress, options)
                 if failure:
                     break
     except (KeyboardInterrupt, Exception) as exc:  # Ctrl-C or a bug mid-start: take back what started
         what = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"internal error ({exc!r})"
         console.print(f"{what}: stopping what this `up` started", markup=False)
         cancelled.clear()
-        _, not_stopped = _stop_all(session, plan, options.stop_grace, console)
+        _, not_stopped = _stop_all(launcher, plan, options.stop_grace, console)
         if not not_stopped:
-            store.remove(plan.deployment)
+            _give_back(launcher, store, console)
         raise
     if failure is None:
         probe_failed = _probe(plan, record, options, console)
@@ -173,7 +189,7 @@ def _stage_and_start(
         reason = f"KV probe: {probe_failed}"
     else:
         process, why = failure
-        tail = lifecycle.log_tail(session[process.node], process, 50)
+        tail = launcher.log_tail(process, 50)
         console.print(f"[red]{process.name}[/] on node {process.node} failed: {escape(why)}")
         console.print(f"last 50 lines of {process.log}:", markup=False)
         console.print(tail or "(empty)", markup=False, highlight=False)
@@ -181,9 +197,8 @@ def _stage_and_start(
     record.status = "failed"
     store.save(record)
     if not options.keep_on_failure:
-        _, not_stopped = _stop_all(session, plan, options.stop_grace, console)
-        if not not_stopped:
-            store.remove(plan.deployment)
+        _, not_stopped = _stop_all(launcher, plan, options.stop_grace, console)
+        if not not_stopped and _give_back(launcher, store, console):
             console.print("stopped everything this `up` started")
     else:
         console.print(f"kept running for debugging: `ucmctl down {plan.deployment}` stops it")
@@ -207,26 +222,26 @@ def _probe(plan: Plan, record: Record, options: Options, console: Console) -> st
     return result.detail
 
 
-def _alive(session: Session, process: Process) -> bool:
+def _alive(launcher: Launcher, process: Process) -> bool:
     try:
-        return lifecycle.alive(session[process.node], process) is not None
+        return launcher.alive(process) is not None
     except NodeError:
         return False
 
 
-def _stage_files(session: Session, plan: Plan, cleanup: dict[str, list[str]]) -> list[str]:
+def _stage_files(launcher: Launcher, plan: Plan, cleanup: dict[str, list[str]]) -> list[str]:
     """Every node at once, one round trip each; returns processes of this deployment found
     running (say, after the local record was lost): then nothing was staged on their nodes."""
-    found = parallel(session.all(), lambda n: stage_node(session[n], plan.on_node(n), cleanup.get(n)))
+    found = parallel(launcher.all(), lambda n: stage_node(launcher[n], plan.on_node(n), cleanup.get(n)))
     return [name for names in found for name in names]
 
 
-def _run_each(session: Session, commands: dict[str, list[str]]) -> None:
+def _run_each(launcher: Launcher, commands: dict[str, list[str]]) -> None:
     """Best effort, in parallel: commands that tidy up after a failed preflight."""
 
     def run(node: str) -> None:
         with contextlib.suppress(NodeError):
-            session[node].run("; ".join(commands[node]))
+            launcher[node].run("; ".join(commands[node]))
 
     parallel(commands, run)
 
@@ -236,7 +251,7 @@ def _health_timeout(process: Process, options: Options) -> float:
 
 
 def _start_stage(
-    session: Session,
+    launcher: Launcher,
     record: Record,
     store: StateStore,
     stage: list[Process],
@@ -244,23 +259,22 @@ def _start_stage(
     options: Options,
 ) -> tuple[Process, str] | None:
     def start_one(process: Process) -> str | None:
-        ex = session[process.node]
         progress.set(process.name, "starting")
         try:
-            started = lifecycle.start(ex, process)
+            started = launcher.start(process)
         except NodeError as exc:
             return exc.reason
         record.processes[process.name].pgid = started.pgid
         record.processes[process.name].started_at = time.time()
         store.save(record)
         progress.set(process.name, "waiting for health")
-        watch = lifecycle.watch(ex, process)
+        watch = launcher.watch(process)
         try:
             reason = wait_healthy(
                 process.health,
                 timeout=_health_timeout(process, options),
                 # The watch ending is the news; one direct look confirms it (not a lost channel).
-                still_alive=lambda: not watch.finished() or lifecycle.alive(ex, process) is not None,
+                still_alive=lambda: not watch.finished() or launcher.alive(process) is not None,
                 alive_every=0.5,
                 cancelled=cancelled.is_set,
             )
@@ -277,7 +291,7 @@ def _start_stage(
 
 
 def _stop_all(
-    session: Session, plan: Plan, grace: float, console: Console
+    launcher: Launcher, plan: Plan, grace: float, console: Console
 ) -> tuple[list[tuple[Process, lifecycle.Stopped]], list[Process]]:
     """Reverse start order, each stage in parallel; returns what stopped and what could not be."""
     results: list[tuple[Process, lifecycle.Stopped]] = []
@@ -286,7 +300,7 @@ def _stop_all(
 
         def stop_one(process: Process) -> tuple[Process, lifecycle.Stopped | None]:
             try:
-                return process, lifecycle.stop(session[process.node], process, grace=grace)
+                return process, launcher.stop(process, grace=grace)
             except NodeError as exc:
                 console.print(f"[yellow]could not stop {process.name}:[/] {escape(exc.reason)}")
                 return process, None
@@ -314,26 +328,30 @@ def deploy_down(
     store = store or StateStore()
     name = deployment_or_plan.deployment if isinstance(deployment_or_plan, Plan) else deployment_or_plan
     with store.lock(name, "down"):
+        record = store.load(name)
         if isinstance(deployment_or_plan, Plan):
             plan = deployment_or_plan
+        elif record is None:
+            raise UcmctlError.one(
+                f"no deployment named '{name}' on this machine",
+                fix="pass the topology file instead: `ucmctl down TOPOLOGY` finds its processes on the nodes",
+            )
         else:
-            record = store.load(name)
-            if record is None:
-                raise UcmctlError.one(
-                    f"no deployment named '{name}' on this machine",
-                    fix="pass the topology file instead: `ucmctl down TOPOLOGY` finds its processes "
-                    "on the nodes",
-                )
             plan = record.plan
-        session = Session(plan)
+        launcher = launcher_for(plan, record.allocation if record else None)
         try:
-            stopped, failed = _stop_all(session, plan, grace, console)
+            stopped, failed = _stop_all(launcher, plan, grace, console)
+            if failed:  # keep the record: a later `down` must still find these
+                names = ", ".join(f"{p.name} ({p.node})" for p in failed)
+                raise UcmctlError.one(f"could not stop {names}", status=ExitStatus.FAILURE,
+                                      fix="check the node, then run `ucmctl down` again")  # fmt: skip
+            if not launcher.release():
+                raise UcmctlError.one(f"deployment '{plan.deployment}': the scheduler still lists its job",
+                                      status=ExitStatus.FAILURE, fix="run `ucmctl down` again")  # fmt: skip
+        except LaunchError as exc:
+            raise UcmctlError.one(str(exc), status=exc.status, fix="run `ucmctl down` again") from None
         finally:
-            session.close()
-        if failed:  # keep the record: a later `down` must still find these
-            names = ", ".join(f"{p.name} ({p.node})" for p in failed)
-            raise UcmctlError.one(f"could not stop {names}", status=ExitStatus.FAILURE,
-                                  fix="check the node, then run `ucmctl down` again")  # fmt: skip
+            launcher.close()
         store.remove(plan.deployment)
     return [(p.name, p.node, s.was_running) for p, s in stopped]
 
@@ -348,17 +366,17 @@ def purge(plan: Plan) -> int:
     if not nodes:
         return 0
     node = nodes[0]
-    session = Session(plan)
+    launcher = launcher_for(plan)
     removed = 0
     try:
         for backend in plan.store.backends:
             q = shlex.quote(backend)
             script = (f"cd {q} 2>/dev/null || exit 0; n=0; for d in [0-9a-f][0-9a-f][0-9a-f] corrupt; do "
                       '[ -d "$d" ] && rm -rf -- "$d" && n=$((n + 1)); done; echo $n')  # fmt: skip
-            done = session[node].run(script, timeout=600)
+            done = launcher.standalone(node).run(script, timeout=600)
             removed += int(done.stdout.strip() or 0)
     finally:
-        session.close()
+        launcher.close()
     return removed
 
 
@@ -367,10 +385,10 @@ def install_wheel(
 ) -> list[tuple[str, str]]:
     """Copy the wheel to each node's run folder and pip-install it with the node's Python."""
     data = wheel.read_bytes()
-    session = Session(plan, accept_new_host_keys=accept_new_host_keys)
+    launcher = launcher_for(plan, accept_new_host_keys=accept_new_host_keys)
 
     def one(node: str) -> tuple[str, str]:
-        ex = session[node]
+        ex = launcher.standalone(node)
         target = f"{posixpath.dirname(plan.nodes[node].run_dir)}/wheels/{wheel.name}"
         ex.put(target, data)
         flags = "--no-deps " if no_deps else ""
@@ -387,4 +405,4 @@ def install_wheel(
     except NodeError as exc:
         raise UcmctlError.one(str(exc), status=ExitStatus.FAILURE) from None
     finally:
-        session.close()
+        launcher.close()

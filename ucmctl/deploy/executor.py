@@ -102,10 +102,14 @@ class LocalExecutor:
     def __init__(self, node: NodePlan) -> None:
         self.node = node
 
+    def argv(self, command: str) -> list[str]:
+        """What runs `command` on the node: here, /bin/sh."""
+        return ["/bin/sh", "-c", command]
+
     def run(self, command: str, *, timeout: float = 60) -> Result:
         try:
             done = subprocess.run(
-                ["/bin/sh", "-c", command],
+                self.argv(command),
                 capture_output=True,
                 text=True,
                 timeout=timeout,
@@ -118,7 +122,7 @@ class LocalExecutor:
     def watch(self, command: str) -> Watch:
         return _LocalWatch(
             subprocess.Popen(
-                ["/bin/sh", "-c", command],
+                self.argv(command),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
@@ -128,7 +132,7 @@ class LocalExecutor:
 
     def hold(self, command: str, *, timeout: float = 30) -> tuple[str, Watch]:
         process = subprocess.Popen(
-            ["/bin/sh", "-c", command],
+            self.argv(command),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,

@@ -9,12 +9,11 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ucmctl.deploy import lifecycle
-from ucmctl.deploy.api import Session
 from ucmctl.deploy.executor import NodeError
 from ucmctl.deploy.fanout import parallel
 from ucmctl.deploy.health import why_not
 from ucmctl.deploy.state import Record
+from ucmctl.launch import Launcher, LaunchError, launcher_for
 from ucmctl.plan.model import Process
 from ucmctl.tables import FIGURE, NAME, TEXT, fitted
 
@@ -43,11 +42,11 @@ def the_deployment(command: str, alternative: str = "") -> str:
 def status_table(record: Record, width: int = 80) -> list[Table]:
     """The deployment's processes as they are now, asked of the nodes (an unreachable node is
     a row that says so); laid out for `width` columns with every name and port whole."""
-    session = Session(record.plan, connect_timeout=5)
+    launcher = launcher_for(record.plan, record.allocation, connect_timeout=5)
 
     def look(p: Process) -> tuple[str, str]:
         try:
-            running = lifecycle.alive(session[p.node], p) is not None
+            running = launcher.alive(p) is not None
         except NodeError:
             return "node unreachable", "?"
         if not running:
@@ -59,18 +58,30 @@ def status_table(record: Record, width: int = 80) -> list[Table]:
 
     try:
         looks = parallel(record.plan.processes, look)
+        try:
+            scheduler = launcher.view()
+        except LaunchError as exc:
+            scheduler = [str(exc)]
     finally:
-        session.close()
-    return render_status(record, looks, time.time(), width)
+        launcher.close()
+    return render_status(record, looks, time.time(), width, scheduler)
 
 
-def render_status(record: Record, looks: list[tuple[str, str]], now: float, width: int = 80) -> list[Table]:
-    """The status table of `record` given each process's (state, health) in plan order."""
+def render_status(
+    record: Record,
+    looks: list[tuple[str, str]],
+    now: float,
+    width: int = 80,
+    scheduler: list[str] | None = None,
+) -> list[Table]:
+    """The status table of `record` given each process's (state, health) in plan order, and
+    the scheduler's lines (Slurm's job and lost nodes) under it."""
     probe = record.kv_probe
-    caption = None
+    notes = [escape(line) for line in scheduler or []]
     if probe is not None:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(probe.at))
-        caption = f"KV probe {'passed' if probe.ok else 'FAILED'} at {when}: {escape(probe.detail)}"
+        notes.append(f"KV probe {'passed' if probe.ok else 'FAILED'} at {when}: {escape(probe.detail)}")
+    caption = "\n".join(notes) or None
     rows = []
     for p, (state, health) in zip(record.plan.processes, looks, strict=True):
         ps = record.processes.get(p.name)
@@ -102,33 +113,33 @@ def _duration(seconds: float) -> str:
 def show_logs(record: Record, names: list[str], lines: int, follow: bool, console: Console) -> None:
     """Last `lines` of each process's log, prefixed `process@node |`; with follow, keep reading."""
     processes = [p for p in record.plan.processes if not names or p.name in names]
-    session = Session(record.plan, connect_timeout=5)
+    launcher = launcher_for(record.plan, record.allocation, connect_timeout=5)
     offsets: dict[str, int] = {}
     try:
         for p in processes:
-            size, text = _read(session, p, None, lines)
+            size, text = _read(launcher, p, None, lines)
             offsets[p.name] = size
             _print(console, p, text)
         while follow:
             time.sleep(1.0)
             for p in processes:
-                size, text = _read(session, p, offsets[p.name], lines)
+                size, text = _read(launcher, p, offsets[p.name], lines)
                 if size < offsets[p.name]:  # the log was truncated or replaced: start over
-                    size, text = _read(session, p, 0, lines)
+                    size, text = _read(launcher, p, 0, lines)
                 offsets[p.name] = size
                 _print(console, p, text)
     finally:
-        session.close()
+        launcher.close()
 
 
-def _read(session: Session, p: Process, offset: int | None, lines: int) -> tuple[int, str]:
+def _read(launcher: Launcher, p: Process, offset: int | None, lines: int) -> tuple[int, str]:
     log = shlex.quote(p.log)
     if offset is None:
         cmd = f"[ -f {log} ] || exit 0; wc -c < {log}; tail -n {int(lines)} {log}"
     else:
         cmd = f"[ -f {log} ] || exit 0; wc -c < {log}; tail -c +{int(offset) + 1} {log} | head -c 1048576"
     try:
-        done = session[p.node].run(cmd, timeout=30)
+        done = launcher[p.node].run(cmd, timeout=30)
     except NodeError as exc:
         return offset or 0, f"(node unreachable: {exc.reason})\n"
     first, _, rest = done.stdout.partition("\n")

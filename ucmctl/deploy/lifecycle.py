@@ -43,17 +43,28 @@ class Stopped:
     killed: bool  # needed SIGKILL after the grace period
 
 
-def start(ex: Executor, process: Process, *, wait: float = 10) -> Started:
-    """Start the launch script detached; returns the process-group id from its pidfile."""
+def spawn(process: Process, *, foreground: bool = False) -> str:
+    """Shell that starts the launch script in a session of its own, its log rotated, its pidfile
+    written by the session leader. In the background (SSH: the command returns at once), or
+    in the foreground, lasting as long as the process (a Slurm job step is the process)."""
     pidfile, log, launch = (shlex.quote(x) for x in (process.pidfile, process.log, process.launch))
     mark = shlex.quote(marker(process))
+    setsid, end = ("exec setsid -w", "") if foreground else ("setsid", " &")
+    return f"""
+rm -f {pidfile}
+[ -f {log} ] && mv -f {log} {log}.1  # the last 50 lines shown on failure are this run's
+{setsid} env {mark} sh -c 'echo $$ > "$0.tmp" && mv "$0.tmp" "$0"; exec sh "$1"' {pidfile} {launch} \\
+  >>{log} 2>&1 </dev/null{end}
+"""
+
+
+def start(ex: Executor, process: Process, *, wait: float = 10) -> Started:
+    """Start the launch script detached; returns the process-group id from its pidfile."""
+    pidfile = shlex.quote(process.pidfile)
     tries = int(wait * 10)
     script = f"""
 set -u
-rm -f {pidfile}
-[ -f {log} ] && mv -f {log} {log}.1  # the last 50 lines shown on failure are this run's
-setsid env {mark} sh -c 'echo $$ > "$0.tmp" && mv "$0.tmp" "$0"; exec sh "$1"' {pidfile} {launch} \\
-  >>{log} 2>&1 </dev/null &
+{spawn(process)}
 i=0
 while [ ! -s {pidfile} ] && [ $i -lt {tries} ]; do sleep 0.1; i=$((i + 1)); done
 [ -s {pidfile} ] || {{ echo "no pidfile after {wait:.0f} s" >&2; exit 3; }}

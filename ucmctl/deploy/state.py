@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ucmctl.deploy.kv_probe import ProbeResult
 from ucmctl.errors import ExitStatus, UcmctlError
+from ucmctl.launch.base import Allocation
 from ucmctl.plan.model import (
     NAME_RE,
     PLAN_SCHEMA_VERSION,
@@ -58,6 +59,7 @@ class Record(BaseModel):
     plan: Plan
     processes: dict[str, ProcessState] = Field(default_factory=dict)
     kv_probe: ProbeResult | None = None  # the last proof that KV reached decode (deploy/kv_probe.py)
+    allocation: Allocation | None = None  # what a scheduler gave the deployment (launch/slurm.py)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from ucmctl.plan.model import (
     Plan,
     Process,
     Role,
+    SlurmPlan,
     Stage,
     StorePlan,
     default_health_timeout,
@@ -21,7 +22,7 @@ from ucmctl.plan.model import (
 from ucmctl.plan.render import render
 from ucmctl.platforms import DEVICE_VARIABLE, NIC_VARIABLES, Platform
 from ucmctl.topology.layout import Server, is_external_dp, servers
-from ucmctl.topology.model import Engine, Mode, Node, Side, Storage, Topology, Transport
+from ucmctl.topology.model import Engine, Mode, Node, Side, SlurmCluster, Storage, Topology, Transport
 from ucmctl.topology.mooncake import ASCEND_MOONCAKE, MooncakeConnectorFacts, connector_for, protocol_for
 from ucmctl.ucm_config import CONNECTOR_NAMES, ConnectorEntry, StoreConfig, UcmConfig
 
@@ -51,7 +52,16 @@ def build_plan(t: Topology) -> Plan:
         nodes=nodes,
         processes=processes,
         store=_store(t, processes),
+        slurm=_slurm(t),
     )
+
+
+def _slurm(t: Topology) -> SlurmPlan | None:
+    if not isinstance(t.cluster, SlurmCluster):
+        return None
+    c = t.cluster
+    return SlurmPlan(partition=c.partition, account=c.account, qos=c.qos, time_limit=c.time_limit,
+                     wait_allocation=c.wait_allocation)  # fmt: skip
 
 
 def _uses_store(t: Topology, side: str) -> bool:
@@ -76,7 +86,7 @@ def _node_plan(t: Topology, name: str, node: Node) -> NodePlan:
     return NodePlan(
         name=name,
         host=node.host,
-        transport=node.transport.value,
+        transport="slurm" if isinstance(t.cluster, SlurmCluster) else node.transport.value,
         user=node.user,
         ssh_port=node.port,
         key=node.key,

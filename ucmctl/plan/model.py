@@ -84,7 +84,7 @@ class Process(Frozen):
 class NodePlan(Frozen):
     name: str
     host: str
-    transport: Literal["ssh", "local"]
+    transport: Literal["ssh", "local", "slurm"]  # slurm: reached through job steps (launch/slurm.py)
     user: str
     ssh_port: int
     key: str | None
@@ -108,6 +108,21 @@ class StorePlan(Frozen):
         return self.pipeline.split("|")
 
 
+class SlurmPlan(Frozen):
+    """The deployment's one Slurm allocation: what `up` asks sbatch for."""
+
+    kind: Literal["slurm"] = "slurm"
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    time_limit: str | None = None
+    wait_allocation: float = 300.0  # seconds `up` waits for the allocation to start
+
+    def job_name(self, deployment: str) -> str:
+        """The allocation's job name: how `down` finds it when the local record is lost."""
+        return f"ucmctl-{deployment}"
+
+
 class Plan(Frozen):
     schema_version: int = PLAN_SCHEMA_VERSION
     deployment: str = Field(pattern=NAME_RE)  # one deployment per name per control machine
@@ -117,6 +132,7 @@ class Plan(Frozen):
     nodes: dict[str, NodePlan]
     processes: list[Process]
     store: StorePlan | None = None
+    slurm: SlurmPlan | None = None  # None: the nodes are reached over SSH (or run here)
 
     def process(self, name: str) -> Process:
         for p in self.processes:

@@ -83,3 +83,26 @@ def metric(text: str, name: str) -> float:
         if line.startswith(name + "{") or line.startswith(name + " "):
             total += float(line.rsplit(" ", 1)[1])
     return total
+
+
+def greedy_with_logprobs(url: str, prompt: list[int], model: str = "m") -> tuple[list[int], list[Any]]:
+    """8 greedy tokens of `prompt` as ids, with their top-3 logprobs: two servers holding the
+    same KV for the prompt answer exactly the same."""
+    import urllib.request
+
+    body = {"model": model, "prompt": prompt, "max_tokens": 8, "temperature": 0.0, "logprobs": 3,
+            "ignore_eos": True, "return_tokens_as_token_ids": True}  # fmt: skip
+    req = urllib.request.Request(f"{url}/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})  # fmt: skip
+    with urllib.request.urlopen(req, timeout=300) as r:
+        lp = json.loads(r.read())["choices"][0]["logprobs"]
+    return [int(t.removeprefix("token_id:")) for t in lp["tokens"]], lp["top_logprobs"]
+
+
+def counter(url: str, name: str) -> float:
+    """A Prometheus counter of a server, summed over its label sets."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return sum(float(x.rsplit(" ", 1)[1]) for x in text.splitlines() if x.startswith(name + "{"))

@@ -92,6 +92,9 @@ def _check_nodes(t: Topology, bad) -> None:
         if node.transport is Transport.local and node.host not in ("localhost", "127.0.0.1", "::1"):
             bad(("nodes", name, "host"), "a local node must have host localhost or 127.0.0.1")
     local = [n for n, node in t.nodes.items() if node.transport is Transport.local]
+    if t.cluster.kind == "slurm" and local:
+        bad(("nodes", local[0], "transport"), "a Slurm deployment runs every process as a job step",
+            "remove `transport: local`: name the Slurm node and give its address as `host`")  # fmt: skip
     if len(local) > 1:
         bad(("nodes", local[1], "transport"), "only one node can be local (this machine)")
 

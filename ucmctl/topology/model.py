@@ -124,6 +124,49 @@ class Node(Strict):
         return None if v is None else _bind_address(v)
 
 
+# Slurm's time formats (sbatch --time): minutes, minutes:seconds, hours:minutes:seconds,
+# days-hours, days-hours:minutes, days-hours:minutes:seconds; or no limit.
+SLURM_TIME_RE = re.compile(r"\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2}|(?i:unlimited|infinite)")
+SLURM_NAME_RE = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$"
+
+
+class SshCluster(Strict):
+    """The nodes are reached over SSH (or run on this machine): ucmctl places every process."""
+
+    kind: Literal["ssh"] = "ssh"
+
+
+class SlurmCluster(Strict):
+    """Slurm places the deployment: one allocation holds its nodes, each process is a job step.
+    Node names are Slurm node names; each node's `host` is the address its servers answer on;
+    `workdir` must be a filesystem this machine and every node share."""
+
+    kind: Literal["slurm"]
+    partition: str | None = Field(None, pattern=SLURM_NAME_RE, description="sbatch --partition")
+    account: str | None = Field(None, pattern=SLURM_NAME_RE, description="sbatch --account")
+    qos: str | None = Field(None, pattern=SLURM_NAME_RE, description="sbatch --qos")
+    time_limit: str | None = Field(
+        None, description="sbatch --time: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS or UNLIMITED"
+    )
+    wait_allocation: float = Field(
+        300, gt=0, description="seconds `up` waits for the allocation to start (then gives up)"
+    )
+
+    @field_validator("time_limit", mode="before")
+    @classmethod
+    def _time(cls, v: Any) -> Any:
+        if isinstance(v, int) and not isinstance(v, bool):
+            v = str(v)  # YAML reads `time_limit: 30` as a number: Slurm reads it as minutes
+        if isinstance(v, str) and not SLURM_TIME_RE.fullmatch(v):
+            raise ValueError(
+                "is not a Slurm time limit: use MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS or UNLIMITED"
+            )
+        return v
+
+
+Cluster = Annotated[SshCluster | SlurmCluster, Field(discriminator="kind")]
+
+
 class Model(Strict):
     path: str = Field(description="model directory (or hub id) passed to `vllm serve`")
     served_name: str | None = Field(None, description="--served-model-name")
@@ -257,6 +300,9 @@ class Topology(Strict):
     engine: Engine = Field(Engine.vllm, description="vllm, or sim: ucmctl's simulator, same command line")
     model: Model = Field(description="what every instance serves")
     nodes: dict[str, Node] = Field(min_length=1, description="every machine, by name")
+    cluster: Cluster = Field(
+        default_factory=SshCluster, description="who places the processes: ssh (default) or slurm"
+    )
     storage: Storage | None = Field(None, description="UCM store; omit to run without UCM")
     mooncake: Mooncake | None = Field(None, description="the Mooncake master (p2p mode only)")
     proxy: Proxy | None = Field(None, description="the proxy clients talk to (needed for PD modes)")

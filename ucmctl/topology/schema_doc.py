@@ -34,7 +34,7 @@ def markdown() -> str:
             continue
         seen.add(model)
         out += ["", f"## {title}", ""]
-        doc = (model.__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
+        doc = " ".join((model.__doc__ or "").strip().split("\n\n")[0].split())
         if doc and model is not Topology:
             out += [doc, ""]
         out += ["| key | type | default | meaning |", "| --- | --- | --- | --- |"]
@@ -54,6 +54,8 @@ def _default(value: Any, factory: Any) -> str:
         return ""
     if isinstance(value, Enum):
         value = value.value
+    if isinstance(value, BaseModel):
+        value = value.model_dump(mode="json")
     return f"`{json.dumps(value)}`"
 
 

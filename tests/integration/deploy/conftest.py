@@ -1,8 +1,10 @@
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -53,3 +55,25 @@ nodes:
 {nodes}
 mixed: {{nodes: [{on}], port: {port}}}
 """
+
+
+def write(tmp: Path, text: str) -> Path:
+    """A topology file in the test's folder."""
+    path = tmp / "topology.yaml"
+    path.write_text(text)
+    return path
+
+
+def completion(url: str, prompt: list[int], max_tokens: int = 4) -> dict:
+    """One /v1/completions of the simulator's model, its JSON answer."""
+    body = json.dumps({"model": "sim-model", "prompt": prompt, "max_tokens": max_tokens}).encode()
+    req = urllib.request.Request(
+        f"{url}/v1/completions", data=body, headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.loads(r.read())
+
+
+def metrics(url: str) -> str:
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as r:
+        return r.read().decode()

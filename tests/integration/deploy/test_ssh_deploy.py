@@ -13,30 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.deploy.conftest import Cli, mixed_sim, node_lines
+from tests.integration.deploy.conftest import Cli, completion, metrics, mixed_sim, node_lines, write
 from ucmctl.testing.netns import Cluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
-
-
-def write(tmp: Path, text: str) -> Path:
-    path = tmp / "topology.yaml"
-    path.write_text(text)
-    return path
-
-
-def completion(url: str, prompt: list[int], max_tokens: int = 4) -> dict:
-    body = json.dumps({"model": "sim-model", "prompt": prompt, "max_tokens": max_tokens}).encode()
-    req = urllib.request.Request(
-        f"{url}/v1/completions", data=body, headers={"Content-Type": "application/json"}
-    )
-    with urllib.request.urlopen(req, timeout=30) as r:
-        return json.loads(r.read())
-
-
-def metrics(url: str) -> str:
-    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as r:
-        return r.read().decode()
 
 
 def centralized(c: Cluster, name: str, *, extra_side: str = "", backend: Path | None = None) -> str:

@@ -1,0 +1,179 @@
+"""`ucmctl up / status / logs / down` through a real Slurm (slurmctld, one slurmd per network
+namespace host, munge), on the simulator: each process a job step in one allocation; `down`
+leaves no process and no job, whatever happened before it."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.integration.deploy.conftest import completion, metrics, write
+from tests.integration.launch.conftest import Cli, Site, centralized, queued
+
+pytestmark = [pytest.mark.slow, pytest.mark.root]
+
+
+def external_hits(url: str) -> float:
+    text = metrics(url)
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("vllm:external_prefix_cache_hits_total"))  # fmt: skip
+
+
+def left(site: Site, name: str) -> tuple[list[tuple[str, int]], list[str]]:
+    """What is left of deployment `name`: its marked processes on the hosts, and Slurm's jobs."""
+    return site.hosts.processes_of(name), queued(site)
+
+
+def wait_for(check, timeout: float = 15):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not (value := check()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return value
+
+
+def test_2p2d_as_job_steps_of_one_allocation(tmp_path: Path, site: Site, cli: Cli) -> None:
+    topo = write(tmp_path, centralized(site, "s-2p2d", per_node=2))
+    up = cli("up", str(topo))
+    assert up.returncode == 0, up.stderr
+    assert "deployment s-2p2d is up: 5 processes" in up.stdout
+    record = json.loads((tmp_path / "home" / "deployments" / "s-2p2d.json").read_text())
+    job = record["allocation"]["job_id"]
+    assert record["allocation"]["job_name"] == "ucmctl-s-2p2d" and job in queued(site)
+    # Every process is a step of that job, named after it, on the node the plan gave it.
+    steps = site.slurm.run("squeue", "-h", "-s", "-j", job, "-o", "%j %N").stdout.split("\n")
+    placed = dict(line.split() for line in steps if line.strip() and not line.startswith("batch"))
+    assert {k: v for k, v in placed.items() if not k.startswith("ucmctl-")} == {
+        "prefill-0": "h1", "prefill-1": "h1", "decode-0": "h2", "decode-1": "h2", "proxy": "h1"}  # fmt: skip
+    # ... and runs in its node's network namespace (its servers answer on the node's address).
+    assert {h for h, _ in site.hosts.processes_of("s-2p2d")} == {"h1", "h2"}
+    proxy = f"http://{site.hosts.host('h1').address}:8000"
+    prompt = list(range(1, 161))
+    assert completion(proxy, prompt)["usage"]["completion_tokens"] == 4
+    for _ in range(3):
+        completion(proxy, [*prompt, 7])
+    decoders = [f"http://{site.hosts.host('h2').address}:{p}" for p in (8200, 8201)]
+    assert sum(external_hits(d) for d in decoders) > 0  # KV went through the shared store
+    status = cli("status", "s-2p2d")
+    assert status.returncode == 0, status.stderr
+    assert len(re.findall(r"\bhealthy\b", status.stdout)) == 5, status.stdout
+    assert f"Slurm job {job} (ucmctl-s-2p2d): running" in status.stdout
+    logs = cli("logs", "s-2p2d", "decode-1", "-n", "5")
+    assert logs.returncode == 0 and "decode-1@h2 | " in logs.stdout
+    down = cli("down", "s-2p2d")
+    assert down.returncode == 0, down.stderr
+    assert "5 processes stopped" in down.stdout
+    assert left(site, "s-2p2d") == ([], [])
+    assert site.slurm.job_processes() == []
+
+
+def test_xpyd_and_a_second_up_of_the_same_deployment(tmp_path: Path, site: Site, cli: Cli) -> None:
+    text = centralized(site, "s-xpyd", prefill="h1, h2", decode="h2")
+    topo = write(tmp_path, text)
+    up = cli("up", str(topo))
+    assert up.returncode == 0, up.stderr
+    proxy = f"http://{site.hosts.host('h1').address}:8000"
+    for i in range(6):
+        assert completion(proxy, [i + 1] * 40)["usage"]["completion_tokens"] == 4
+    jobs = queued(site)
+    again = cli("up", str(topo))
+    assert again.returncode == 2 and "already up" in again.stderr
+    assert queued(site) == jobs  # nothing submitted
+    # The record lost: `up` still finds the job by its name before submitting another.
+    (tmp_path / "home" / "deployments" / "s-xpyd.json").unlink()
+    third = cli("up", str(topo))
+    assert third.returncode == 3 and "already runs job" in third.stderr, third.stderr
+    assert queued(site) == jobs
+    down = cli("down", str(topo))  # by the topology: the job is found by its name
+    assert down.returncode == 0, down.stderr
+    assert "4 processes stopped" in down.stdout
+    assert left(site, "s-xpyd") == ([], [])
+
+
+def test_kill_9_of_up_mid_start_then_down_topology_leaves_nothing(
+    tmp_path: Path, site: Site, cli: Cli
+) -> None:
+    # The decode servers take a while to start (a long fake load), so `up` is killed mid-start.
+    text = centralized(site, "s-kill").replace("decode: {nodes: [h2], servers_per_node: 1, port: 8200, "
+                                               "flags: {block-size: 16}}",
+                                               "decode: {nodes: [h2], port: 8200, flags: {block-size: 16, "
+                                               "load-seconds: 60}}")  # fmt: skip
+    topo = write(tmp_path, text)
+    up = cli.popen("up", str(topo))
+    assert wait_for(lambda: len(site.hosts.processes_of("s-kill")) >= 2, 60), "prefill never started"
+    os.kill(up.pid, signal.SIGKILL)
+    up.wait()
+    assert queued(site)  # the allocation outlived its `up`
+    down = cli("down", str(topo))
+    assert down.returncode == 0, down.stderr
+    assert left(site, "s-kill") == ([], [])
+    assert site.slurm.job_processes() == []
+
+
+def test_a_lost_node_is_reported_by_status_and_down_still_cleans_up(
+    tmp_path: Path, site: Site, cli: Cli
+) -> None:
+    topo = write(tmp_path, centralized(site, "s-lost"))
+    assert cli("up", str(topo)).returncode == 0
+    site.slurm.stop_slurmd("h2")
+    try:
+        status = cli("status", "s-lost")
+        assert status.returncode == 0, status.stderr
+        rows = {line.split()[0]: line for line in status.stdout.splitlines() if line.strip()[:1].isalpha()}
+        assert "unreachable" in rows["decode-0"], status.stdout
+        assert "healthy" in rows["prefill-0"], status.stdout
+        down = cli("down", "s-lost", "--grace", "2")
+        assert down.returncode == 1 and "could not stop decode-0 (h2)" in down.stderr, down.stderr
+        assert queued(site)  # kept, and the record with it: a later `down` finds them
+    finally:
+        site.slurm.start_slurmd("h2")
+    down = cli("down", "s-lost")
+    assert down.returncode == 0, down.stderr
+    assert left(site, "s-lost") == ([], [])
+
+
+def test_bad_slurm_input_submits_nothing(tmp_path: Path, site: Site, cli: Cli) -> None:
+    def one_line(done: subprocess.CompletedProcess[str], code: int, text: str) -> None:
+        assert done.returncode == code, done.stderr
+        errors = [line for line in done.stderr.splitlines() if line.startswith("error")]
+        assert len(errors) == 1 and text in errors[0], done.stderr
+        assert queued(site) == []
+
+    no_partition = centralized(site, "s-bad").replace("partition: debug", "partition: nosuch")
+    one_line(cli("up", str(write(tmp_path, no_partition))), 3, "partition 'nosuch' does not exist")
+    unknown = centralized(site, "s-bad").replace("  h2: {", "  h9: {").replace("[h2]", "[h9]")
+    one_line(cli("up", str(write(tmp_path, unknown))), 3, "node h9: Slurm knows no node of that name")
+    bad_time = centralized(site, "s-bad").replace('time_limit: "30:00"', "time_limit: 1h")
+    done = cli("up", str(write(tmp_path, bad_time)))
+    assert done.returncode == 2 and "time_limit" in done.stderr and "1h" in done.stderr, done.stderr
+    assert queued(site) == []
+    no_slurm = Cli(tmp_path / "home", {**cli.env, "PATH": os.path.dirname(sys.executable)})  # /bin has sbatch
+    one_line(no_slurm("up", str(write(tmp_path, centralized(site, "s-bad")))), 3, "`sbatch` is not on")
+
+
+def test_an_allocation_held_too_long_is_cancelled_with_slurms_reason(
+    tmp_path: Path, site: Site, cli: Cli
+) -> None:
+    blocker = site.slurm.run("sbatch", "--parsable", "--exclusive", "-w", "h2", "-o", "/dev/null",
+                             "--wrap", "exec sleep 300").stdout.strip()  # fmt: skip
+    try:
+        assert wait_for(lambda: site.slurm.run("squeue", "-h", "-j", blocker, "-o", "%T").stdout.strip()
+                        == "RUNNING")  # fmt: skip
+        topo = write(tmp_path, centralized(site, "s-held"))  # waits 60 s, unless told otherwise
+        done = cli("up", str(topo), "--wait-allocation", "2")
+        assert done.returncode == 1, done.stderr
+        errors = [line for line in done.stderr.splitlines() if line.startswith("error")]
+        assert len(errors) == 1 and "still pending after 2 s" in errors[0], done.stderr
+        assert re.search(r"\((Resources|Priority|ReqNodeNotAvail[^)]*)\)", errors[0]), errors[0]
+        assert queued(site) == [blocker]  # nothing of ours left queued
+        assert not (tmp_path / "home" / "deployments" / "s-held.json").exists()
+    finally:
+        site.slurm.run("scancel", blocker)
+        wait_for(lambda: queued(site) == [])

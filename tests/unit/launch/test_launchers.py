@@ -1,0 +1,159 @@
+"""The launcher seam without a scheduler: which launcher a plan gets, what a Slurm topology
+may say, the commands the Slurm launcher would run, and records that carry an allocation."""
+
+from __future__ import annotations
+
+import io
+import time
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from ucmctl.deploy.inspect import render_status
+from ucmctl.deploy.state import Record, StateStore
+from ucmctl.errors import UcmctlError
+from ucmctl.launch import Allocation, launcher_for
+from ucmctl.launch.nodes import NodeLauncher
+from ucmctl.launch.slurm import SlurmLauncher, StepExecutor, srun_refusal
+from ucmctl.plan.build import build_plan
+from ucmctl.topology.load import load_topology
+
+SLURM = """
+name: s-unit
+mode: centralized
+engine: sim
+model: {{path: sim-model}}
+cluster: {cluster}
+nodes:
+  gpu-a01: {{host: 10.0.0.11, platform: cpu, workdir: /shared/run}}
+  gpu-a02: {{host: 10.0.0.12, platform: cpu, workdir: /shared/run}}
+prefill: {{nodes: [gpu-a01], port: 8100}}
+decode: {{nodes: [gpu-a02], port: 8200}}
+proxy: {{node: gpu-a01, port: 8000}}
+"""
+
+
+def plan_of(tmp_path: Path, cluster: str = "{kind: slurm, partition: gpu, account: llm, time_limit: 90}"):  # type: ignore[no-untyped-def]
+    path = tmp_path / "t.yaml"
+    path.write_text(SLURM.format(cluster=cluster))
+    return build_plan(load_topology(path))
+
+
+def test_a_slurm_topology_plans_a_slurm_allocation(tmp_path: Path) -> None:
+    plan = plan_of(tmp_path)
+    assert plan.slurm is not None
+    assert (plan.slurm.partition, plan.slurm.account, plan.slurm.time_limit) == ("gpu", "llm", "90")
+    assert plan.slurm.wait_allocation == 300
+    assert plan.slurm.job_name(plan.deployment) == "ucmctl-s-unit"
+    assert {n.transport for n in plan.nodes.values()} == {"slurm"}
+    assert isinstance(launcher_for(plan), SlurmLauncher)
+
+
+def test_without_a_cluster_section_the_nodes_are_reached_over_ssh(tmp_path: Path) -> None:
+    plan = plan_of(tmp_path, "{kind: ssh}")
+    assert plan.slurm is None and {n.transport for n in plan.nodes.values()} == {"ssh"}
+    assert isinstance(launcher_for(plan), NodeLauncher)
+
+
+@pytest.mark.parametrize("limit", ["30", "30:00", "1:00:00", "2-12", "2-12:30", "2-12:30:00", "UNLIMITED"])
+def test_slurm_time_formats_are_accepted(tmp_path: Path, limit: str) -> None:
+    assert plan_of(tmp_path, f'{{kind: slurm, time_limit: "{limit}"}}').slurm.time_limit == limit  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("cluster", "said"),
+    [
+        ('{kind: slurm, time_limit: "1h"}', "time_limit: is not a Slurm time limit"),
+        ('{kind: slurm, time_limit: "1:2:3:4"}', "time_limit: is not a Slurm time limit"),
+        ("{kind: slurm, partition: 'gpu; rm -rf /'}", "cluster.slurm.partition"),
+        ("{kind: pbs}", "cluster"),
+        ("{kind: slurm, wait_allocation: 0}", "wait_allocation"),
+        ("{kind: slurm, nodelist: x}", "nodelist"),
+    ],
+)
+def test_bad_cluster_sections_are_one_line_each(tmp_path: Path, cluster: str, said: str) -> None:
+    path = tmp_path / "t.yaml"
+    path.write_text(SLURM.format(cluster=cluster))
+    with pytest.raises(UcmctlError) as err:
+        load_topology(path)
+    lines = str(err.value).splitlines()
+    assert len(err.value.problems) == 1, lines
+    assert said in str(err.value) and f"{path}:6" in str(err.value), str(err.value)
+
+
+def test_a_local_node_cannot_be_a_slurm_node(tmp_path: Path) -> None:
+    path = tmp_path / "t.yaml"
+    path.write_text(SLURM.format(cluster="{kind: slurm}").replace(
+        "gpu-a01: {host: 10.0.0.11,", "gpu-a01: {host: 127.0.0.1, transport: local,"))  # fmt: skip
+    with pytest.raises(UcmctlError) as err:
+        load_topology(path)
+    assert "a Slurm deployment runs every process as a job step" in str(err.value)
+
+
+def test_steps_run_inside_the_allocation_on_their_node(tmp_path: Path) -> None:
+    plan = plan_of(tmp_path)
+    ex = StepExecutor(plan.nodes["gpu-a02"], "4711")
+    argv = ex.argv("echo hi", name="decode-0")
+    assert argv[:3] == ["srun", "--jobid=4711", "--overlap"]
+    assert "--nodelist=gpu-a02" in argv and "--nodes=1" in argv and "--ntasks=1" in argv
+    assert "--job-name=decode-0" in argv and argv[-3:] == ["/bin/sh", "-c", "echo hi"]
+
+
+def test_without_an_allocation_a_command_is_a_small_job_of_its_own(tmp_path: Path) -> None:
+    plan = plan_of(tmp_path)
+    ex = SlurmLauncher(plan).standalone("gpu-a01")
+    assert isinstance(ex, StepExecutor)
+    argv = ex.argv("rm -rf x")
+    assert "--overlap" not in argv and not any(a.startswith("--jobid") for a in argv)
+    assert {"--partition=gpu", "--account=llm", "--time=10", "--nodelist=gpu-a01"} <= set(argv)
+
+
+@pytest.mark.parametrize(
+    ("stderr", "refused"),
+    [
+        ("srun: error: h2: task 0: Exited with exit code 1\n", None),
+        ("srun: error: h2: task 0: Killed\n", None),
+        ("srun: error: h2: task 0: Terminated\n", None),
+        ("srun: error: Unable to create step for job 12: Invalid job id specified\n",
+         "Unable to create step for job 12: Invalid job id specified"),
+        ("srun: error: Task launch for StepId=12.3 failed on node h2: Communication connection failure\n"
+         "srun: error: Application launch failed: Communication connection failure\n",
+         "Task launch for StepId=12.3 failed on node h2: Communication connection failure"),
+        ("some output of the command\n", None),
+    ],
+)  # fmt: skip
+def test_sruns_own_errors_are_told_from_the_commands_exit(stderr: str, refused: str | None) -> None:
+    assert srun_refusal(stderr) == refused
+
+
+def test_a_record_keeps_its_allocation_and_older_records_still_load(tmp_path: Path) -> None:
+    plan = plan_of(tmp_path)
+    store = StateStore(tmp_path / "home")
+    allocation = Allocation(kind="slurm", job_name="ucmctl-s-unit", job_id="4711")
+    store.save(Record(deployment=plan.deployment, topology_path="t.yaml", topology_digest="d", plan=plan,
+                      allocation=allocation))  # fmt: skip
+    loaded = store.load(plan.deployment)
+    assert loaded is not None and loaded.allocation == allocation
+    raw = store.path(plan.deployment).read_text().replace('"allocation"', '"x"')
+    without = store.path(plan.deployment)
+    without.write_text(raw.replace(',\n "x": {\n  "kind": "slurm",\n  "job_name": "ucmctl-s-unit",\n'
+                                   '  "job_id": "4711"\n }', ""))  # fmt: skip
+    assert store.load(plan.deployment).allocation is None  # type: ignore[union-attr]
+
+
+def test_status_shows_the_schedulers_lines_under_the_table_at_80_columns(tmp_path: Path) -> None:
+    plan = plan_of(tmp_path)
+    record = Record(deployment=plan.deployment, topology_path="t.yaml", topology_digest="d", plan=plan)
+    looks = [("running", "healthy"), ("node unreachable", "?"), ("running", "healthy")]
+    lines = ["Slurm job 4711 (ucmctl-s-unit): running",
+             "node gpu-a02: idle* (slurmd not responding: its processes may be lost)"]  # fmt: skip
+    out = io.StringIO()
+    console = Console(file=out, width=80, color_system=None)
+    for table in render_status(record, looks, time.time(), 80, lines):
+        console.print(table)
+    text = out.getvalue()
+    assert max(len(line) for line in text.splitlines()) <= 80
+    assert "Slurm job 4711 (ucmctl-s-unit): running" in text
+    assert "gpu-a02: idle*" in " ".join(text.split())
+    assert "node unreachable" in text

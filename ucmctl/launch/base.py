@@ -1,0 +1,117 @@
+"""The launcher interface, and what every launcher does the same way.
+
+A launcher gives an `Executor` per node (commands and files there: preflight, staging, the
+node locks, logs) and starts processes. Once started, a process is the same thing under every
+launcher: a process group on its node, its pid in its pidfile, its marker in its environment
+(deploy/lifecycle.py), so looking at it and stopping it go through the node's executor."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+from rich.console import Console
+
+from ucmctl.deploy import lifecycle
+from ucmctl.deploy.executor import Executor, Watch
+from ucmctl.errors import ExitStatus
+from ucmctl.plan.model import Plan, Process
+
+
+class LaunchError(Exception):
+    """The launcher's scheduler refused or failed; the message carries its own words."""
+
+    def __init__(self, message: str, status: ExitStatus = ExitStatus.FAILURE) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class Allocation(BaseModel):
+    """What the scheduler gave a deployment, kept in its record (no secrets: a job id)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["slurm"]
+    job_name: str
+    job_id: str | None = None  # None: submitted, no id read back yet (`down` finds it by name)
+
+
+class Launcher:
+    """Start, look at and stop the Plan's processes. Subclasses give `executor` and may take
+    and give back what the processes run in (`acquire`, `release`)."""
+
+    kind = "nodes"
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self._executors: dict[str, Executor] = {}
+
+    # -- nodes -------------------------------------------------------------------------------
+
+    def _open(self, node: str) -> Executor:
+        raise NotImplementedError
+
+    def executor(self, node: str) -> Executor:
+        """Commands and files on `node`, opened on first use and closed by `close`."""
+        if node not in self._executors:
+            self._executors[node] = self._open(node)
+        return self._executors[node]
+
+    def __getitem__(self, node: str) -> Executor:
+        return self.executor(node)
+
+    def standalone(self, node: str) -> Executor:
+        """Commands on `node` when the deployment is not running (purge, install)."""
+        return self.executor(node)
+
+    def all(self) -> dict[str, Executor]:
+        """The executors of every node that runs a process of the plan."""
+        return {name: self[name] for name in self.plan.nodes if self.plan.on_node(name)}
+
+    def close(self) -> None:
+        for ex in self._executors.values():
+            ex.close()
+
+    # -- what the processes run in -----------------------------------------------------------
+
+    @property
+    def allocation(self) -> Allocation | None:
+        return None
+
+    def preflight(self) -> list[str]:
+        """Problems the launcher itself finds before anything is asked of the scheduler or the
+        nodes (one line each); none for SSH."""
+        return []
+
+    def acquire(
+        self, console: Console, on_submitted: Callable[[Allocation], None], *, wait: float | None = None
+    ) -> None:
+        """Take what the processes need before any node is asked (Slurm: the allocation);
+        `on_submitted` is told what to record before the scheduler is asked, and again when it
+        answered, so a `down` after a crash finds it; `wait` bounds how long it may take (seconds)."""
+
+    def release(self) -> bool:
+        """Give it back once every process is stopped; whether nothing of it is left."""
+        return True
+
+    def view(self) -> list[str]:
+        """The scheduler's view of the deployment for `status`, one line each (none for SSH)."""
+        return []
+
+    # -- processes ---------------------------------------------------------------------------
+
+    def start(self, process: Process) -> lifecycle.Started:
+        return lifecycle.start(self[process.node], process)
+
+    def alive(self, process: Process) -> int | None:
+        return lifecycle.alive(self[process.node], process)
+
+    def watch(self, process: Process) -> Watch:
+        return lifecycle.watch(self[process.node], process)
+
+    def stop(self, process: Process, *, grace: float) -> lifecycle.Stopped:
+        return lifecycle.stop(self[process.node], process, grace=grace)
+
+    def log_tail(self, process: Process, lines: int = 50) -> str:
+        return lifecycle.log_tail(self[process.node], process, lines)
