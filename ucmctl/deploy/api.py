@@ -63,6 +63,7 @@ def deploy_up(
         try:
             _refuse_if_running(store.load(plan.deployment), options)
             _acquire(launcher, topology_path, store, console, options.wait_allocation)
+            plan = launcher.bind(topology) or plan  # Slurm chose the nodes: the plan names them now
             with node_guard(plan, launcher.all()):
                 cleanup = _preflight(plan, launcher, options, console)
                 started = True

@@ -17,6 +17,7 @@ from ucmctl.deploy import lifecycle
 from ucmctl.deploy.executor import Executor, Watch
 from ucmctl.errors import ExitStatus
 from ucmctl.plan.model import Plan, Process
+from ucmctl.topology.model import Topology
 
 
 class LaunchError(Exception):
@@ -35,6 +36,7 @@ class Allocation(BaseModel):
     kind: Literal["slurm"]
     job_name: str
     job_id: str | None = None  # None: submitted, no id read back yet (`down` finds it by name)
+    nodes: dict[str, str] = {}  # node name -> the Slurm node it was bound to (choose_nodes)
 
 
 class Launcher:
@@ -90,6 +92,11 @@ class Launcher:
         """Take what the processes need before any node is asked (Slurm: the allocation);
         `on_submitted` is told what to record before the scheduler is asked, and again when it
         answered, so a `down` after a crash finds it; `wait` bounds how long it may take (seconds)."""
+
+    def bind(self, topology: Topology) -> Plan | None:
+        """The plan bound to what `acquire` got, when that decides where processes run (Slurm
+        choosing the nodes); None when the plan stands as it is."""
+        return None
 
     def release(self) -> bool:
         """Give it back once every process is stopped; whether nothing of it is left."""

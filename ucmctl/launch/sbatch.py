@@ -240,6 +240,10 @@ def render_script(plan: Plan) -> str:
     if plan.slurm is None:
         raise UcmctlError.one(f"deployment '{plan.deployment}' has no Slurm cluster",
                               fix="add `cluster: {kind: slurm, partition: ...}` to the topology")  # fmt: skip
+    if plan.slurm.choose_nodes:  # the addresses in every command line come from the allocation
+        raise UcmctlError.one("`render --slurm` needs the nodes named: with cluster.choose_nodes their "
+                              "addresses are known only once Slurm gives them",
+                              fix="name Slurm's nodes (with `host`), or use `ucmctl up`")  # fmt: skip
     proxy = next((p for p in plan.processes if p.role == "proxy"), None)
     up = f"ucmctl: deployment {plan.deployment} is up: {len(plan.processes)} processes"
     if proxy is not None and proxy.url:

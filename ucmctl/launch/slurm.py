@@ -27,10 +27,12 @@ from ucmctl.deploy.executor import Executor, LocalExecutor, NodeError, Result
 from ucmctl.errors import ExitStatus
 from ucmctl.launch.base import Allocation, Launcher, LaunchError
 from ucmctl.plan.model import NodePlan, Plan, Process, SlurmPlan
+from ucmctl.topology.model import Topology
 
 # Slurm's commands run from a folder every node has: a job inherits the submitter's folder.
 NEUTRAL_DIR = "/tmp"
 _SRUN_ERROR = re.compile(r"^srun: error: (.*)$", re.MULTILINE)
+_NODE_ADDR = re.compile(r"NodeName=(\S+).*?NodeAddr=(\S+)", re.DOTALL)
 _TASK_EXIT = re.compile(r"task \d+: (Exited with exit code|Killed|Terminated)", re.IGNORECASE)
 _GONE = ("", "COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL",
          "DEADLINE", "OUT_OF_MEMORY")  # fmt: skip
@@ -84,7 +86,8 @@ class StepExecutor(LocalExecutor):
 
     def argv(self, command: str, *, name: str = "ucmctl-command") -> list[str]:
         within = [f"--jobid={self.job_id}", "--overlap"] if self.job_id else self.alone
-        return ["srun", *within, f"--nodelist={self.node.name}", "--nodes=1", "--ntasks=1", "--quiet",
+        where = self.node.slurm_node or self.node.name
+        return ["srun", *within, f"--nodelist={where}", "--nodes=1", "--ntasks=1", "--quiet",
                 f"--job-name={name}", "/bin/sh", "-c", command]  # fmt: skip
 
     def run(self, command: str, *, timeout: float = 60) -> Result:
@@ -116,6 +119,7 @@ class SlurmLauncher(Launcher):
         self.spec = plan.slurm
         self._allocation = allocation
         self._steps: list[subprocess.Popen[bytes]] = []
+        self._bound: dict[str, str] = allocation.nodes if allocation is not None else {}
 
     # -- the allocation ----------------------------------------------------------------------
 
@@ -161,6 +165,8 @@ class SlurmLauncher(Launcher):
             if shown.returncode != 0 or not shown.stdout.strip():
                 problems.append(f"Slurm: partition '{self.spec.partition}' does not exist "
                                 "(`sinfo -s` lists them): fix cluster.partition")  # fmt: skip
+        if self.spec.choose_nodes:
+            return problems  # Slurm picks them: no name to check
         names = ",".join(self.plan.nodes)
         shown = slurm("sinfo", "--noheader", "--Node", f"--nodes={names}", "--format=%N")
         known = set(shown.stdout.split()) if shown.returncode == 0 else set()
@@ -181,8 +187,10 @@ class SlurmLauncher(Launcher):
         self._allocation = Allocation(kind="slurm", job_name=self.job_name)
         on_submitted(self._allocation)  # recorded before sbatch: a crash after it leaves a trace
         argv = ["sbatch", "--parsable", f"--job-name={self.job_name}", f"--nodes={len(self.plan.nodes)}",
-                f"--nodelist={','.join(self.plan.nodes)}", "--ntasks-per-node=1", "--exclusive",
-                f"--chdir={NEUTRAL_DIR}", "--output=/dev/null", "--error=/dev/null"]  # fmt: skip
+                "--ntasks-per-node=1", "--exclusive", f"--chdir={NEUTRAL_DIR}", "--output=/dev/null",
+                "--error=/dev/null"]  # fmt: skip
+        if not self.spec.choose_nodes:
+            argv.append(f"--nodelist={','.join(self.plan.nodes)}")
         argv += _placement(self.spec)
         console.print(f"Slurm: submitting {self.job_name} for {len(self.plan.nodes)} nodes ...", markup=False)
         submitted = slurm(*argv, "--wrap=exec sleep infinity")
@@ -192,6 +200,9 @@ class SlurmLauncher(Launcher):
         self._allocation = Allocation(kind="slurm", job_name=self.job_name, job_id=job_id)
         on_submitted(self._allocation)
         self._wait_running(job_id, console, self.spec.wait_allocation if wait is None else wait)
+        if self.spec.choose_nodes:
+            self._allocation = self._allocation.model_copy(update={"nodes": self._binding(job_id)})
+            on_submitted(self._allocation)
 
     def _wait_running(self, job_id: str, console: Console, wait: float) -> None:
         deadline = time.monotonic() + wait
@@ -199,7 +210,9 @@ class SlurmLauncher(Launcher):
         while True:
             state, reason = self.state(job_id)
             if state == "RUNNING":
-                console.print(f"Slurm: job {job_id} runs on {', '.join(self.plan.nodes)}", markup=False)
+                console.print(
+                    f"Slurm: job {job_id} runs on {', '.join(self._job_nodes(job_id))}", markup=False
+                )
                 return
             if state in _GONE:
                 raise SlurmError(f"Slurm job {job_id} ended before it ran ({state or 'gone'}"
@@ -212,6 +225,37 @@ class SlurmLauncher(Launcher):
                 raise SlurmError(f"Slurm job {job_id} still {state.lower()} after {wait:g} s ({reason}); "
                                  "cancelled it")  # fmt: skip
             time.sleep(0.2)
+
+    def _job_nodes(self, job_id: str) -> list[str]:
+        """The nodes of a running job, in Slurm's order."""
+        listed = slurm("squeue", "--noheader", f"--jobs={job_id}", "--format=%N")
+        expanded = slurm("scontrol", "show", "hostnames", listed.stdout.strip())
+        return expanded.stdout.split()
+
+    def _binding(self, job_id: str) -> dict[str, str]:
+        """Plan node -> Slurm node for a job Slurm placed: names in order, both sides sorted, so
+        the same job always binds the same way (a `down` without the record finds them)."""
+        got = sorted(self._job_nodes(job_id))
+        if len(got) != len(self.plan.nodes):
+            raise SlurmError(f"Slurm job {job_id} holds {len(got)} nodes ({', '.join(got)}), "
+                             f"the plan needs {len(self.plan.nodes)}")  # fmt: skip
+        return dict(zip(sorted(self.plan.nodes), got, strict=True))
+
+    def bind(self, topology: Topology) -> Plan | None:
+        if not self.spec.choose_nodes or self._allocation is None:
+            return None
+        from ucmctl.plan.build import build_plan
+
+        shown = slurm("scontrol", "show", "node", ",".join(self._allocation.nodes.values()))
+        address = dict(_NODE_ADDR.findall(shown.stdout))
+        missing = [n for n in self._allocation.nodes.values() if n not in address]
+        if missing:
+            raise SlurmError(f"Slurm did not say the address of node {', '.join(missing)}")
+        self.plan = build_plan(
+            topology, {name: (node, address[node]) for name, node in self._allocation.nodes.items()}
+        )
+        self.spec = self.plan.slurm or self.spec
+        return self.plan
 
     def release(self) -> bool:
         """Cancel the allocation (every job of the deployment's name) and wait until Slurm lists
@@ -250,7 +294,12 @@ class SlurmLauncher(Launcher):
         job = self.job_id()
         if job is None:
             raise NodeError(node, f"no Slurm job named {self.job_name} runs")
-        return StepExecutor(self.plan.nodes[node], job)
+        plan_node = self.plan.nodes[node]
+        if self.spec.choose_nodes and plan_node.slurm_node is None:  # a plan from the topology alone
+            if not self._bound:
+                self._bound = self._binding(job)
+            plan_node = plan_node.model_copy(update={"slurm_node": self._bound[node]})
+        return StepExecutor(plan_node, job)
 
     def standalone(self, node: str) -> Executor:
         return StepExecutor(self.plan.nodes[node], None, self.spec)

@@ -31,9 +31,16 @@ MOONCAKE_MODULE = "ucm_connector.mooncake"
 LOCAL_ADDRESS = "127.0.0.1"
 
 
-def build_plan(t: Topology) -> Plan:
-    """Every process of the deployment, its files, ports, health checks and start order."""
-    nodes = {name: _node_plan(t, name, node) for name, node in t.nodes.items()}
+def build_plan(t: Topology, slurm_nodes: dict[str, tuple[str, str]] | None = None) -> Plan:
+    """Every process of the deployment, its files, ports, health checks and start order.
+
+    `slurm_nodes` binds a topology whose nodes Slurm chooses: node name -> (Slurm's node, its
+    address). Without it such a topology plans with each node's name for its address: a plan
+    to ask Slurm with, whose processes never start."""
+    bound = slurm_nodes or {}
+    t = _bound(t, bound)
+    nodes = {name: _node_plan(t, name, node, bound[name][0] if name in bound else None)
+             for name, node in t.nodes.items()}  # fmt: skip
     processes: list[Process] = []
     master: Process | None = None
     if t.mode is Mode.p2p and t.mooncake is not None:
@@ -61,7 +68,16 @@ def _slurm(t: Topology) -> SlurmPlan | None:
         return None
     c = t.cluster
     return SlurmPlan(partition=c.partition, account=c.account, qos=c.qos, time_limit=c.time_limit,
-                     wait_allocation=c.wait_allocation)  # fmt: skip
+                     wait_allocation=c.wait_allocation, choose_nodes=c.choose_nodes)  # fmt: skip
+
+
+def _bound(t: Topology, bound: dict[str, tuple[str, str]]) -> Topology:
+    """The topology with an address for every node Slurm chose (its own name until bound)."""
+    if all(node.host for node in t.nodes.values()):
+        return t
+    nodes = {name: node if node.host else node.model_copy(update={"host": bound.get(name, (name, name))[1]})
+             for name, node in t.nodes.items()}  # fmt: skip
+    return t.model_copy(update={"nodes": nodes})
 
 
 def _uses_store(t: Topology, side: str) -> bool:
@@ -81,7 +97,7 @@ def _store(t: Topology, processes: list[Process]) -> StorePlan | None:
     )
 
 
-def _node_plan(t: Topology, name: str, node: Node) -> NodePlan:
+def _node_plan(t: Topology, name: str, node: Node, slurm_node: str | None) -> NodePlan:
     workdir = node.workdir or f"/tmp/ucmctl-{node.user}"
     return NodePlan(
         name=name,
@@ -95,6 +111,7 @@ def _node_plan(t: Topology, name: str, node: Node) -> NodePlan:
         python=_python(node),
         run_dir=posixpath.join(workdir, t.name),
         bind=_bind(node),
+        slurm_node=slurm_node,
     )
 
 

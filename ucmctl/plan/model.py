@@ -93,6 +93,7 @@ class NodePlan(Frozen):
     python: str
     run_dir: str
     bind: str  # the address every listener on the node binds (0.0.0.0: every interface)
+    slurm_node: str | None = None  # the Slurm node it was bound to, when Slurm chose it
 
 
 class StorePlan(Frozen):
@@ -117,6 +118,7 @@ class SlurmPlan(Frozen):
     qos: str | None = None
     time_limit: str | None = None
     wait_allocation: float = 300.0  # seconds `up` waits for the allocation to start
+    choose_nodes: bool = False  # Slurm chooses the nodes; the plan's names are bound in name order
 
     def job_name(self, deployment: str) -> str:
         """The allocation's job name: how `down` finds it when the local record is lost."""

@@ -17,6 +17,7 @@ from ucmctl.topology.model import (
     Engine,
     Mode,
     Platform,
+    SlurmCluster,
     Storage,
     Topology,
     Transport,
@@ -82,6 +83,15 @@ def _check_nodes(t: Topology, bad) -> None:
                 f"node name {name!r} is not allowed",
                 "use lowercase letters, digits, '-', '_' or '.'",
             )
+        chosen = isinstance(t.cluster, SlurmCluster) and t.cluster.choose_nodes
+        if chosen and node.host:
+            bad(("nodes", name, "host"), "Slurm chooses this node (cluster.choose_nodes): its address "
+                "comes from Slurm", "remove `host`, or drop choose_nodes and name Slurm's nodes")  # fmt: skip
+        if not chosen and not node.host:
+            bad(("nodes", name), "the node has no `host`",
+                "add `host:` (the address the control machine reaches it at)")  # fmt: skip
+        if not node.host:
+            continue
         if node.host in seen_hosts:
             bad(
                 ("nodes", name, "host"),

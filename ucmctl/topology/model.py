@@ -93,7 +93,11 @@ FlagValue = str | int | float | bool | dict[str, Any] | list[Any]
 class Node(Strict):
     """One machine."""
 
-    host: str = Field(description="address the control machine and the other nodes reach it at")
+    host: str = Field(
+        "",
+        description="address the control machine and the other nodes reach it at (required, but "
+        "on Slurm with `choose_nodes`: then Slurm's address of the node it gives)",
+    )
     transport: Transport = Field(Transport.ssh, description="`local` runs on this machine without SSH")
     user: str = Field("root", pattern=r"^[a-z_][a-z0-9_.-]{0,31}$", description="SSH user")
     port: Port = Field(22, description="SSH port")
@@ -116,7 +120,7 @@ class Node(Strict):
     @field_validator("host")
     @classmethod
     def _host(cls, v: str) -> str:
-        return _host_text(v)
+        return _host_text(v) if v else v  # "": not given (checks.py says where it is needed)
 
     @field_validator("bind")
     @classmethod
@@ -150,6 +154,11 @@ class SlurmCluster(Strict):
     )
     wait_allocation: float = Field(
         300, gt=0, description="seconds `up` waits for the allocation to start (then gives up)"
+    )
+    choose_nodes: bool = Field(
+        False,
+        description="let Slurm choose the nodes: the topology's node names are only names, bound in "
+        "name order to the nodes of the allocation, and their addresses come from Slurm (no `host`)",
     )
 
     @field_validator("time_limit", mode="before")

@@ -177,3 +177,41 @@ def test_an_allocation_held_too_long_is_cancelled_with_slurms_reason(
     finally:
         site.slurm.run("scancel", blocker)
         wait_for(lambda: queued(site) == [])
+
+
+def test_slurm_chooses_the_nodes_and_the_plan_is_bound_to_them(tmp_path: Path, site: Site, cli: Cli) -> None:
+    text = f"""
+name: s-chosen
+mode: centralized
+engine: sim
+model: {{path: sim-model}}
+cluster: {{kind: slurm, partition: debug, choose_nodes: true}}
+nodes:
+  prefill-node: {{platform: cpu, python: {sys.executable}, workdir: {site.hosts.shared / "work"}}}
+  decode-node: {{platform: cpu, python: {sys.executable}, workdir: {site.hosts.shared / "work"}}}
+storage: {{storage_backends: {site.hosts.shared / "s-chosen"}, cache_buffer_capacity_gb: 0.25}}
+prefill: {{nodes: [prefill-node], port: 8100, flags: {{block-size: 16}}}}
+decode: {{nodes: [decode-node], port: 8200, flags: {{block-size: 16}}}}
+proxy: {{node: prefill-node, port: 8000}}
+"""
+    topo = write(tmp_path, text)
+    up = cli("up", str(topo))
+    assert up.returncode == 0, up.stderr
+    record = json.loads((tmp_path / "home" / "deployments" / "s-chosen.json").read_text())
+    # names in order: decode-node < prefill-node, h1 < h2
+    assert record["allocation"]["nodes"] == {"decode-node": "h1", "prefill-node": "h2"}
+    nodes = record["plan"]["nodes"]
+    assert nodes["prefill-node"]["slurm_node"] == "h2"
+    assert nodes["prefill-node"]["host"] == site.hosts.host("h2").address  # Slurm's NodeAddr
+    proxy = next(p["url"] for p in record["plan"]["processes"] if p["role"] == "proxy")
+    assert proxy == f"http://{site.hosts.host('h2').address}:8000"
+    assert completion(proxy, list(range(1, 100)))["usage"]["completion_tokens"] == 4
+    assert {h for h, _ in site.hosts.processes_of("s-chosen")} == {"h1", "h2"}
+    status = cli("status")
+    assert status.returncode == 0 and len(re.findall(r"\bhealthy\b", status.stdout)) == 3, status.stdout
+    # The record lost: `down TOPOLOGY` finds the job by its name and binds the nodes again.
+    (tmp_path / "home" / "deployments" / "s-chosen.json").unlink()
+    down = cli("down", str(topo))
+    assert down.returncode == 0, down.stderr
+    assert "3 processes stopped" in down.stdout
+    assert left(site, "s-chosen") == ([], [])

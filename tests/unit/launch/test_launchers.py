@@ -4,6 +4,7 @@ may say, the commands the Slurm launcher would run, and records that carry an al
 from __future__ import annotations
 
 import io
+import json
 import time
 from pathlib import Path
 
@@ -135,10 +136,9 @@ def test_a_record_keeps_its_allocation_and_older_records_still_load(tmp_path: Pa
                       allocation=allocation))  # fmt: skip
     loaded = store.load(plan.deployment)
     assert loaded is not None and loaded.allocation == allocation
-    raw = store.path(plan.deployment).read_text().replace('"allocation"', '"x"')
-    without = store.path(plan.deployment)
-    without.write_text(raw.replace(',\n "x": {\n  "kind": "slurm",\n  "job_name": "ucmctl-s-unit",\n'
-                                   '  "job_id": "4711"\n }', ""))  # fmt: skip
+    raw = json.loads(store.path(plan.deployment).read_text())
+    del raw["allocation"]  # a record written before launchers had allocations
+    store.path(plan.deployment).write_text(json.dumps(raw))
     assert store.load(plan.deployment).allocation is None  # type: ignore[union-attr]
 
 
@@ -157,3 +157,48 @@ def test_status_shows_the_schedulers_lines_under_the_table_at_80_columns(tmp_pat
     assert "Slurm job 4711 (ucmctl-s-unit): running" in text
     assert "gpu-a02: idle*" in " ".join(text.split())
     assert "node unreachable" in text
+
+
+def test_nodes_slurm_chooses_have_no_host_until_bound(tmp_path: Path) -> None:
+    text = SLURM.format(cluster="{kind: slurm, choose_nodes: true}")
+    path = tmp_path / "t.yaml"
+    path.write_text(text.replace("host: 10.0.0.11, ", "").replace("host: 10.0.0.12, ", ""))
+    topology = load_topology(path)
+    unbound = build_plan(topology)
+    assert unbound.slurm is not None and unbound.slurm.choose_nodes
+    assert {n.slurm_node for n in unbound.nodes.values()} == {None}
+    bound = build_plan(topology, {"gpu-a01": ("n17", "10.1.0.17"), "gpu-a02": ("n03", "10.1.0.3")})
+    assert (bound.nodes["gpu-a01"].slurm_node, bound.nodes["gpu-a01"].host) == ("n17", "10.1.0.17")
+    assert bound.process("proxy").url == "http://10.1.0.17:8000"
+    assert "10.1.0.3" in " ".join(bound.process("decode-0").argv)  # it binds Slurm's address
+    assert StepExecutor(bound.nodes["gpu-a02"], "9").argv("true")[3] == "--nodelist=n03"
+
+
+@pytest.mark.parametrize(
+    ("cluster", "drop_host", "said"),
+    [
+        ("{kind: slurm, choose_nodes: true}", False, "nodes.gpu-a01.host: Slurm chooses this node"),
+        ("{kind: slurm}", True, "nodes.gpu-a01: the node has no `host`"),
+        ("{kind: ssh}", True, "nodes.gpu-a01: the node has no `host`"),
+    ],
+)
+def test_host_is_given_exactly_when_slurm_does_not_choose(
+    tmp_path: Path, cluster: str, drop_host: bool, said: str
+) -> None:
+    text = SLURM.format(cluster=cluster)
+    path = tmp_path / "t.yaml"
+    path.write_text(text.replace("host: 10.0.0.11, ", "") if drop_host else text)
+    with pytest.raises(UcmctlError) as err:
+        load_topology(path)
+    assert said in str(err.value), str(err.value)
+
+
+def test_a_script_cannot_be_rendered_for_nodes_slurm_has_not_chosen_yet(tmp_path: Path) -> None:
+    from ucmctl.launch.sbatch import render_script
+
+    text = SLURM.format(cluster="{kind: slurm, choose_nodes: true}")
+    path = tmp_path / "t.yaml"
+    path.write_text(text.replace("host: 10.0.0.11, ", "").replace("host: 10.0.0.12, ", ""))
+    with pytest.raises(UcmctlError) as err:
+        render_script(build_plan(load_topology(path)))
+    assert "needs the nodes named" in str(err.value)
