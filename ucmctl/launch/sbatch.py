@@ -136,7 +136,7 @@ def _header(plan: Plan) -> list[str]:
         ("job-name", job), ("nodes", str(len(plan.nodes))), ("nodelist", ",".join(plan.nodes)),
         ("ntasks-per-node", "1"), ("exclusive", True), ("output", log_pattern(plan)),
         ("partition", spec.partition), ("account", spec.account), ("qos", spec.qos),
-        ("time", spec.time_limit),
+        ("time", spec.time_limit), ("gres", spec.gres_per_node(plan)),
     ]  # fmt: skip
     lines += [_sbatch(flag, value) for flag, value in flags if value]
     return lines
@@ -175,10 +175,10 @@ def _files(plan: Plan) -> list[str]:
     return lines
 
 
-def _step(process: Process) -> str:
+def _step(process: Process, gres: str | None) -> str:
     """The job step whose task is the process, as the live launcher starts it (launch/slurm.py)."""
-    argv = ["srun", "--overlap", f"--nodelist={process.node}", "--nodes=1", "--ntasks=1",
-            f"--job-name={process.name}", "/bin/sh", "-c"]  # fmt: skip
+    argv = ["srun", "--overlap", *([f"--gres={gres}"] if gres else []), f"--nodelist={process.node}",
+            "--nodes=1", "--ntasks=1", f"--job-name={process.name}", "/bin/sh", "-c"]  # fmt: skip
     spawn = lifecycle.spawn(process, foreground=True)
     return " ".join(shlex.quote(a) for a in [*argv, spawn]) + " </dev/null &"
 
@@ -186,13 +186,14 @@ def _step(process: Process) -> str:
 def _stages(plan: Plan) -> list[str]:
     lines: list[str] = []
     index = {p.name: i for i, p in enumerate(plan.processes)}
+    gres = plan.slurm.gres_per_node(plan) if plan.slurm else None
     for stage in plan.stages():
         names = ", ".join(f"{p.name} on {p.node}" for p in stage)
         said = f"stage {stage[0].stage.name}: starting {names}"
         lines += ["", f"# --- {said}", f"echo {shlex.quote(f'ucmctl: {said}')}"]
         for p in stage:
             i = index[p.name]
-            lines += [_step(p), f"pid_{i}=$! started_{i}=$(date +%s)"]
+            lines += [_step(p, gres), f"pid_{i}=$! started_{i}=$(date +%s)"]
         for p in stage:
             i = index[p.name]
             seconds = str(max(1, round(p.health_timeout)))

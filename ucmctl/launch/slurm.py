@@ -29,6 +29,8 @@ from ucmctl.launch.base import Allocation, Launcher, LaunchError
 from ucmctl.plan.model import NodePlan, Plan, Process, SlurmPlan
 from ucmctl.topology.model import Topology
 
+# What a step takes from this machine's environment (as an SSH login would have its own).
+STEP_ENVIRONMENT = "PATH,HOME,USER,LOGNAME,LANG,LC_ALL,TZ"
 # Slurm's commands run from a folder every node has: a job inherits the submitter's folder.
 NEUTRAL_DIR = "/tmp"
 _SRUN_ERROR = re.compile(r"^srun: error: (.*)$", re.MULTILINE)
@@ -78,17 +80,24 @@ class StepExecutor(LocalExecutor):
     """A node of a running allocation: each command is a job step on it (`srun --overlap`, so
     it shares the node with the processes). A step Slurm cannot start is a NodeError."""
 
-    def __init__(self, node: NodePlan, job_id: str | None, spec: SlurmPlan | None = None) -> None:
+    def __init__(
+        self, node: NodePlan, job_id: str | None, spec: SlurmPlan | None = None, gres: str | None = None
+    ) -> None:
         super().__init__(node)
         self.job_id = job_id
         # Without a job: each command is a small job of its own (purge, install after `down`).
         self.alone = [] if job_id else _placement(spec, time_limit="10")
+        # Every step sees the job's accelerators (with ConstrainDevices, a step sees only its own
+        # GRES); the steps overlap, so they share them, and each process picks its own by index.
+        self.gres = [f"--gres={gres}"] if gres and job_id else []
 
     def argv(self, command: str, *, name: str = "ucmctl-command") -> list[str]:
-        within = [f"--jobid={self.job_id}", "--overlap"] if self.job_id else self.alone
+        within = [f"--jobid={self.job_id}", "--overlap", *self.gres] if self.job_id else self.alone
+        # Only these of this machine's environment reach the node (Slurm would pass all of it, the
+        # secrets of whoever runs ucmctl included); the launch script sets the process's own.
         where = self.node.slurm_node or self.node.name
         return ["srun", *within, f"--nodelist={where}", "--nodes=1", "--ntasks=1", "--quiet",
-                f"--job-name={name}", "/bin/sh", "-c", command]  # fmt: skip
+                f"--export={STEP_ENVIRONMENT}", f"--job-name={name}", "/bin/sh", "-c", command]  # fmt: skip
 
     def run(self, command: str, *, timeout: float = 60) -> Result:
         try:
@@ -186,11 +195,15 @@ class SlurmLauncher(Launcher):
                              ExitStatus.NOT_READY)  # fmt: skip
         self._allocation = Allocation(kind="slurm", job_name=self.job_name)
         on_submitted(self._allocation)  # recorded before sbatch: a crash after it leaves a trace
+        # The holder only sleeps: it takes none of this machine's environment (--export=NONE).
         argv = ["sbatch", "--parsable", f"--job-name={self.job_name}", f"--nodes={len(self.plan.nodes)}",
                 "--ntasks-per-node=1", "--exclusive", f"--chdir={NEUTRAL_DIR}", "--output=/dev/null",
-                "--error=/dev/null"]  # fmt: skip
+                "--error=/dev/null", "--export=NONE"]  # fmt: skip
         if not self.spec.choose_nodes:
             argv.append(f"--nodelist={','.join(self.plan.nodes)}")
+        gres = self.spec.gres_per_node(self.plan)
+        if gres:
+            argv.append(f"--gres={gres}")
         argv += _placement(self.spec)
         console.print(f"Slurm: submitting {self.job_name} for {len(self.plan.nodes)} nodes ...", markup=False)
         submitted = slurm(*argv, "--wrap=exec sleep infinity")
@@ -299,7 +312,7 @@ class SlurmLauncher(Launcher):
             if not self._bound:
                 self._bound = self._binding(job)
             plan_node = plan_node.model_copy(update={"slurm_node": self._bound[node]})
-        return StepExecutor(plan_node, job)
+        return StepExecutor(plan_node, job, gres=self.spec.gres_per_node(self.plan))
 
     def standalone(self, node: str) -> Executor:
         return StepExecutor(self.plan.nodes[node], None, self.spec)

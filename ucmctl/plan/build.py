@@ -68,7 +68,7 @@ def _slurm(t: Topology) -> SlurmPlan | None:
         return None
     c = t.cluster
     return SlurmPlan(partition=c.partition, account=c.account, qos=c.qos, time_limit=c.time_limit,
-                     wait_allocation=c.wait_allocation, choose_nodes=c.choose_nodes)  # fmt: skip
+                     wait_allocation=c.wait_allocation, choose_nodes=c.choose_nodes, gres=c.gres)  # fmt: skip
 
 
 def _bound(t: Topology, bound: dict[str, tuple[str, str]]) -> Topology:

@@ -119,6 +119,15 @@ class SlurmPlan(Frozen):
     time_limit: str | None = None
     wait_allocation: float = 300.0  # seconds `up` waits for the allocation to start
     choose_nodes: bool = False  # Slurm chooses the nodes; the plan's names are bound in name order
+    gres: str | None = None  # the accelerators as Slurm GRES ("gpu"): asked per node, given to each step
+
+    def gres_per_node(self, plan: Plan) -> str | None:
+        """`--gres` for the allocation and its steps: as many per node as the plan's processes
+        use on the busiest node (device indices count from 0 within the job's)."""
+        if self.gres is None:
+            return None
+        used = max((max(p.devices) + 1 for p in plan.processes if p.devices), default=0)
+        return f"{self.gres}:{used}" if used else None
 
     def job_name(self, deployment: str) -> str:
         """The allocation's job name: how `down` finds it when the local record is lost."""

@@ -24,6 +24,14 @@ def carries_marker(pid: int, text: bytes) -> bool:
     return False
 
 
+def environ(pid: int) -> dict[str, str]:
+    """A process's environment ({} once it is gone)."""
+    with contextlib.suppress(OSError):
+        raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        return dict(e.decode(errors="replace").split("=", 1) for e in raw if b"=" in e)
+    return {}
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -190,15 +190,23 @@ class Slurm:
         return sorted(stepds | set(self.job_processes()))
 
 
-def _config(base: Path, hosts: list[netns.Host], subnet: str, ctld_port: int) -> str:
+# `gpus=N` makes N of the machine's virtual consoles (/dev/tty10...) each node's "GPUs": Slurm
+# needs a device file per GPU to count, allocate and number them (CUDA_VISIBLE_DEVICES); nothing
+# opens them.
+FAKE_GPU_TTY = 10
+
+
+def _config(base: Path, hosts: list[netns.Host], subnet: str, ctld_port: int, gpus: int = 0) -> str:
     """slurm.conf. Timeouts are short so a lost node shows quickly (MessageTimeout bounds how long
     srun tries a dead slurmd: ~3 s at 2, ~6 s at 5) and a cancelled job is gone fast; CPUs=2 per
     node so steps of one allocation can overlap; batch_sched_delay=0 starts an sbatch job within
     ~1 s instead of ~3 s."""
     tag = base.name.rsplit("-", 1)[-1]
+    gres = f" Gres=gpu:{gpus}" if gpus else ""
     nodes = "".join(f"NodeName={h.name} NodeHostname={h.name} NodeAddr={h.address} CPUs=2 "
-                    "RealMemory=4000 State=UNKNOWN\n" for h in hosts)  # fmt: skip
+                    f"RealMemory=4000{gres} State=UNKNOWN\n" for h in hosts)  # fmt: skip
     return f"""\
+{"GresTypes=gpu" if gpus else ""}
 ClusterName=ucm{tag}
 SlurmctldHost={socket.gethostname()}({subnet}.1)
 SlurmctldPort={ctld_port}
@@ -261,7 +269,7 @@ def _wait_for(path: Path, proc: subprocess.Popen[bytes], timeout: float = 15) ->
 
 
 @contextlib.contextmanager
-def slurm_cluster(hosts: netns.Cluster, nodes: list[str] | None = None) -> Iterator[Slurm]:
+def slurm_cluster(hosts: netns.Cluster, nodes: list[str] | None = None, gpus: int = 0) -> Iterator[Slurm]:
     """slurmd on `nodes` (default: every host), ready when every node is idle."""
     chosen = [hosts.host(n) for n in nodes] if nodes is not None else list(hosts.hosts)
     base = hosts.base / f"slurm-{uuid.uuid4().hex[:6]}"
@@ -269,7 +277,9 @@ def slurm_cluster(hosts: netns.Cluster, nodes: list[str] | None = None) -> Itera
         (base / sub).mkdir(parents=True)
     conf = base / "slurm.conf"
     ctld_port = random.randrange(20000, 60000, 2)  # and the next one for slurmd
-    conf.write_text(_config(base, chosen, hosts.subnet, ctld_port))
+    conf.write_text(_config(base, chosen, hosts.subnet, ctld_port, gpus))
+    if gpus:  # a stand-in for GPUs (there are none here): Slurm counts and binds these devices
+        (base / "gres.conf").write_text(f"Name=gpu File=/dev/tty[{FAKE_GPU_TTY}-{FAKE_GPU_TTY + gpus - 1}]\n")
     (base / "cgroup.conf").write_text(CGROUP_CONF)
     key = base / "munge.key"
     key.write_bytes(os.urandom(1024))
@@ -340,12 +350,12 @@ def _remove_cgroups(s: Slurm) -> None:
 
 
 @contextlib.contextmanager
-def slurm_or_skip(hosts: netns.Cluster, nodes: list[str] | None = None) -> Iterator[Slurm]:
+def slurm_or_skip(hosts: netns.Cluster, nodes: list[str] | None = None, gpus: int = 0) -> Iterator[Slurm]:
     """`slurm_cluster(...)` for a test, which is skipped where Slurm cannot run."""
     import pytest
 
     reason = available()
     if reason:
         pytest.skip(f"needs a Slurm cluster: {reason}")
-    with slurm_cluster(hosts, nodes) as s:
+    with slurm_cluster(hosts, nodes, gpus) as s:
         yield s

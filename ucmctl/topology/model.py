@@ -155,6 +155,13 @@ class SlurmCluster(Strict):
     wait_allocation: float = Field(
         300, gt=0, description="seconds `up` waits for the allocation to start (then gives up)"
     )
+    gres: str | None = Field(
+        None,
+        pattern=r"^[a-z][a-z0-9_]*(:[A-Za-z0-9_.-]+)?$",
+        description="the accelerators as Slurm GRES (`gpu`, `gpu:a100`): the allocation asks for as many "
+        "per node as the plan uses, every step gets them, and each process's device indices count "
+        "within the ones Slurm gave the job",
+    )
     choose_nodes: bool = Field(
         False,
         description="let Slurm choose the nodes: the topology's node names are only names, bound in "

@@ -99,6 +99,8 @@ def test_steps_run_inside_the_allocation_on_their_node(tmp_path: Path) -> None:
     assert argv[:3] == ["srun", "--jobid=4711", "--overlap"]
     assert "--nodelist=gpu-a02" in argv and "--nodes=1" in argv and "--ntasks=1" in argv
     assert "--job-name=decode-0" in argv and argv[-3:] == ["/bin/sh", "-c", "echo hi"]
+    # only a login's worth of this machine's environment reaches the node, no tokens
+    assert "--export=PATH,HOME,USER,LOGNAME,LANG,LC_ALL,TZ" in argv
 
 
 def test_without_an_allocation_a_command_is_a_small_job_of_its_own(tmp_path: Path) -> None:
