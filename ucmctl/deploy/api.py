@@ -59,23 +59,29 @@ def deploy_up(
     with store.lock(plan.deployment, "up"):
         launcher = launcher_for(plan, connect_timeout=options.connect_timeout,
                                 accept_new_host_keys=options.accept_new_host_keys)  # fmt: skip
-        started = False  # once processes start, _stage_and_start answers for them and the record
         try:
             _refuse_if_running(store.load(plan.deployment), options)
-            _acquire(launcher, topology_path, store, console, options.wait_allocation)
-            plan = launcher.bind(topology) or plan  # Slurm chose the nodes: the plan names them now
-            with node_guard(plan, launcher.all()):
-                cleanup = _preflight(plan, launcher, options, console)
-                started = True
-                return _stage_and_start(topology_path, plan, launcher, cleanup, options, console, store)
+            try:
+                _acquire(launcher, topology_path, store, console, options.wait_allocation)
+                plan = launcher.bind(topology) or plan  # Slurm chose the nodes: the plan names them now
+                with node_guard(plan, launcher.all()):
+                    cleanup = _preflight(plan, launcher, options, console)
+                    return _stage_and_start(topology_path, plan, launcher, cleanup, options, console, store)
+            except BaseException:
+                held = launcher.allocation is not None  # and nothing started: nothing left queued
+                if held and not _started_any(store.load(plan.deployment)):  # else the record answers
+                    _give_back(launcher, store, console)
+                raise
         except NodeError as exc:
             raise UcmctlError.one(str(exc), status=ExitStatus.FAILURE) from None
         except LaunchError as exc:
             raise UcmctlError.one(str(exc), status=exc.status) from None
         finally:
-            if not started and launcher.allocation is not None:
-                _give_back(launcher, store, console)  # nothing started: nothing left queued
             launcher.close()
+
+
+def _started_any(record: Record | None) -> bool:
+    return record is not None and any(p.pgid is not None for p in record.processes.values())
 
 
 def _acquire(

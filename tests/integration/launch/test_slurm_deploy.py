@@ -215,3 +215,12 @@ proxy: {{node: prefill-node, port: 8000}}
     assert down.returncode == 0, down.stderr
     assert "3 processes stopped" in down.stdout
     assert left(site, "s-chosen") == ([], [])
+
+
+def test_nodes_failing_preflight_give_the_allocation_back(tmp_path: Path, site: Site, cli: Cli) -> None:
+    text = centralized(site, "s-pre").replace(f"python: {sys.executable}", "python: /nonexistent/python3", 1)
+    done = cli("up", str(write(tmp_path, text)))
+    assert done.returncode == 3, done.stderr
+    assert "node h1" in done.stderr and "python" in done.stderr.lower(), done.stderr
+    assert queued(site) == []  # submitted, then cancelled: nothing left queued
+    assert not (tmp_path / "home" / "deployments" / "s-pre.json").exists()
