@@ -224,3 +224,15 @@ def test_nodes_failing_preflight_give_the_allocation_back(tmp_path: Path, site: 
     assert "node h1" in done.stderr and "python" in done.stderr.lower(), done.stderr
     assert queued(site) == []  # submitted, then cancelled: nothing left queued
     assert not (tmp_path / "home" / "deployments" / "s-pre.json").exists()
+
+
+def test_a_job_slurm_refuses_is_one_line_with_slurms_reason(tmp_path: Path, site: Site, cli: Cli) -> None:
+    # This cluster has no GRES: an allocation asking for GPUs is refused by sbatch itself.
+    text = centralized(site, "s-refused", cluster=", gres: gpu").replace("platform: cpu", "platform: cuda")
+    done = cli("up", str(write(tmp_path, text)))
+    assert done.returncode == 1, done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error")]
+    assert len(errors) == 1 and "sbatch refused the allocation" in errors[0], done.stderr
+    assert "gres" in errors[0].lower(), errors[0]  # Slurm's own words
+    assert queued(site) == []
+    assert not (tmp_path / "home" / "deployments" / "s-refused.json").exists()
