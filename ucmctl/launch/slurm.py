@@ -149,7 +149,7 @@ class SlurmLauncher(Launcher):
         return found[0] if found else None
 
     def jobs(self) -> list[str]:
-        """Ids of this deployment's jobs that Slurm still lists (any state), oldest first."""
+        """Ids of this deployment's jobs Slurm still holds (pending, running, completing), oldest first."""
         listed = slurm("squeue", "--me", "--noheader", f"--name={self.job_name}", "--format=%i")
         if listed.returncode != 0:
             raise SlurmError(f"squeue failed: {_last_line(listed.stderr)}")
