@@ -27,7 +27,7 @@ def hosts() -> Iterator[Cluster]:
 
 
 def topology(c: Cluster, model: Path) -> str:
-    env = '{VLLM_CPU_KVCACHE_SPACE: "1", HF_HUB_OFFLINE: "1", TRANSFORMERS_OFFLINE: "1"}'
+    env = 'VLLM_CPU_KVCACHE_SPACE: "1", HF_HUB_OFFLINE: "1", TRANSFORMERS_OFFLINE: "1"'
     flags = "{max-model-len: 2048, block-size: 128, max-num-seqs: 4}"
     line = "  {n}: {{host: {addr}, key: {key}, platform: cpu, devices: 0, python: {py}}}"
     nodes = "\n".join(
@@ -40,8 +40,8 @@ model: {{path: {model}, served_name: m, dtype: bfloat16, hash_seed: 0}}
 nodes:
 {nodes}
 storage: {{storage_backends: {c.shared / "store"}, cache_buffer_capacity_gb: 0.25}}
-prefill: {{nodes: [h1], port: 8100, env: {env}, flags: {flags}}}
-decode: {{nodes: [h2], port: 8200, env: {env}, flags: {flags}}}
+prefill: {{nodes: [h1], port: 8100, env: {{{env}, VLLM_CPU_OMP_THREADS_BIND: "0"}}, flags: {flags}}}
+decode: {{nodes: [h2], port: 8200, env: {{{env}, VLLM_CPU_OMP_THREADS_BIND: "1"}}, flags: {flags}}}
 proxy: {{node: h1, port: 8000}}
 """
 

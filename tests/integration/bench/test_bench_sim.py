@@ -49,7 +49,8 @@ def test_phases_exact_lengths_and_local_hit_rate(tmp_path: Path) -> None:
     # the deltas cover the phases exactly: the server saw nothing else
     assert metric(text, "vllm:prefix_cache_queries_total") == 8 * 800 + 8 * 1000
     assert 0 < mea["mean_ttft_ms"] < mea["mean_e2el_ms"]
-    assert mea["mean_tpot_ms"] == pytest.approx(2.0, abs=1.5)  # one 2 ms decode step per token
+    # one 2 ms decode step per token: never faster; slower by what the client adds under load
+    assert 1.8 <= mea["mean_tpot_ms"] < 10.0
 
 
 def test_reset_hbm_leaves_only_the_store_to_hit(tmp_path: Path) -> None:
