@@ -89,13 +89,8 @@ def server_env(cache_root: Path, tmpdir: Path, kv_gib: int = 2) -> dict[str, str
 
 
 def start_together(*servers: VllmServer) -> None:
-    """Start every server, then wait for all of them at once (their loads overlap). Each gets a
-    core of its own unless its env names one: vLLM's own CPU binding puts every server on the
-    same core, and two servers sharing it take twice as long for everything."""
-    cpus = os.cpu_count() or 1
-    for i, s in enumerate(servers):
-        if len(servers) > 1:
-            s.env.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(i % cpus))
+    """Start every server, then wait for all of them at once (their loads overlap)."""
+    for s in servers:
         s.start()
     with ThreadPoolExecutor(len(servers)) as pool:
         list(pool.map(lambda s: s.wait_ready(), servers))
