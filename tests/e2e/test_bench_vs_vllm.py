@@ -29,6 +29,7 @@ def server(
         tiny_model,
         log,
         compile_cache,
+        eager=True,
         dtype="bfloat16",
         max_model_len=2048,
         extra_args=["--no-enable-prefix-caching", "--max-num-seqs", str(CONCURRENCY)],

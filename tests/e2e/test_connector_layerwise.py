@@ -24,7 +24,12 @@ def layerwise(e2e_root: Path, tiny_model: Path, compile_cache: Path) -> Iterator
     storage.mkdir(parents=True)
     cfg = write_ucm_config(root / "ucm.yaml", storage, layerwise=True)
     server = VllmServer(
-        model=tiny_model, log_path=root / "l.log", cache_root=compile_cache, ucm_config=cfg, dtype="float32"
+        eager=True,
+        model=tiny_model,
+        log_path=root / "l.log",
+        cache_root=compile_cache,
+        ucm_config=cfg,
+        dtype="float32",
     )
     try:
         yield server.start().wait_ready(), storage

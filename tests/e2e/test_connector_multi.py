@@ -48,11 +48,17 @@ class Composed:
             },
         }
         self.a = VllmServer(
+            eager=True,
             model=model, log_path=root / "multi.log", cache_root=cache, dtype="float32",
             extra_args=["--kv-transfer-config", json.dumps(multi)],
         )  # fmt: skip
         self.b = VllmServer(
-            model=model, log_path=root / "plain.log", cache_root=cache, ucm_config=ucm, dtype="float32"
+            eager=True,
+            model=model,
+            log_path=root / "plain.log",
+            cache_root=cache,
+            ucm_config=ucm,
+            dtype="float32",
         )
 
     def start(self) -> Composed:

@@ -69,6 +69,7 @@ class Pair:
 
     def _server(self, name: str) -> VllmServer:
         return VllmServer(
+            eager=True,
             model=self.model,
             log_path=self.root / f"{name}.log",
             cache_root=self.cache,

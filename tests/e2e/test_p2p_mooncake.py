@@ -94,12 +94,14 @@ class P2P:
         # worker sharing it with the other server's spinning threads starves its Mooncake receiver
         # thread for minutes. One core each, as two machines would have.
         self.prefill = VllmServer(
+            eager=True,
             model=model, log_path=root / "prefill.log", cache_root=cache, dtype="float32",
             extra_args=["--kv-transfer-config", json.dumps(prefill_cfg)],
             env={**env, "VLLM_MOONCAKE_BOOTSTRAP_PORT": str(self.bootstrap_port),
                  "VLLM_CPU_OMP_THREADS_BIND": cpu(0)},
         )  # fmt: skip
         self.decode = VllmServer(
+            eager=True,
             model=model, log_path=root / "decode.log", cache_root=cache, dtype="float32",
             extra_args=["--kv-transfer-config", json.dumps(mooncake("kv_consumer", module=False))],
             env={**env, "VLLM_CPU_OMP_THREADS_BIND": cpu(1)},

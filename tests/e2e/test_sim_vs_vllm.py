@@ -40,7 +40,7 @@ def conformance(url: str) -> None:
 def test_protocol_assertions_hold_on_real_vllm_and_the_simulator(tmp_path: Path, tiny_model: Path,
                                                                   compile_cache: Path) -> None:  # fmt: skip
     server = VllmServer(model=tiny_model, log_path=tmp_path / "vllm.log", cache_root=compile_cache,
-                        max_model_len=2048, extra_args=["--block-size", "128"])  # fmt: skip
+                        max_model_len=2048, extra_args=["--block-size", "128"], eager=True)  # fmt: skip
     try:
         server.start().wait_ready(600)
         conformance(server.url)

@@ -27,8 +27,12 @@ def site() -> Iterator[tuple[Any, Slurm]]:
 
 
 def topology(hosts: Any, model: Path) -> str:
-    flags = "{max-model-len: 2048, block-size: 128, max-num-seqs: 4}"
-    env = 'VLLM_CPU_KVCACHE_SPACE: "1", HF_HUB_OFFLINE: "1", TRANSFORMERS_OFFLINE: "1"'
+    # eager, as VllmServer.eager says why
+    flags = "{max-model-len: 2048, block-size: 128, max-num-seqs: 4, enforce-eager: true}"
+    env = (
+        'VLLM_CPU_KVCACHE_SPACE: "1", HF_HUB_OFFLINE: "1", TRANSFORMERS_OFFLINE: "1", '
+        'TORCHDYNAMO_DISABLE: "1"'
+    )
     line = "  {n}: {{host: {addr}, platform: cpu, devices: 0, python: {py}, workdir: {work}}}"
     work = hosts.shared / "work"
     nodes = "\n".join(line.format(n=n, addr=hosts.host(n).address, py=sys.executable, work=work)

@@ -27,8 +27,12 @@ def hosts() -> Iterator[Cluster]:
 
 
 def topology(c: Cluster, model: Path) -> str:
-    env = 'VLLM_CPU_KVCACHE_SPACE: "1", HF_HUB_OFFLINE: "1", TRANSFORMERS_OFFLINE: "1"'
-    flags = "{max-model-len: 2048, block-size: 128, max-num-seqs: 4}"
+    env = (
+        'VLLM_CPU_KVCACHE_SPACE: "1", HF_HUB_OFFLINE: "1", TRANSFORMERS_OFFLINE: "1", '
+        'TORCHDYNAMO_DISABLE: "1"'
+    )
+    # eager, as VllmServer.eager says why
+    flags = "{max-model-len: 2048, block-size: 128, max-num-seqs: 4, enforce-eager: true}"
     line = "  {n}: {{host: {addr}, key: {key}, platform: cpu, devices: 0, python: {py}}}"
     nodes = "\n".join(
         line.format(n=n, addr=c.host(n).address, key=c.key, py=sys.executable) for n in ("h1", "h2")

@@ -40,8 +40,8 @@ def topology(c: Cluster, model: Path, name: str, h1_env: str = "") -> str:
     cpus = sorted(os.sched_getaffinity(0))
     env = ('{{VLLM_CPU_KVCACHE_SPACE: "1", HF_HUB_OFFLINE: "1", TRANSFORMERS_OFFLINE: "1", '
            'VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT: "20", VLLM_MOONCAKE_CONNECTOR_TIMEOUT: "15", '
-           'VLLM_CPU_OMP_THREADS_BIND: "{cpu}"}}')  # fmt: skip
-    flags = "{max-model-len: 2048, block-size: 128, max-num-seqs: 4}"
+           'TORCHDYNAMO_DISABLE: "1", VLLM_CPU_OMP_THREADS_BIND: "{cpu}"}}')  # fmt: skip
+    flags = "{max-model-len: 2048, block-size: 128, max-num-seqs: 4, enforce-eager: true}"  # VllmServer.eager
     line = ("  {n}: {{host: {addr}, key: {key}, platform: cpu, devices: 0, python: {py}, "
             "env: {{PYTHONPATH: {shim}{extra}}}}}")  # fmt: skip
     nodes = "\n".join(

@@ -30,6 +30,7 @@ from ucmctl.ucm_config import parse_ucm_config
 
 VENV_BIN = Path(sys.executable).parent
 HASH_SEED = "0"
+EAGER_ENV = {"TORCHDYNAMO_DISABLE": "1"}  # with --enforce-eager: see VllmServer.eager
 
 
 def free_port() -> int:
@@ -108,6 +109,12 @@ class VllmServer:
     max_model_len: int = 8192
     extra_args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)  # on top of server_env()
+    # Eager: `--enforce-eager` and no torch.compile at all (TORCHDYNAMO_DISABLE). The CPU build
+    # compiles without Inductor (no speed to gain) and vLLM 0.32 cannot load its own AOT cache
+    # here ("'function' object has no attribute 'finalize_loading'"), so every compiled start
+    # pays Dynamo again: measured on the tiny model, 69-90 s to healthy compiled, 45 s eager;
+    # eager with Dynamo left on pays ~18 s of lazy compiles on its first request instead.
+    eager: bool = False
     port: int = 0
     proc: subprocess.Popen | None = None
     tmpdir: Path | None = None
@@ -137,6 +144,8 @@ class VllmServer:
             "m",
             *self.extra_args,
         ]
+        if self.eager:
+            args.append("--enforce-eager")
         if self.ucm_config is not None:
             args += ["--kv-transfer-config", kv_transfer_config(self.ucm_config)]
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child process
@@ -145,7 +154,7 @@ class VllmServer:
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env={**server_env(self.cache_root, self.tmpdir), **self.env},
+            env={**server_env(self.cache_root, self.tmpdir), **(EAGER_ENV if self.eager else {}), **self.env},
             start_new_session=True,
         )
         log.close()

@@ -86,21 +86,21 @@ def test_a_process_that_fails_health_ends_the_job_which_names_it(tmp_path: Path,
     # the simulator refuses a block size of 0: decode exits at once, its step ends
     text = centralized(site, "b-bad", decode_flags="{block-size: 0}")
     topo, job, output = render_and_submit(site, tmp_path, text)
-    states: list[str] = []
 
-    def ended() -> bool:
+    def final_state() -> str:
+        """The job's state once Slurm is done with it ("" while it is still pending, running or
+        completing: a job leaves `queued` while squeue may still say COMPLETING)."""
         state = site.slurm.run("squeue", "-h", "-j", job, "--states=all", "-o", "%T").stdout.strip()
-        if state:
-            states.append(state)
-        return job not in queued(site)
+        return "" if state in ("", "PENDING", "CONFIGURING", "RUNNING", "COMPLETING") else state
 
     try:
-        assert wait_for(ended, UP_TIMEOUT), f"job {job} still runs: {text_of(output)}"
+        still = f"job {job} still runs: {text_of(output)}"
+        assert wait_for(lambda: job not in queued(site), UP_TIMEOUT), still
         said = text_of(output)
         assert "ucmctl: decode-0 on h2 failed: its job step ended before it became healthy" in said, said
         assert "last lines of" in said and "block-size" in said.split("last lines of", 1)[1], said
         assert "is up" not in said
-        assert states and states[-1] in ("CANCELLED", "FAILED"), states  # not COMPLETED
+        assert wait_for(final_state, 30) in ("CANCELLED", "FAILED"), final_state()  # not COMPLETED
     finally:
         if job in queued(site):
             site.slurm.run("scancel", job)
