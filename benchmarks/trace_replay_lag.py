@@ -9,9 +9,13 @@ prompt seed each run, so nothing hits the previous run's cache). Each run prints
 (p50 / p99 / max, from the saved JSON's `send_lag_ms`) and, as the reference measured in the same
 run, the trace's own mean inter-arrival time (10 ms at 100 requests/s): lag p99 / inter-arrival.
 
-Before each replay a bare asyncio process (no HTTP, no bodies: `BARE` below) waits for the same
-timestamps the way the harness does (sleep to 1.5 ms before each, then yield) and records how late
-it woke: the machine's own scheduling noise at that moment, printed next to the replay's lag.
+Before each replay a bare asyncio process (no HTTP, no bodies: `BARE` below, on the harness's
+event loop) waits for the same timestamps the way the harness does (sleep to 1.5 ms before each,
+then yield) and records how late it woke: the machine's own scheduling noise at that moment,
+printed next to the replay's lag, with the share of CPU time the hypervisor stole from this
+machine during the replay (/proc/stat's steal: a virtual machine's noise no client can avoid).
+`--loop asyncio` replays on asyncio's own loop (and the bare process too) instead of uvloop, for
+comparison.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from ucmctl.bench import loop
 from ucmctl.testing import bench_cli
 from ucmctl.testing.processes import sim_server
 
@@ -56,16 +61,30 @@ async def main():
     a = np.asarray(lags) * 1000
     p50, p99 = np.percentile(a, [50, 99])
     print(json.dumps({"p50": float(p50), "p99": float(p99), "max": float(a.max())}))
-asyncio.run(main())
+from ucmctl.bench import loop  # the harness's own choice of loop
+loop.run(main())
 """
 
 
 def bare_loop(trace: Path) -> dict:
     """How late a bare asyncio loop wakes for the trace's timestamps (ms p50/p99/max)."""
     done = subprocess.run(
-        [sys.executable, "-c", BARE, str(trace)], capture_output=True, text=True, check=True
+        [sys.executable, "-c", BARE, str(trace)], capture_output=True, text=True, check=True, cwd=REPO
     )
     return json.loads(done.stdout)
+
+
+def cpu_times() -> list[int]:
+    """This machine's CPU time so far (/proc/stat's `cpu` line: user ... steal), in ticks."""
+    with open("/proc/stat") as f:
+        return [int(x) for x in f.readline().split()[1:9]]
+
+
+def steal_share(before: list[int], after: list[int]) -> float:
+    """The share of CPU time the hypervisor took from this machine between two readings: time
+    no process here could run, whatever the harness does."""
+    spent = [b - a for a, b in zip(before, after, strict=True)]
+    return spent[7] / max(1, sum(spent))
 
 
 def replay(url: str, model_dir: Path, trace: Path, seed: int, out: Path) -> dict:
@@ -83,8 +102,12 @@ def main() -> None:
     ap.add_argument("--output-len", type=int, default=8)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--model-dir", type=Path, default=REPO / ".models" / "medium")
+    ap.add_argument("--loop", choices=["default", "asyncio"], default="default")
     args = ap.parse_args()
+    if args.loop == "asyncio":
+        os.environ["UCMCTL_EVENT_LOOP"] = "asyncio"  # read by ucmctl.bench.loop, here and below
     print("load average at start: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()), flush=True)
+    print(f"event loop: {loop.name()}", flush=True)
 
     rows, bares = [], []
     with tempfile.TemporaryDirectory(prefix="ucm-lag-") as tmp_name:
@@ -97,7 +120,9 @@ def main() -> None:
             for run in range(args.runs):
                 bare = bare_loop(trace)
                 bares.append(bare)
+                before = cpu_times()
                 m = replay(srv.url, args.model_dir, trace, seed=100 + run, out=tmp / f"run{run}.json")
+                steal = steal_share(before, cpu_times())
                 lag = m["send_lag_ms"]
                 rows.append(lag)
                 print(
@@ -105,7 +130,8 @@ def main() -> None:
                     f"{m['request_throughput']:.1f} req/s; send lag p50 {lag['p50']:.2f} ms, "
                     f"p99 {lag['p99']:.2f} ms, max {lag['max']:.2f} ms "
                     f"(p99 / inter-arrival {lag['p99'] / gap:.3f}); bare asyncio loop just before: "
-                    f"p50 {bare['p50']:.2f}, p99 {bare['p99']:.2f}, max {bare['max']:.2f} ms"
+                    f"p50 {bare['p50']:.2f}, p99 {bare['p99']:.2f}, max {bare['max']:.2f} ms; "
+                    f"CPU stolen by the hypervisor during the replay: {steal:.1%}"
                 )
     print(
         f"trace: {args.requests} requests at {args.rate:g}/s (mean inter-arrival {gap:.2f} ms), "

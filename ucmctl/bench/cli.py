@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -12,6 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from ucmctl.bench import loop
 from ucmctl.errors import ExitStatus, UcmctlError
 
 if TYPE_CHECKING:
@@ -358,7 +358,7 @@ def run(
                 for i, u in enumerate(urls)
             ],
         )
-    facts = asyncio.run(server_facts([target.url, *(i.url for i in target.instances)]))
+    facts = loop.run(server_facts([target.url, *(i.url for i in target.instances)]))
     if model is None:
         model = facts.model
     out_len = output_len or DEFAULT_OUTPUT_LEN.get(workload, 1000)
@@ -380,7 +380,7 @@ def run(
         the_workload.long_doc.check(out_len, facts.max_model_len)
     vocab, checked = _vocabulary(model_dir, vocab, [model_path, facts.root])
     if not checked:
-        refused = asyncio.run(vocabulary_refused(target.url + endpoint, vocab, model))
+        refused = loop.run(vocabulary_refused(target.url + endpoint, vocab, model))
         if refused is not None:
             raise UcmctlError.one(
                 f"the server refuses token id {vocab - 1} ({refused}): its vocabulary is smaller "
@@ -409,7 +409,7 @@ def run(
     capacity = _check_capacity(the_workload, cfg, target, max(concurrencies))
     progress = None if quiet else RichProgress(err)
     sweep = points(rates, concurrencies)
-    cells = strip_private(asyncio.run(run_points(the_workload, cfg, sweep, target, progress, err.print)))
+    cells = strip_private(loop.run(run_points(the_workload, cfg, sweep, target, progress, err.print)))
     report.print_cells(cells, out)
     target_info = {
         "url": target.url,
@@ -478,7 +478,7 @@ def _check_capacity(workload: Any, cfg: Any, target: Any, concurrency: int) -> l
         async with session(4, 60) as http:
             return await read_capacities(http, target.instances)
 
-    capacities = asyncio.run(read())
+    capacities = loop.run(read())
     sizes = [c.block_size for c in capacities if c.block_size]
     if sizes:
         cfg.block_size = sizes[0]
@@ -592,7 +592,7 @@ def suite(
 
     def run_cell(cfg: Any, target: Any) -> list[dict[str, Any]]:
         _check_capacity(workload, cfg, target, cfg.concurrency)
-        return strip_private(asyncio.run(workload.run(cfg, target, progress, err.print)))
+        return strip_private(loop.run(workload.run(cfg, target, progress, err.print)))
 
     cells = run_suite(
         the_suite, topology, str(topo_path), results_file, run_cell, DeployApi(), vocab, err.print

@@ -24,6 +24,7 @@ import pandas as pd
 from rich.console import Console
 
 from ucmctl import __version__
+from ucmctl.bench import loop
 from ucmctl.bench.metrics import METRICS, STATS
 from ucmctl.errors import UcmctlError
 from ucmctl.tables import FIGURE, NAME, PAIR, fitted
@@ -150,6 +151,7 @@ def provenance(
         "git_revision": _git_revision(),
         "topology_digest": topology_digest,
         "topology_path": topology_path,
+        "event_loop": loop.name(),
         "host": {
             "hostname": socket.gethostname(),
             "user": locals().get("user"),
