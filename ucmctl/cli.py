@@ -56,7 +56,9 @@ def validate(topology: Path = TopologyArg) -> None:
 
     plan = build_plan(load_topology(topology))
     servers = sum(1 for p in plan.processes if p.is_server)
-    out.print(f"{escape(str(topology))}: ok ({plan.mode}, {servers} API servers on {len(plan.nodes)} nodes)")
+    n = len(plan.nodes)
+    counted = f"{servers} API server{'s' * (servers != 1)} on {n} node{'s' * (n != 1)}"
+    out.print(f"{escape(str(topology))}: ok ({plan.mode}, {counted})")
 
 
 @app.command()
