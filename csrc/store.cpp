@@ -265,13 +265,18 @@ void Store::fill_slot(const std::shared_ptr<Task>& t, size_t i, const Key& key,
 void Store::write_through(const std::shared_ptr<Task>& t, size_t i, const Key& key,
                           uint32_t slot) {
     // Unpinned however the write ends (an exception included), or the slot could never be
-    // evicted again.
+    // evicted again; and unpinned before the outcome is reported, so that a dump issued once
+    // wait_persisted() returns finds the slot free (it went around a "full" cache before).
     struct Unpin {
         CacheTier& cache;
         uint32_t slot;
         ~Unpin() { cache.unpin(slot); }
-    } unpin{*cache_, slot};
-    std::string err = posix_->write(key, {{cache_->data(slot), block_bytes_}});
+    };
+    std::string err;
+    {
+        Unpin unpin{*cache_, slot};
+        err = posix_->write(key, {{cache_->data(slot), block_bytes_}});
+    }
     if (!err.empty()) c_.posix_write_errors.add();
     persist_done(t, i, err);
 }

@@ -23,6 +23,7 @@ from ucmctl.errors import ExitStatus, UcmctlError
 from ucmctl.proxy.cli import proxy as proxy_command
 from ucmctl.sim.cli import app as sim_app
 from ucmctl.tinymodel.cli import app as model_app
+from ucmctl.words import counted
 
 app = typer.Typer(
     name="ucmctl",
@@ -56,9 +57,8 @@ def validate(topology: Path = TopologyArg) -> None:
 
     plan = build_plan(load_topology(topology))
     servers = sum(1 for p in plan.processes if p.is_server)
-    n = len(plan.nodes)
-    counted = f"{servers} API server{'s' * (servers != 1)} on {n} node{'s' * (n != 1)}"
-    out.print(f"{escape(str(topology))}: ok ({plan.mode}, {counted})")
+    sized = f"{counted(servers, 'API server')} on {counted(len(plan.nodes), 'node')}"
+    out.print(f"{escape(str(topology))}: ok ({plan.mode}, {sized})")
 
 
 @app.command()
@@ -199,7 +199,7 @@ def up(
                       accept_new_host_keys=accept_new_host_keys, wait_allocation=wait_allocation)  # fmt: skip
     record = deploy_up(topo, str(topology.resolve()), options=options, console=err)
     proxy = next((p.url for p in record.plan.processes if p.role == "proxy"), None)
-    out.print(f"deployment {record.deployment} is up: {len(record.plan.processes)} processes"
+    out.print(f"deployment {record.deployment} is up: {counted(len(record.plan.processes), 'process')}"
               + (f", proxy {proxy}" if proxy else ""))  # fmt: skip
 
 
@@ -233,7 +233,7 @@ def down(
     stopped = deploy_down(plan or target, grace=grace, console=err)
     for name, node, was_running in stopped:
         out.print(f"{name}@{node}: {'stopped' if was_running else 'not running'}")
-    out.print(f"{sum(1 for s in stopped if s[2])} processes stopped")
+    out.print(f"{counted(sum(1 for s in stopped if s[2]), 'process')} stopped")
     if purge_storage:
         assert plan is not None  # deploy_down refused an unknown name
         if plan.store is None:

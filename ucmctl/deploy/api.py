@@ -26,6 +26,7 @@ from ucmctl.launch import Allocation, Launcher, LaunchError, launcher_for
 from ucmctl.plan.build import build_plan
 from ucmctl.plan.model import Plan, Process
 from ucmctl.topology.model import Topology  # `up` takes a topology and plans it
+from ucmctl.words import counted
 
 
 @dataclass
@@ -129,7 +130,7 @@ def _refuse_if_running(existing: Record | None, options: Options) -> None:
     running = [p.name for p, a in zip(existing.plan.processes, alive, strict=True) if a]
     if running:
         raise UcmctlError.one(
-            f"deployment '{existing.deployment}' is already up ({len(running)} processes running)",
+            f"deployment '{existing.deployment}' is already up ({counted(len(running), 'process')} running)",
             fix=f"run `ucmctl down {existing.deployment}` first",
         )
 
@@ -138,7 +139,7 @@ def _preflight(plan: Plan, launcher: Launcher, options: Options, console: Consol
     """Check every node; returns the commands that tidy up after the checks, per node."""
     if options.skip_preflight:
         return {}
-    console.print(f"preflight on {len(launcher.all())} nodes ...")
+    console.print(f"preflight on {counted(len(launcher.all()), 'node')} ...")
     checked = preflight(plan, launcher.all())
     if checked.problems:
         _run_each(launcher, checked.cleanup)

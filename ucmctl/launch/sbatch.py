@@ -28,7 +28,9 @@ from pathlib import Path
 
 from ucmctl.deploy import lifecycle
 from ucmctl.errors import UcmctlError
+from ucmctl.launch.slurm import allocation_flags
 from ucmctl.plan.model import Plan, Process
+from ucmctl.words import counted
 
 HEADER_MARK = "# Rendered by `ucmctl render --slurm`"
 HEREDOC_END = "UCMCTL_BASE64_END"  # never a base64 line: it has an underscore
@@ -132,13 +134,8 @@ def _header(plan: Plan) -> list[str]:
     if proxy is not None and proxy.url:
         lines.append(_comment(f"Requests go to the proxy: {proxy.url}"))
     lines.append("#")
-    flags: list[tuple[str, str | bool | None]] = [
-        ("job-name", job), ("nodes", str(len(plan.nodes))), ("nodelist", ",".join(plan.nodes)),
-        ("ntasks-per-node", "1"), ("exclusive", True), ("output", log_pattern(plan)),
-        ("partition", spec.partition), ("account", spec.account), ("qos", spec.qos),
-        ("time", spec.time_limit), ("gres", spec.gres_per_node(plan)),
-    ]  # fmt: skip
-    lines += [_sbatch(flag, value) for flag, value in flags if value]
+    flags = [*allocation_flags(plan), ("output", log_pattern(plan))]
+    lines += [_sbatch(flag, value) for flag, value in flags]
     return lines
 
 
@@ -246,7 +243,7 @@ def render_script(plan: Plan) -> str:
                               "addresses are known only once Slurm gives them",
                               fix="name Slurm's nodes (with `host`), or use `ucmctl up`")  # fmt: skip
     proxy = next((p for p in plan.processes if p.role == "proxy"), None)
-    up = f"ucmctl: deployment {plan.deployment} is up: {len(plan.processes)} processes"
+    up = f"ucmctl: deployment {plan.deployment} is up: {counted(len(plan.processes), 'process')}"
     if proxy is not None and proxy.url:
         up += f", proxy {proxy.url}"
     body = [

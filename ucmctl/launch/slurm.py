@@ -28,6 +28,7 @@ from ucmctl.errors import ExitStatus
 from ucmctl.launch.base import Allocation, Launcher, LaunchError
 from ucmctl.plan.model import NodePlan, Plan, Process, SlurmPlan
 from ucmctl.topology.model import Topology
+from ucmctl.words import counted
 
 # What a step takes from this machine's environment (as an SSH login would have its own).
 STEP_ENVIRONMENT = "PATH,HOME,USER,LOGNAME,LANG,LC_ALL,TZ"
@@ -67,13 +68,33 @@ def srun_refusal(stderr: str) -> str | None:
     return errors[0] if errors else None
 
 
-def _placement(spec: SlurmPlan | None, time_limit: str | None = None) -> list[str]:
-    """sbatch/srun flags that say where a job may run and for how long."""
-    if spec is None:
-        return []
+def _where(spec: SlurmPlan, time_limit: str | None = None) -> list[tuple[str, str]]:
+    """Where a job may run and for how long, as (flag, value) pairs."""
     flags = [("partition", spec.partition), ("account", spec.account), ("qos", spec.qos),
              ("time", time_limit or spec.time_limit)]  # fmt: skip
-    return [f"--{flag}={value}" for flag, value in flags if value]
+    return [(flag, value) for flag, value in flags if value]
+
+
+def _placement(spec: SlurmPlan | None, time_limit: str | None = None) -> list[str]:
+    """sbatch/srun flags that say where a job may run and for how long."""
+    return [] if spec is None else [f"--{flag}={value}" for flag, value in _where(spec, time_limit)]
+
+
+def allocation_flags(plan: Plan) -> list[tuple[str, str | bool]]:
+    """The allocation's sbatch flags, for `up` and for `render --slurm` alike: one job named
+    after the deployment, its nodes (named, unless Slurm chooses them) whole, one task each,
+    the GRES its busiest node uses, where and for how long. (flag, value); True: no value."""
+    spec = plan.slurm
+    assert spec is not None
+    flags: list[tuple[str, str | bool]] = [("job-name", spec.job_name(plan.deployment)),
+                                           ("nodes", str(len(plan.nodes)))]  # fmt: skip
+    if not spec.choose_nodes:
+        flags.append(("nodelist", ",".join(plan.nodes)))
+    flags += [("ntasks-per-node", "1"), ("exclusive", True)]
+    gres = spec.gres_per_node(plan)
+    if gres:
+        flags.append(("gres", gres))
+    return flags + list(_where(spec))
 
 
 class StepExecutor(LocalExecutor):
@@ -196,16 +217,15 @@ class SlurmLauncher(Launcher):
         self._allocation = Allocation(kind="slurm", job_name=self.job_name)
         on_submitted(self._allocation)  # recorded before sbatch: a crash after it leaves a trace
         # The holder only sleeps: it takes none of this machine's environment (--export=NONE).
-        argv = ["sbatch", "--parsable", f"--job-name={self.job_name}", f"--nodes={len(self.plan.nodes)}",
-                "--ntasks-per-node=1", "--exclusive", f"--chdir={NEUTRAL_DIR}", "--output=/dev/null",
-                "--error=/dev/null", "--export=NONE"]  # fmt: skip
-        if not self.spec.choose_nodes:
-            argv.append(f"--nodelist={','.join(self.plan.nodes)}")
-        gres = self.spec.gres_per_node(self.plan)
-        if gres:
-            argv.append(f"--gres={gres}")
-        argv += _placement(self.spec)
-        console.print(f"Slurm: submitting {self.job_name} for {len(self.plan.nodes)} nodes ...", markup=False)
+        argv = ["sbatch", "--parsable"]
+        argv += [
+            f"--{flag}" if value is True else f"--{flag}={value}"
+            for flag, value in allocation_flags(self.plan)
+        ]
+        argv += [f"--chdir={NEUTRAL_DIR}", "--output=/dev/null", "--error=/dev/null", "--export=NONE"]
+        console.print(
+            f"Slurm: submitting {self.job_name} for {counted(len(self.plan.nodes), 'node')} ...", markup=False
+        )
         submitted = slurm(*argv, "--wrap=exec sleep infinity")
         if submitted.returncode != 0:
             raise SlurmError(f"sbatch refused the allocation: {_last_line(submitted.stderr)}")

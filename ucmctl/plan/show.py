@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from ucmctl.plan.model import Plan
+from ucmctl.words import counted
 
 
 def plan_json(plan: Plan) -> str:
@@ -26,7 +27,7 @@ def print_plan(plan: Plan, console: Console) -> None:
     _print(
         console,
         f"[bold]deployment {escape(plan.deployment)}[/] mode {plan.mode}, engine {plan.engine}, "
-        f"{len(plan.processes)} processes on {len(plan.nodes)} nodes "
+        f"{counted(len(plan.processes), 'process')} on {counted(len(plan.nodes), 'node')} "
         f"(topology {plan.topology_digest[:12]})",
     )
     for node in plan.nodes.values():

@@ -94,7 +94,8 @@ def test_every_example_renders_valid_bash_with_its_nodes_and_steps(path: Path, t
         last_gate = max(script.index(f"\ngate {shlex.quote(p.name)} ") for p in first)
         assert all(script.index(f"--job-name={p.name} ") > last_gate for p in second)
     proxy = next((p for p in plan.processes if p.role == "proxy"), None)
-    up = f"ucmctl: deployment {plan.deployment} is up: {len(plan.processes)} processes"
+    n = len(plan.processes)
+    up = f"ucmctl: deployment {plan.deployment} is up: {n} process{'es' if n != 1 else ''}"
     assert up + (f", proxy {proxy.url}" if proxy else "") in script
     assert script.rstrip().endswith("\n  sleep 5\ndone")
 

@@ -71,10 +71,15 @@ def test_unknown_option_is_bad_input() -> None:
 
 @pytest.mark.parametrize(
     ("name", "counted"),
-    [("local-1p1d", "centralized, 2 API servers on 1 node"), ("xpyd", "centralized, 5 API servers on 3 nodes")],
+    [
+        ("local-1p1d", "centralized, 2 API servers on 1 node"),
+        ("xpyd", "centralized, 5 API servers on 3 nodes"),
+    ],
 )
 def test_a_good_topology_is_ok_with_its_servers_counted(name: str, counted: str) -> None:
     path = Path(__file__).resolve().parents[3] / "topologies" / f"{name}.yaml"
-    run = subprocess.run([sys.executable, "-m", "ucmctl", "validate", str(path)], capture_output=True, text=True)
+    run = subprocess.run(
+        [sys.executable, "-m", "ucmctl", "validate", str(path)], capture_output=True, text=True
+    )
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == f"{path}: ok ({counted})"
