@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from ucmctl.testing.vllm_server import VllmServer, write_ucm_config
+from tests.support.vllm_server import VllmServer, write_ucm_config
 
 VOCAB = 8192
 BLOCK = 128

@@ -19,8 +19,8 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from ucmctl.testing.bench_vs_vllm import CONCURRENCY, INPUT, OUTPUT, PROMPTS, ours, theirs
-from ucmctl.testing.vllm_server import VllmServer
+from tests.support.bench_vs_vllm import CONCURRENCY, INPUT, OUTPUT, PROMPTS, ours, theirs
+from tests.support.vllm_server import VllmServer
 from ucmctl.tinymodel import make_model
 
 

@@ -18,11 +18,11 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.support.bench_vs_vllm import vllm_bench_serve
+from tests.support.processes import sim_server
 from ucmctl.bench.hitrate import Instance
 from ucmctl.bench.prompts import vocab_from_model
 from ucmctl.bench.runner import BenchConfig, Target, run_bench
-from ucmctl.testing.bench_vs_vllm import vllm_bench_serve
-from ucmctl.testing.processes import sim_server
 
 
 def ours(url: str, model: str, streams: int, tokens: int, input_len: int, seed: int) -> tuple[float, int]:

@@ -29,9 +29,9 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from ucmctl.testing import bench_cli
-from ucmctl.testing.processes import sim_server
-from ucmctl.testing.vllm_server import kv_transfer_config, write_ucm_config
+from tests.support import bench_cli
+from tests.support.processes import sim_server
+from tests.support.vllm_server import kv_transfer_config, write_ucm_config
 
 REPO = Path(__file__).resolve().parents[1]
 BLOCK = 16

@@ -22,8 +22,8 @@ from pathlib import Path
 import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from ucmctl.testing.openai_checks import metric
-from ucmctl.testing.processes import free_port, wait_healthy
+from tests.support.openai_checks import metric
+from tests.support.processes import free_port, wait_healthy
 
 
 async def stream(session: aiohttp.ClientSession, url: str, tokens: int, i: int) -> list[float]:

@@ -25,9 +25,9 @@ import aiohttp
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from tests.support.processes import sim_server
+from tests.support.vllm_server import VllmServer
 from ucmctl.sim.calibrate import calibrate, kv_bytes_from_model
-from ucmctl.testing.processes import sim_server
-from ucmctl.testing.vllm_server import VllmServer
 
 
 async def stream(url: str, prompt: list[int], max_tokens: int) -> list[float]:

@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from ucmctl.testing import netns, slurm
+from tests.support import netns, slurm
 
 TARGET = 1.5
 NAMES = {"ssh": "bench-ssh", "slurm": "bench-slurm"}

@@ -29,9 +29,9 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.support import bench_cli
+from tests.support.processes import sim_server
 from ucmctl.bench import loop
-from ucmctl.testing import bench_cli
-from ucmctl.testing.processes import sim_server
 
 REPO = Path(__file__).resolve().parents[1]
 

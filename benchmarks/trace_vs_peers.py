@@ -46,8 +46,8 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from ucmctl.testing import bench_cli
-from ucmctl.testing.processes import sim_server
+from tests.support import bench_cli
+from tests.support.processes import sim_server
 
 REPO = Path(__file__).resolve().parents[1]
 UCMCTL = [sys.executable, "-m", "ucmctl"]

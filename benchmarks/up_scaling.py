@@ -33,9 +33,9 @@ from pathlib import Path
 from rich.console import Console
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.support.netns import Cluster, available, cluster, cpu_limits_available
 from ucmctl.deploy.api import deploy_down, deploy_up
 from ucmctl.deploy.state import StateStore
-from ucmctl.testing.netns import Cluster, available, cluster, cpu_limits_available
 from ucmctl.topology.load import parse_topology
 
 

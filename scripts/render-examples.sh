@@ -27,6 +27,7 @@ print(json.dumps({"deployment": plan["deployment"], "mode": plan["mode"], "engin
                   "nodes": plan["nodes"], "store": plan.get("store"),
                   "processes": [{k: p.get(k) for k in keep} for p in plan["processes"]]},
                  indent=1, sort_keys=True))' > "$dir/processes.json"
+    rm "$dir/bundle/plan.json"  # the Plan's own shape: compared through processes.json
     "$ucmctl" plan "$topology" > "$dir/plan.txt"
     "$ucmctl" up --dry-run "$topology" > "$dir/up-dry-run.txt"
     "$ucmctl" render "$topology" --k8s "$dir/k8s" > "$dir/render-k8s.txt"

@@ -8,4 +8,6 @@ bash scripts/setup.sh --engine
 # from PATH, as a user's shell would.
 export PATH="$PWD/.venv/bin:$PATH"
 ruff check .
+mypy                # the product packages (pyproject's [tool.mypy])
+lint-imports        # the layers import one way (pyproject's [tool.importlinter])
 exec python -m pytest --durations=30 "$@"  # the slowest, to keep CI well under 45 minutes

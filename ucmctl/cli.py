@@ -19,11 +19,11 @@ from ucmctl.bench.cli import spread_option_values
 if TYPE_CHECKING:
     from ucmctl.plan.model import Plan
     from ucmctl.topology.model import Topology
-from ucmctl.errors import ExitStatus, UcmctlError
+from ucmctl.core.errors import ExitStatus, UcmctlError, report
+from ucmctl.core.words import counted
 from ucmctl.proxy.cli import proxy as proxy_command
 from ucmctl.sim.cli import app as sim_app
 from ucmctl.tinymodel.cli import app as model_app
-from ucmctl.words import counted
 
 app = typer.Typer(
     name="ucmctl",
@@ -117,7 +117,7 @@ def render(
     if slurm is not None:
         from ucmctl.launch.sbatch import log_pattern, write_script
 
-        if the_plan.slurm is None:
+        if the_plan.cluster.kind != "slurm":
             raise UcmctlError.one("--slurm needs a Slurm cluster in the topology", file=str(topology),
                                   fix="add `cluster: {kind: slurm, partition: NAME}`")  # fmt: skip
         path = write_script(the_plan, slurm)
@@ -177,16 +177,17 @@ def up(
     then prove with one request through the proxy that KV reaches decode."""
     from ucmctl.deploy.api import Options, deploy_up
     from ucmctl.plan.build import build_plan
+    from ucmctl.plan.model import SlurmPlan
     from ucmctl.plan.show import print_plan
 
     topo = _load(topology)
     if dry_run:
         plan = build_plan(topo)
-        first = ""
-        if plan.slurm is not None:
-            first = (f"take one Slurm allocation (job {plan.slurm.job_name(plan.deployment)} on "
+        first, reached = "", "SSH"
+        if isinstance(plan.cluster, SlurmPlan):
+            first = (f"take one Slurm allocation (job {plan.cluster.job_name(plan.deployment)} on "
                      f"{', '.join(plan.nodes)}; each process a job step), then ")  # fmt: skip
-        reached = "Slurm steps" if plan.slurm else "SSH"
+            reached = "Slurm steps"
         out.print(f"dry run: nothing is touched. `up` would {first}check {len(plan.nodes)} nodes ({reached}, "
                   "Python, engine, connector, devices, /dev/shm and RAM, ports, shared storage), place the "
                   "files below, then start stage by stage:")  # fmt: skip
@@ -309,7 +310,7 @@ def logs(
 def _is_name(text: str) -> bool:
     import re
 
-    from ucmctl.topology.model import NAME_RE
+    from ucmctl.core.names import NAME_RE
 
     return re.fullmatch(NAME_RE, text) is not None
 
@@ -352,18 +353,6 @@ def _root(
         raise typer.Exit()
 
 
-def _one_line(exc: BaseException) -> tuple[str, ExitStatus] | None:
-    """A user-facing error that is not a UcmctlError, as one line and its exit status; None for
-    a bug (which keeps its traceback)."""
-    from ucmctl.deploy.executor import NodeError
-
-    if isinstance(exc, NodeError):  # a node unreachable, or a command on it failed
-        return str(exc), ExitStatus.FAILURE
-    if isinstance(exc, OSError) and exc.filename is not None:  # --save into a missing folder ...
-        return f"{exc.filename}: {exc.strerror or exc}", ExitStatus.BAD_INPUT
-    return None
-
-
 def _usage_line(exc: Exception) -> str:
     """Click's usage error (three lines and a blank) as one: where, what, and where to look."""
     names: list[str] = []
@@ -390,10 +379,6 @@ def main() -> None:
         code = app(args=args, standalone_mode=False)  # click returns a typer.Exit's code in this mode
         if isinstance(code, int) and code:
             sys.exit(code)
-    except UcmctlError as exc:
-        for problem in exc.problems:
-            _say(problem.render())
-        sys.exit(int(exc.status))
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except (typer.Abort, KeyboardInterrupt):
@@ -403,8 +388,9 @@ def main() -> None:
         _say(_usage_line(exc))
         sys.exit(int(ExitStatus.BAD_INPUT))
     except Exception as exc:
-        said = _one_line(exc)
+        said = report(exc)  # every UcmctlError (nodes, launchers, configs ...), a file not found
         if said is None:
-            raise
-        _say(said[0])
+            raise  # a bug: its traceback
+        for line in said[0]:
+            _say(line)
         sys.exit(int(said[1]))

@@ -13,11 +13,11 @@ from typing import Any
 
 import yaml
 
-from ucmctl.ucm_config import CONNECTOR_NAMES, TIERS, UcmConfigError, parse_ucm_config
+from ucmctl.core.ucm_config import CONNECTOR_NAMES, TIERS, UcmConfigError, parse_ucm_config
 
 CONFIG_FILE_KEY = "UCM_CONFIG_FILE"
 
-# The names the guides' YAML uses, from the file's one schema (ucmctl.ucm_config, a leaf module
+# The names the guides' YAML uses, from the file's one schema (ucmctl.core.ucm_config, a leaf module
 # of the same wheel: pydantic only, no control plane).
 KNOWN_CONNECTORS = CONNECTOR_NAMES
 KNOWN_TIERS = TIERS

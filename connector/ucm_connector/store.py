@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from ucm_connector.config import UCMConfig, UCMConfigError
-from ucmctl.ucm_config import StoreConfig
+from ucmctl.core.ucm_config import StoreConfig
 
 DEFAULT_PIPELINE: str = StoreConfig.model_fields["store_pipeline"].default
 

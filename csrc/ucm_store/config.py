@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # The one schema of the UCM config file; a leaf module of the same wheel.
-from ucmctl.ucm_config import GIB, PIPELINES, TIERS, UcmConfigError, parse_store_config
+from ucmctl.core.ucm_config import GIB, PIPELINES, TIERS, UcmConfigError, parse_store_config
 
 __all__ = ["GIB", "PIPELINES", "TIERS", "ConfigError", "StoreSettings", "parse"]
 
@@ -44,7 +44,7 @@ def _bad(key: str, value: Any, valid: str) -> ConfigError:
 
 def parse(cfg: Mapping[str, Any], shard_sizes: Sequence[int]) -> StoreSettings:
     """Validates `cfg` (the UCM YAML's `ucm_connector_config`) for blocks of `shard_sizes`: the
-    keys by the one schema of the UCM config (ucmctl.ucm_config), the sizes here."""
+    keys by the one schema of the UCM config (ucmctl.core.ucm_config), the sizes here."""
     try:
         v = parse_store_config(cfg)
     except UcmConfigError as exc:

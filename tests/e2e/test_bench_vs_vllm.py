@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from ucmctl.testing.bench_vs_vllm import CONCURRENCY, INPUT, OUTPUT, PROMPTS, ours, theirs
-from ucmctl.testing.vllm_server import VllmServer
+from tests.support.bench_vs_vllm import CONCURRENCY, INPUT, OUTPUT, PROMPTS, ours, theirs
+from tests.support.vllm_server import VllmServer
 
 pytestmark = pytest.mark.slow
 

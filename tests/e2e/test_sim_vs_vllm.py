@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from tests.support.http import post
-from ucmctl.testing.openai_checks import check_completion, check_completion_stream, check_error, parse_sse
-from ucmctl.testing.processes import sim_server
-from ucmctl.testing.vllm_server import VENV_BIN, VllmServer
+from tests.support.openai_checks import check_completion, check_completion_stream, check_error, parse_sse
+from tests.support.processes import sim_server
+from tests.support.vllm_server import VENV_BIN, VllmServer
 
 pytestmark = pytest.mark.slow
 

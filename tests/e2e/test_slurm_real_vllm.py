@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from ucmctl.testing.netns import cluster_or_skip
-from ucmctl.testing.openai_checks import counter, greedy_with_logprobs
-from ucmctl.testing.slurm import Slurm, slurm_or_skip
+from tests.support.netns import cluster_or_skip
+from tests.support.openai_checks import counter, greedy_with_logprobs
+from tests.support.slurm import Slurm, slurm_or_skip
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 BLOCK = 128

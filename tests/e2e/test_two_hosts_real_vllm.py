@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from ucmctl.testing.netns import Cluster, cluster_or_skip
-from ucmctl.testing.openai_checks import counter, greedy_with_logprobs
+from tests.support.netns import Cluster, cluster_or_skip
+from tests.support.openai_checks import counter, greedy_with_logprobs
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 BLOCK = 128

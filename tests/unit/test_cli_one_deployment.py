@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from ucmctl import cli
-from ucmctl.deploy.executor import NodeError
+from ucmctl.core.errors import ExitStatus
 from ucmctl.deploy.state import Record, StateStore
-from ucmctl.errors import ExitStatus
+from ucmctl.nodes.executor import NodeError
 from ucmctl.plan.build import build_plan
 from ucmctl.topology.load import load_topology
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from ucmctl.words import counted
+from ucmctl.core.words import counted
 
 
 @pytest.mark.parametrize(

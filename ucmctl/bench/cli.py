@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ucmctl.bench import loop
-from ucmctl.errors import ExitStatus, UcmctlError
+from ucmctl.core.errors import ExitStatus, UcmctlError
 
 if TYPE_CHECKING:
     from ucmctl.bench.client import RequestResult

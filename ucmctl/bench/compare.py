@@ -17,7 +17,7 @@ from typing import Any
 from xml.etree import ElementTree as ET
 
 from ucmctl.bench.report import cell_key, load_document
-from ucmctl.errors import UcmctlError
+from ucmctl.core.errors import UcmctlError
 
 DEFAULT_LIMITS = "ttft_mean=10%,tpot_mean=10%,e2el_mean=10%,output_throughput=10%"
 HIGHER_IS_BETTER = {"output_throughput", "request_throughput", "total_token_throughput", "request_goodput"}

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ucmctl.bench.client import RequestResult
-from ucmctl.errors import UcmctlError
+from ucmctl.core.errors import UcmctlError
 
 SLO_METRICS = ("ttft", "tpot", "e2el")
 MS_PER_S = 1000  # vLLM's MILLISECONDS_TO_SECONDS_CONVERSION

@@ -14,7 +14,7 @@ from typing import Any
 
 import aiohttp
 
-from ucmctl.errors import UcmctlError
+from ucmctl.core.errors import UcmctlError
 
 COUNTERS = {
     "local_queries": "vllm:prefix_cache_queries",

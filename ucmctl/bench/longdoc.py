@@ -19,7 +19,7 @@ from typing import Any, Literal
 from ucmctl.bench import client, prompts
 from ucmctl.bench.reuse import ReuseTracker
 from ucmctl.bench.runner import BenchConfig, NoProgress, Progress, Target, measure
-from ucmctl.errors import UcmctlError
+from ucmctl.core.errors import UcmctlError
 
 NAME = "long-doc"
 RepeatMode = Literal["random", "tile", "interleave"]

@@ -21,7 +21,7 @@ from typing import Any
 from ucmctl.bench import client, goodput, hitrate, metrics, prompts
 from ucmctl.bench.reuse import ReuseTracker
 from ucmctl.bench.runner import BenchConfig, NoProgress, Progress, Target, measure
-from ucmctl.errors import UcmctlError
+from ucmctl.core.errors import UcmctlError
 
 NAME = "multi-turn"
 

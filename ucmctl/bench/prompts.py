@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ucmctl.errors import UcmctlError
+from ucmctl.core.errors import UcmctlError
 
 FIRST_ID = 10  # ids below this are left alone: special tokens sit there in most vocabularies
 HEADER = 6  # two digits each of index, seed and stream

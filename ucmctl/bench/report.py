@@ -26,8 +26,8 @@ from rich.console import Console
 from ucmctl import __version__
 from ucmctl.bench import loop
 from ucmctl.bench.metrics import METRICS, STATS
-from ucmctl.errors import UcmctlError
-from ucmctl.tables import FIGURE, NAME, PAIR, fitted
+from ucmctl.core.errors import UcmctlError
+from ucmctl.core.tables import FIGURE, NAME, PAIR, fitted
 
 SCHEMA_VERSION = 2  # 2: cells name their workload and label; version 1 results read the same
 READABLE_VERSIONS = (1, 2)

@@ -278,7 +278,7 @@ def target_from_deployment(deployment: str) -> Target:
     instances = [Instance(name, role, url) for name, role, url in ep.instances]
     url = ep.proxy or (instances[0].url if len(instances) == 1 else None)
     if url is None:
-        from ucmctl.errors import UcmctlError
+        from ucmctl.core.errors import UcmctlError
 
         raise UcmctlError.one(
             f"deployment '{deployment}' has no proxy and {len(instances)} API servers",

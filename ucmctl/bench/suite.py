@@ -25,7 +25,7 @@ from ucmctl.bench.runner import BenchConfig, Target
 
 if TYPE_CHECKING:
     from ucmctl.bench.workload import Workload
-from ucmctl.errors import ExitStatus, UcmctlError
+from ucmctl.core.errors import ExitStatus, UcmctlError
 from ucmctl.topology.model import FlagValue, Topology
 
 Scenario = Literal["recompute", "hbm", "ucm"]

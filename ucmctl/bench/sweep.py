@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ucmctl.errors import UcmctlError
+from ucmctl.core.errors import UcmctlError
 
 _RATE_KEY = "--request-rate"
 _RATE_FIX = "inf (all at once) or requests/s > 0, comma-separated for a sweep, e.g. 1,2,4,inf"

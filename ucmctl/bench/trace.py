@@ -23,7 +23,7 @@ from typing import Any, Literal
 import numpy as np
 
 from ucmctl.bench.prompts import MIN_VOCAB
-from ucmctl.errors import UcmctlError
+from ucmctl.core.errors import UcmctlError
 
 BLOCK_TOKENS = 512
 SESSION_CAP = 8  # `sessions`: a conversation starts over when it would pass SESSION_CAP x input_len

@@ -20,7 +20,7 @@ from ucmctl.bench.replay import TraceReplay, run_trace
 from ucmctl.bench.replay import in_flight_tokens as trace_in_flight
 from ucmctl.bench.runner import BenchConfig, Progress, Target, run_bench
 from ucmctl.bench.sweep import Point, format_rate
-from ucmctl.errors import UcmctlError
+from ucmctl.core.errors import UcmctlError
 
 WORKLOADS: tuple[str, ...] = ("prefix", "multi-turn", "trace", "long-doc")
 DEFAULT_OUTPUT_LEN = {"prefix": 1000, "multi-turn": 128, "long-doc": 100}

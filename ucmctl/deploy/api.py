@@ -12,21 +12,22 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from ucmctl.deploy import kv_probe, lifecycle
-from ucmctl.deploy.executor import NodeError
-from ucmctl.deploy.fanout import cancelled, parallel
+from ucmctl.core.errors import ExitStatus, Problem, UcmctlError
+from ucmctl.core.words import counted
+from ucmctl.deploy import kv_probe
 from ucmctl.deploy.guard import node_guard
 from ucmctl.deploy.health import wait_healthy
 from ucmctl.deploy.preflight import preflight
 from ucmctl.deploy.progress import Progress
 from ucmctl.deploy.staging import stage_node
 from ucmctl.deploy.state import ProcessState, Record, StateStore
-from ucmctl.errors import ExitStatus, Problem, UcmctlError
 from ucmctl.launch import Allocation, Launcher, LaunchError, launcher_for
+from ucmctl.nodes import lifecycle
+from ucmctl.nodes.executor import NodeError
+from ucmctl.nodes.fanout import cancelled, parallel
 from ucmctl.plan.build import build_plan
 from ucmctl.plan.model import Plan, Process
 from ucmctl.topology.model import Topology  # `up` takes a topology and plans it
-from ucmctl.words import counted
 
 
 @dataclass
@@ -73,10 +74,6 @@ def deploy_up(
                 if held and not _started_any(store.load(plan.deployment)):  # else the record answers
                     _give_back(launcher, store, console)
                 raise
-        except NodeError as exc:
-            raise UcmctlError.one(str(exc), status=ExitStatus.FAILURE) from None
-        except LaunchError as exc:
-            raise UcmctlError.one(str(exc), status=exc.status) from None
         finally:
             launcher.close()
 
@@ -410,7 +407,5 @@ def install_wheel(
 
     try:
         return parallel(plan.nodes, one)
-    except NodeError as exc:
-        raise UcmctlError.one(str(exc), status=ExitStatus.FAILURE) from None
     finally:
         launcher.close()

@@ -17,10 +17,10 @@ import socket
 import time
 from collections.abc import Iterator
 
-from ucmctl.deploy.executor import HELD, Executor, NodeError, Watch
-from ucmctl.deploy.fanout import parallel
+from ucmctl.core.errors import ExitStatus, Problem, UcmctlError
 from ucmctl.deploy.preflight import node_problem
-from ucmctl.errors import ExitStatus, Problem, UcmctlError
+from ucmctl.nodes.executor import HELD, Executor, NodeError, Watch
+from ucmctl.nodes.fanout import parallel
 from ucmctl.plan.model import Plan
 
 # Prints `held` and keeps the lock while it can write; else `busy` and the holder's line, or

@@ -9,20 +9,20 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ucmctl.deploy.executor import NodeError
-from ucmctl.deploy.fanout import parallel
+from ucmctl.core.tables import FIGURE, NAME, TEXT, fitted
 from ucmctl.deploy.health import why_not
 from ucmctl.deploy.state import Record
 from ucmctl.launch import Launcher, LaunchError, launcher_for
+from ucmctl.nodes.executor import NodeError
+from ucmctl.nodes.fanout import parallel
 from ucmctl.plan.model import Process
-from ucmctl.tables import FIGURE, NAME, TEXT, fitted
 
 
 def the_deployment(command: str, alternative: str = "") -> str:
     """The one deployment this machine has a record of, for a command given none; with none or
     several, one line that lists them (exit 2)."""
+    from ucmctl.core.errors import UcmctlError
     from ucmctl.deploy.state import StateStore
-    from ucmctl.errors import UcmctlError
 
     names = [r.deployment for r in StateStore().all()]
     if len(names) == 1:

@@ -7,11 +7,11 @@ import shlex
 import uuid
 from dataclasses import dataclass, field
 
-from ucmctl.deploy import lifecycle
-from ucmctl.deploy.executor import Executor, HostKeyError, NodeError
-from ucmctl.deploy.fanout import parallel
+from ucmctl.core.platforms import DEVICE_COUNTER, Platform
+from ucmctl.nodes import lifecycle
+from ucmctl.nodes.executor import Executor, HostKeyError, NodeError
+from ucmctl.nodes.fanout import parallel
 from ucmctl.plan.model import EngineName, NodePlan, Plan, Process
-from ucmctl.platforms import DEVICE_COUNTER, Platform
 
 # One round trip per node: facts as KEY=VALUE lines.
 _FACTS = r"""

@@ -14,8 +14,8 @@ import posixpath
 import shlex
 import uuid
 
-from ucmctl.deploy import lifecycle
-from ucmctl.deploy.executor import Executor, NodeError
+from ucmctl.nodes import lifecycle
+from ucmctl.nodes.executor import Executor, NodeError
 from ucmctl.plan.model import PlacedFile, Process
 
 # A command line is one argument of `sh -c` (at most 128 KiB on Linux): larger file sets go

@@ -19,8 +19,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
+from ucmctl.core.errors import ExitStatus, UcmctlError
 from ucmctl.deploy.kv_probe import ProbeResult
-from ucmctl.errors import ExitStatus, UcmctlError
 from ucmctl.launch.base import Allocation
 from ucmctl.plan.model import (
     NAME_RE,
@@ -31,8 +31,9 @@ from ucmctl.plan.model import (
     default_health_timeout,
 )
 
-# 2: its plan is of PLAN_SCHEMA_VERSION 2 (records of 1 are upgraded as they are read).
-RECORD_SCHEMA_VERSION = 2
+# 2: its plan is of schema 2. 3: of schema 3 (PLAN_SCHEMA_VERSION). Records of 1 and 2 are
+# upgraded as they are read.
+RECORD_SCHEMA_VERSION = 3
 
 
 class ProcessState(BaseModel):
@@ -105,6 +106,9 @@ class StateStore:
             version = raw.get("schema_version") if isinstance(raw, dict) else None
             if version == 1:
                 raw = upgrade_v1(raw)
+                version = 2
+            if version == 2:
+                raw = upgrade_v2(raw)
             elif version != RECORD_SCHEMA_VERSION:
                 raise UcmctlError.one(
                     f"deployment record of schema version {version!r}, this ucmctl reads "
@@ -198,8 +202,16 @@ def upgrade_v1(raw: dict[str, Any]) -> dict[str, Any]:
                  if p["node"] == name and "--host" in p["argv"][:-1]]  # fmt: skip
         default = "127.0.0.1" if node["transport"] == "local" else node["host"]
         nodes[name] = {"bind": hosts[0] if hosts else default, **node}
-    plan.update(processes=processes, nodes=nodes, schema_version=PLAN_SCHEMA_VERSION)
+    plan.update(processes=processes, nodes=nodes, schema_version=2)
     plan.setdefault("store", _store_of_v1(processes))
+    return {**raw, "plan": plan, "schema_version": 2}
+
+
+def upgrade_v2(raw: dict[str, Any]) -> dict[str, Any]:
+    """A record of schema 2 as schema 3: the plan's `slurm` (None: SSH) is its `cluster`."""
+    plan = dict(raw["plan"])
+    slurm = plan.pop("slurm", None)
+    plan.update(cluster=slurm if slurm is not None else {"kind": "ssh"}, schema_version=PLAN_SCHEMA_VERSION)
     return {**raw, "plan": plan, "schema_version": RECORD_SCHEMA_VERSION}
 
 

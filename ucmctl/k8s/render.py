@@ -44,9 +44,9 @@ from urllib.parse import urlsplit
 import yaml
 
 from ucmctl import __version__
-from ucmctl.errors import UcmctlError
+from ucmctl.core.errors import UcmctlError
+from ucmctl.core.platforms import DEVICE_RESOURCE, Platform
 from ucmctl.plan.model import Plan, Process
-from ucmctl.platforms import DEVICE_RESOURCE, Platform
 from ucmctl.topology.layout import is_external_dp
 from ucmctl.topology.model import Side, Topology
 

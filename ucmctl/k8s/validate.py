@@ -18,6 +18,8 @@ from typing import Any
 
 import yaml
 
+from ucmctl.core.errors import ExitStatus, Problem, UcmctlError
+
 SCHEMA_DIR = Path(__file__).resolve().parent / "schemas"
 LWS_SCHEMA = SCHEMA_DIR / "leaderworkerset-v1.yaml"
 LWS_API_VERSION = "leaderworkerset.x-k8s.io/v1"
@@ -26,8 +28,13 @@ LWS_API_VERSION = "leaderworkerset.x-k8s.io/v1"
 K8S_VERSIONS = ("1.30.0", "1.37.0")
 
 
-class ManifestError(ValueError):
+class ManifestError(UcmctlError, ValueError):
     """A rendered object that its schema refuses: kind/name, the path inside it, and why."""
+
+    status = ExitStatus.FAILURE
+
+    def __init__(self, message: str) -> None:
+        super().__init__([Problem(message)])
 
 
 def crd_schema(crd_text: str, version: str = "v1") -> dict[str, Any]:

@@ -3,29 +3,37 @@
 A launcher gives an `Executor` per node (commands and files there: preflight, staging, the
 node locks, logs) and starts processes. Once started, a process is the same thing under every
 launcher: a process group on its node, its pid in its pidfile, its marker in its environment
-(deploy/lifecycle.py), so looking at it and stopping it go through the node's executor."""
+(nodes/lifecycle.py), so looking at it and stopping it go through the node's executor."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 from rich.console import Console
 
-from ucmctl.deploy import lifecycle
-from ucmctl.deploy.executor import Executor, Watch
-from ucmctl.errors import ExitStatus
+from ucmctl.core.errors import ExitStatus, Problem, UcmctlError
+from ucmctl.nodes import lifecycle
+from ucmctl.nodes.executor import Executor, Watch
 from ucmctl.plan.model import Plan, Process
 from ucmctl.topology.model import Topology
 
 
-class LaunchError(Exception):
+class LaunchError(UcmctlError):
     """The launcher's scheduler refused or failed; the message carries its own words."""
 
     def __init__(self, message: str, status: ExitStatus = ExitStatus.FAILURE) -> None:
-        super().__init__(message)
-        self.status = status
+        super().__init__([Problem(message)], status)
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    """How `up` and the other commands asked for the nodes to be reached."""
+
+    connect_timeout: float = 10.0  # seconds to reach a node (SSH)
+    accept_new_host_keys: bool = False  # record SSH host keys not yet known (a changed one is refused)
 
 
 class Allocation(BaseModel):
@@ -45,8 +53,11 @@ class Launcher:
 
     kind = "nodes"
 
-    def __init__(self, plan: Plan) -> None:
+    def __init__(
+        self, plan: Plan, allocation: Allocation | None = None, options: LaunchOptions | None = None
+    ) -> None:
         self.plan = plan
+        self.options = options or LaunchOptions()
         self._executors: dict[str, Executor] = {}
 
     # -- nodes -------------------------------------------------------------------------------

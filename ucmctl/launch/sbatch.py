@@ -26,11 +26,11 @@ import shlex
 import textwrap
 from pathlib import Path
 
-from ucmctl.deploy import lifecycle
-from ucmctl.errors import UcmctlError
-from ucmctl.launch.slurm import allocation_flags
-from ucmctl.plan.model import Plan, Process
-from ucmctl.words import counted
+from ucmctl.core.errors import UcmctlError
+from ucmctl.core.words import counted
+from ucmctl.launch.slurm import allocation_flags, slurm_spec
+from ucmctl.nodes import lifecycle
+from ucmctl.plan.model import Plan, Process, SlurmPlan
 
 HEADER_MARK = "# Rendered by `ucmctl render --slurm`"
 HEREDOC_END = "UCMCTL_BASE64_END"  # never a base64 line: it has an underscore
@@ -109,8 +109,7 @@ def _sbatch(flag: str, value: str | bool | None) -> str:
 
 
 def _header(plan: Plan) -> list[str]:
-    spec = plan.slurm
-    assert spec is not None
+    spec = slurm_spec(plan)
     job = spec.job_name(plan.deployment)
     proxy = next((p for p in plan.processes if p.role == "proxy"), None)
     about = f"""\
@@ -183,7 +182,7 @@ def _step(process: Process, gres: str | None) -> str:
 def _stages(plan: Plan) -> list[str]:
     lines: list[str] = []
     index = {p.name: i for i, p in enumerate(plan.processes)}
-    gres = plan.slurm.gres_per_node(plan) if plan.slurm else None
+    gres = slurm_spec(plan).gres_per_node(plan)
     for stage in plan.stages():
         names = ", ".join(f"{p.name} on {p.node}" for p in stage)
         said = f"stage {stage[0].stage.name}: starting {names}"
@@ -234,11 +233,11 @@ def _hold(plan: Plan) -> list[str]:
 
 
 def render_script(plan: Plan) -> str:
-    """The sbatch script for `plan` (which must carry a Slurm cluster: `plan.slurm`)."""
-    if plan.slurm is None:
+    """The sbatch script for `plan` (which must carry a Slurm cluster: `plan.cluster`)."""
+    if not isinstance(plan.cluster, SlurmPlan):
         raise UcmctlError.one(f"deployment '{plan.deployment}' has no Slurm cluster",
                               fix="add `cluster: {kind: slurm, partition: ...}` to the topology")  # fmt: skip
-    if plan.slurm.choose_nodes:  # the addresses in every command line come from the allocation
+    if plan.cluster.choose_nodes:  # the addresses in every command line come from the allocation
         raise UcmctlError.one("`render --slurm` needs the nodes named: with cluster.choose_nodes their "
                               "addresses are known only once Slurm gives them",
                               fix="name Slurm's nodes (with `host`), or use `ucmctl up`")  # fmt: skip

@@ -22,13 +22,13 @@ from collections.abc import Callable
 
 from rich.console import Console
 
-from ucmctl.deploy import lifecycle
-from ucmctl.deploy.executor import Executor, LocalExecutor, NodeError, Result
-from ucmctl.errors import ExitStatus
-from ucmctl.launch.base import Allocation, Launcher, LaunchError
+from ucmctl.core.errors import ExitStatus
+from ucmctl.core.words import counted
+from ucmctl.launch.base import Allocation, Launcher, LaunchError, LaunchOptions
+from ucmctl.nodes import lifecycle
+from ucmctl.nodes.executor import Executor, LocalExecutor, NodeError, Result
 from ucmctl.plan.model import NodePlan, Plan, Process, SlurmPlan
 from ucmctl.topology.model import Topology
-from ucmctl.words import counted
 
 # What a step takes from this machine's environment (as an SSH login would have its own).
 STEP_ENVIRONMENT = "PATH,HOME,USER,LOGNAME,LANG,LC_ALL,TZ"
@@ -80,12 +80,17 @@ def _placement(spec: SlurmPlan | None, time_limit: str | None = None) -> list[st
     return [] if spec is None else [f"--{flag}={value}" for flag, value in _where(spec, time_limit)]
 
 
+def slurm_spec(plan: Plan) -> SlurmPlan:
+    """The Slurm allocation a plan of a Slurm cluster asks for."""
+    assert isinstance(plan.cluster, SlurmPlan), f"{plan.deployment} runs on {plan.cluster.kind}, not Slurm"
+    return plan.cluster
+
+
 def allocation_flags(plan: Plan) -> list[tuple[str, str | bool]]:
     """The allocation's sbatch flags, for `up` and for `render --slurm` alike: one job named
     after the deployment, its nodes (named, unless Slurm chooses them) whole, one task each,
     the GRES its busiest node uses, where and for how long. (flag, value); True: no value."""
-    spec = plan.slurm
-    assert spec is not None
+    spec = slurm_spec(plan)
     flags: list[tuple[str, str | bool]] = [("job-name", spec.job_name(plan.deployment)),
                                            ("nodes", str(len(plan.nodes)))]  # fmt: skip
     if not spec.choose_nodes:
@@ -143,10 +148,11 @@ class StepExecutor(LocalExecutor):
 class SlurmLauncher(Launcher):
     kind = "slurm"
 
-    def __init__(self, plan: Plan, allocation: Allocation | None = None) -> None:
-        super().__init__(plan)
-        assert plan.slurm is not None
-        self.spec = plan.slurm
+    def __init__(
+        self, plan: Plan, allocation: Allocation | None = None, options: LaunchOptions | None = None
+    ) -> None:
+        super().__init__(plan, allocation, options)
+        self.spec = slurm_spec(plan)
         self._allocation = allocation
         self._steps: list[subprocess.Popen[bytes]] = []
         self._bound: dict[str, str] = allocation.nodes if allocation is not None else {}
@@ -287,7 +293,7 @@ class SlurmLauncher(Launcher):
         self.plan = build_plan(
             topology, {name: (node, address[node]) for name, node in self._allocation.nodes.items()}
         )
-        self.spec = self.plan.slurm or self.spec
+        self.spec = slurm_spec(self.plan)
         return self.plan
 
     def release(self) -> bool:

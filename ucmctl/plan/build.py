@@ -7,6 +7,8 @@ import json
 import posixpath
 from typing import Any
 
+from ucmctl.core.platforms import DEVICE_VARIABLE, NIC_VARIABLES, Platform
+from ucmctl.core.ucm_config import CONNECTOR_NAMES, ConnectorEntry, StoreConfig, UcmConfig
 from ucmctl.plan.model import (
     UCM_CONFIG_FILE,
     NodePlan,
@@ -15,16 +17,15 @@ from ucmctl.plan.model import (
     Process,
     Role,
     SlurmPlan,
+    SshClusterPlan,
     Stage,
     StorePlan,
     default_health_timeout,
 )
 from ucmctl.plan.render import render
-from ucmctl.platforms import DEVICE_VARIABLE, NIC_VARIABLES, Platform
 from ucmctl.topology.layout import Server, is_external_dp, servers
 from ucmctl.topology.model import Engine, Mode, Node, Side, SlurmCluster, Storage, Topology, Transport
 from ucmctl.topology.mooncake import ASCEND_MOONCAKE, MooncakeConnectorFacts, connector_for, protocol_for
-from ucmctl.ucm_config import CONNECTOR_NAMES, ConnectorEntry, StoreConfig, UcmConfig
 
 CONNECTOR_MODULE = "ucm_connector.connector"
 MOONCAKE_MODULE = "ucm_connector.mooncake"
@@ -59,13 +60,13 @@ def build_plan(t: Topology, slurm_nodes: dict[str, tuple[str, str]] | None = Non
         nodes=nodes,
         processes=processes,
         store=_store(t, processes),
-        slurm=_slurm(t),
+        cluster=_cluster(t),
     )
 
 
-def _slurm(t: Topology) -> SlurmPlan | None:
+def _cluster(t: Topology) -> SshClusterPlan | SlurmPlan:
     if not isinstance(t.cluster, SlurmCluster):
-        return None
+        return SshClusterPlan()
     c = t.cluster
     return SlurmPlan(partition=c.partition, account=c.account, qos=c.qos, time_limit=c.time_limit,
                      wait_allocation=c.wait_allocation, choose_nodes=c.choose_nodes, gres=c.gres)  # fmt: skip

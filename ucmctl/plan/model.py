@@ -2,26 +2,23 @@
 
 Everything after planning (deploy, preflight, purge, status, bench) reads the Plan, never the
 topology: what a process is (its `role`), when it starts (`stage`), how long it may take to
-become healthy, what its node binds, and what the UCM store is, are all written here. A leaf
-module: it imports nothing from ucmctl.
+become healthy, what its node binds, and what the UCM store is, are all written here. It
+imports only ucmctl.core.
 """
 
 from __future__ import annotations
 
 from enum import IntEnum
-from typing import Literal, get_args
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-# Deployment and node names: the Plan builds run directories and record files from them.
-NAME_RE = r"^[a-z0-9][a-z0-9_.-]{0,62}$"
+from ucmctl.core.names import NAME_RE, SERVER_ROLES, Role
 
-# 2: Process.health_timeout, NodePlan.bind, Plan.store (deploy/state.py upgrades records of 1).
-PLAN_SCHEMA_VERSION = 2
+# 2: Process.health_timeout, NodePlan.bind, Plan.store. 3: Plan.cluster (a union with a `kind`)
+# replaces Plan.slurm; Process.server. deploy/state.py upgrades records of 1 and 2.
+PLAN_SCHEMA_VERSION = 3
 
-Role = Literal["mooncake", "prefill", "decode", "mixed", "proxy"]
-ServerRole = Literal["prefill", "decode", "mixed"]  # the API servers (vLLM or the simulator)
-SERVER_ROLES: tuple[ServerRole, ...] = get_args(ServerRole)
 EngineName = Literal["vllm", "sim"]
 ModeName = Literal["centralized", "p2p", "mixed"]
 
@@ -109,6 +106,12 @@ class StorePlan(Frozen):
         return self.pipeline.split("|")
 
 
+class SshClusterPlan(Frozen):
+    """ucmctl reaches every node itself: over SSH, or on this machine."""
+
+    kind: Literal["ssh"] = "ssh"
+
+
 class SlurmPlan(Frozen):
     """The deployment's one Slurm allocation: what `up` asks sbatch for."""
 
@@ -134,6 +137,10 @@ class SlurmPlan(Frozen):
         return f"ucmctl-{deployment}"
 
 
+# Who places the processes: the launcher registry (launch/__init__.py) is keyed by `kind`.
+ClusterPlan = Annotated[SshClusterPlan | SlurmPlan, Field(discriminator="kind")]
+
+
 class Plan(Frozen):
     schema_version: int = PLAN_SCHEMA_VERSION
     deployment: str = Field(pattern=NAME_RE)  # one deployment per name per control machine
@@ -143,7 +150,7 @@ class Plan(Frozen):
     nodes: dict[str, NodePlan]
     processes: list[Process]
     store: StorePlan | None = None
-    slurm: SlurmPlan | None = None  # None: the nodes are reached over SSH (or run here)
+    cluster: ClusterPlan = Field(default_factory=SshClusterPlan)
 
     def process(self, name: str) -> Process:
         for p in self.processes:

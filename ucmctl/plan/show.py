@@ -10,8 +10,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
+from ucmctl.core.words import counted
 from ucmctl.plan.model import Plan
-from ucmctl.words import counted
 
 
 def plan_json(plan: Plan) -> str:

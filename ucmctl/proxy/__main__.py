@@ -6,7 +6,7 @@ import sys
 
 import typer
 
-from ucmctl.errors import ExitStatus, UcmctlError
+from ucmctl.core.errors import ExitStatus, report
 from ucmctl.proxy.cli import proxy
 
 
@@ -16,10 +16,6 @@ def main() -> None:
     app.command()(proxy)
     try:
         app(standalone_mode=False)
-    except UcmctlError as exc:
-        for problem in exc.problems:
-            print(f"error: {problem.render()}", file=sys.stderr)
-        sys.exit(int(exc.status))
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except typer.TyperException as exc:  # usage errors: unknown option, bad value
@@ -27,6 +23,13 @@ def main() -> None:
         sys.exit(int(ExitStatus.BAD_INPUT))
     except (typer.Abort, KeyboardInterrupt):
         sys.exit(int(ExitStatus.INTERRUPTED))
+    except Exception as exc:
+        said = report(exc)
+        if said is None:
+            raise
+        for line in said[0]:
+            print(f"error: {line}", file=sys.stderr)
+        sys.exit(int(said[1]))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import aiohttp
 from aiohttp import web
 
-from ucmctl.errors import ExitStatus, UcmctlError
+from ucmctl.core.errors import ExitStatus, UcmctlError
 from ucmctl.proxy import rewrite
 from ucmctl.proxy.balancer import Instance
 from ucmctl.proxy.config import ProxyConfig, normalize_url

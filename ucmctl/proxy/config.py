@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from yarl import URL
 
-from ucmctl.errors import UcmctlError
+from ucmctl.core.errors import UcmctlError
 
 MODES = ("pd", "mixed")
 # P2P router protocols: vLLM's MooncakeConnector (a transfer_id per request, the prefiller's

@@ -7,7 +7,7 @@ import argparse
 import json
 import os
 
-from ucmctl.errors import UcmctlError
+from ucmctl.core.errors import UcmctlError
 from ucmctl.sim.p2p import PROTOCOLS, bootstrap_port
 from ucmctl.sim.profile import Profile, load_profile
 from ucmctl.sim.server import SimConfig

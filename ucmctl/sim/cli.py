@@ -46,7 +46,7 @@ def calibrate(
     name: str = typer.Option("calibrated", "--name", help="profile name"),
 ) -> None:
     """Measure a real vLLM server and write a simulator profile fitted to it."""
-    from ucmctl.errors import UcmctlError
+    from ucmctl.core.errors import UcmctlError
     from ucmctl.sim.calibrate import calibrate as run
     from ucmctl.sim.calibrate import kv_bytes_from_model
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from ucmctl.ucm_config import UcmConfigError, parse_ucm_config
+from ucmctl.core.ucm_config import UcmConfigError, parse_ucm_config
 
 log = logging.getLogger("ucmctl.sim")
 

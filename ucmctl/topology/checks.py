@@ -6,8 +6,9 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
-from ucmctl.errors import Problem
-from ucmctl.platforms import ALL_DEVICE_VARIABLES, DEVICE_VARIABLE
+from ucmctl.core.errors import Problem
+from ucmctl.core.platforms import ALL_DEVICE_VARIABLES, DEVICE_VARIABLE
+from ucmctl.core.ucm_config import PIPELINES, UcmConfigError, parse_store_config
 from ucmctl.topology.layout import devices_per_server, servers
 from ucmctl.topology.model import (
     ENV_NAME_RE,
@@ -24,7 +25,6 @@ from ucmctl.topology.model import (
 )
 from ucmctl.topology.mooncake import PLATFORM_PROTOCOLS, VLLM_MOONCAKE, connector_for, protocol_for
 from ucmctl.topology.source import KeyPath, Source
-from ucmctl.ucm_config import PIPELINES, UcmConfigError, parse_store_config
 
 # Environment that ucmctl derives from the topology (the proxy and checks rely on it): the key to
 # set instead.
@@ -48,7 +48,7 @@ MANAGED_FLAGS = {
     "served-model-name": "model.served_name",
     "enable-expert-parallel": "<side>.expert_parallel",
 }
-# The UCM config's pipelines (ucmctl.ucm_config, the one schema of that file) that share blocks
+# The UCM config's pipelines (ucmctl.core.ucm_config, the one schema of that file) that share blocks
 # between instances: those with the shared Posix tier.
 DEPLOYABLE_PIPELINES = tuple(p for p in PIPELINES if "Posix" in p.split("|"))
 UNSAFE_TEXT = re.compile(r"[\x00-\x1f\x7f]")

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ucmctl.plan.model import ServerRole
-from ucmctl.platforms import Platform
+from ucmctl.core.names import ServerRole
+from ucmctl.core.platforms import Platform
 from ucmctl.topology.model import DpMode, Mode, Side, Topology
 from ucmctl.topology.mooncake import connector_for
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from ucmctl.errors import Problem, UcmctlError
+from ucmctl.core.errors import Problem, UcmctlError
 from ucmctl.topology.checks import check_topology
 from ucmctl.topology.model import Topology
 from ucmctl.topology.source import KeyPath, Source, load_yaml, parse_yaml

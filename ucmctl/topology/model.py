@@ -19,8 +19,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, field_validator
 
-from ucmctl.plan.model import NAME_RE, SERVER_ROLES, ServerRole  # the Plan owns the name rule
-from ucmctl.platforms import Platform
+from ucmctl.core.names import NAME_RE, SERVER_ROLES, ServerRole
+from ucmctl.core.platforms import Platform
 
 # Used with fullmatch: `$` alone would also match before a trailing newline.
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -213,7 +213,7 @@ class Storage(Strict):
 
     def ucm_store_values(self) -> dict[str, Any]:
         """The store's part of the UCM config file (`ucm_connector_config`), before validation
-        against its schema (ucmctl.ucm_config.StoreConfig)."""
+        against its schema (ucmctl.core.ucm_config.StoreConfig)."""
         values: dict[str, Any] = {
             "store_pipeline": self.store_pipeline,
             "storage_backends": list(self.storage_backends),

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ucmctl.platforms import Platform
+from ucmctl.core.platforms import Platform
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from ucmctl.errors import Problem, UcmctlError
+from ucmctl.core.errors import Problem, UcmctlError
 from ucmctl.topology.text import describe, one_line, quoted
 
 KeyPath = tuple[str | int, ...]

@@ -5,19 +5,18 @@ codes on a real slowdown, and a suite end to end."""
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
 from tests.integration.sim.test_sim_server import kv_flag, ucm_config
+from tests.support.openai_checks import metric
+from tests.support.processes import sim_server
 from tests.unit.bench.helpers import invoke
 from ucmctl.bench.hitrate import Instance
 from ucmctl.bench.runner import BenchConfig, Target, run_bench
-from ucmctl.errors import ExitStatus
-from ucmctl.testing.openai_checks import metric
-from ucmctl.testing.processes import sim_server
+from ucmctl.core.errors import ExitStatus
 
 BLOCK = 16
 
@@ -125,7 +124,6 @@ def test_save_then_compare_catches_a_real_slowdown(tmp_path: Path) -> None:
     assert code == 0
 
 
-@pytest.mark.skipif(importlib.util.find_spec("ucmctl.deploy.api") is None, reason="no deploy API yet")
 def test_ci_suite_end_to_end_and_resume(tmp_path: Path) -> None:
     suite = Path(__file__).resolve().parents[3] / "benchmarks" / "suites" / "ci.yaml"
     results, save = tmp_path / "ci.jsonl", tmp_path / "ci.json"

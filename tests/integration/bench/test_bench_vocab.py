@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from tests.support.processes import sim_server
 from tests.unit.bench.helpers import invoke
-from ucmctl.errors import ExitStatus
-from ucmctl.testing.processes import sim_server
+from ucmctl.core.errors import ExitStatus
 
 VOCAB = 4868  # the embedded default's medium model: ids 0..4867, below bench's fallback 8000
 SHORT = ("--input-len", "256", "--num-prompts", "2", "--output-len", "4", "-q")

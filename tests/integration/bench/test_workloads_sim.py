@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from tests.integration.sim.test_sim_server import kv_flag, ucm_config
+from tests.support.openai_checks import metric
+from tests.support.processes import sim_server
 from tests.unit.bench.helpers import invoke
 from ucmctl.bench import trace
-from ucmctl.errors import ExitStatus
-from ucmctl.testing.openai_checks import metric
-from ucmctl.testing.processes import sim_server
+from ucmctl.core.errors import ExitStatus
 
 MODEL = Path(__file__).resolve().parents[3] / ".models" / "medium"
 BLOCK = 16

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ucmctl.testing.netns import Cluster, cluster_or_skip
+from tests.support.netns import Cluster, cluster_or_skip
 
 
 @pytest.fixture(scope="module")

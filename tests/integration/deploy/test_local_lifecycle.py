@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ucmctl.testing.processes import carries_marker, free_port
+from tests.support.processes import carries_marker, free_port
 
 pytestmark = pytest.mark.slow
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.deploy.conftest import Cli, completion, metrics, mixed_sim, node_lines, write
-from ucmctl.testing.netns import Cluster
+from tests.support.netns import Cluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 

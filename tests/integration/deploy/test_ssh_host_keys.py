@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.deploy.conftest import Cli, mixed_sim, node_lines
-from ucmctl.testing.netns import Cluster
+from tests.support.netns import Cluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 

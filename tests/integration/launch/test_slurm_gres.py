@@ -14,9 +14,9 @@ import pytest
 
 from tests.integration.deploy.conftest import completion, write
 from tests.integration.launch.conftest import Cli, Site, queued
-from ucmctl.testing.netns import cluster_or_skip
-from ucmctl.testing.processes import environ
-from ucmctl.testing.slurm import slurm_or_skip
+from tests.support.netns import cluster_or_skip
+from tests.support.processes import environ
+from tests.support.slurm import slurm_or_skip
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 

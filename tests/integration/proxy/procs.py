@@ -19,7 +19,7 @@ from typing import Any
 import aiohttp
 from multidict import CIMultiDict
 
-from ucmctl.testing.processes import free_port
+from tests.support.processes import free_port
 
 HOST = "127.0.0.1"
 REPO = Path(__file__).resolve().parents[3]

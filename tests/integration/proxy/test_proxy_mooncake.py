@@ -7,7 +7,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from ucmctl.testing.processes import free_port
+from tests.support.processes import free_port
 
 from .procs import Proc, get, metric, pd_flags, post, proxy, sim
 

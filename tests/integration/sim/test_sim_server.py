@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 
 from tests.support.http import get, post
-from ucmctl.testing.openai_checks import (
+from tests.support.openai_checks import (
     check_chat,
     check_chat_stream,
     check_completion,
@@ -21,7 +21,7 @@ from ucmctl.testing.openai_checks import (
     metric,
     parse_sse,
 )
-from ucmctl.testing.processes import sim_server
+from tests.support.processes import sim_server
 
 BLOCK = 16
 

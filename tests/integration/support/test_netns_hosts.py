@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from ucmctl.testing.netns import Cluster, cluster_or_skip, cpu_limits_available
+from tests.support.netns import Cluster, cluster_or_skip, cpu_limits_available
 
 pytestmark = [pytest.mark.root]
 

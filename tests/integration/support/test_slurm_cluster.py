@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from ucmctl.testing.netns import Cluster, cluster_or_skip
-from ucmctl.testing.slurm import Slurm, slurm_or_skip
+from tests.support.netns import Cluster, cluster_or_skip
+from tests.support.slurm import Slurm, slurm_or_skip
 
 pytestmark = [pytest.mark.root]
 

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from ucmctl.bench.cli import app as bench_app
 from ucmctl.bench.cli import spread_option_values
 from ucmctl.bench.report import document, provenance
-from ucmctl.errors import UcmctlError
+from ucmctl.core.errors import UcmctlError
 
 
 def invoke(*args: str) -> tuple[int, str]:

@@ -9,7 +9,7 @@ import pytest
 
 from tests.unit.bench.helpers import cell, invoke, write_result
 from ucmctl.bench.compare import compare, load_side, parse_limits
-from ucmctl.errors import ExitStatus, UcmctlError
+from ucmctl.core.errors import ExitStatus, UcmctlError
 
 
 def test_parse_limits() -> None:

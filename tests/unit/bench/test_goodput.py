@@ -9,7 +9,7 @@ import pytest
 
 from ucmctl.bench.client import RequestResult
 from ucmctl.bench.goodput import SLO_METRICS, good_count, goodput_fields, parse_goodput
-from ucmctl.errors import ExitStatus, UcmctlError
+from ucmctl.core.errors import ExitStatus, UcmctlError
 
 
 def req(i: int, ttft: float, latency: float, out: int, ok: bool = True) -> RequestResult:

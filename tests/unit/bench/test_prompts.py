@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from ucmctl.bench.prompts import FIRST_ID, HEADER, preseed_len, prompt_ids, vocab_from_model
-from ucmctl.errors import UcmctlError
+from ucmctl.core.errors import UcmctlError
 
 
 def test_deterministic_and_measure_extends_preseed() -> None:

@@ -10,7 +10,7 @@ import pytest
 from ucmctl.bench.report import markdown
 from ucmctl.bench.runner import BenchConfig, Target
 from ucmctl.bench.suite import ResultsFile, Suite, apply_scenario, load_suite, run_suite
-from ucmctl.errors import UcmctlError
+from ucmctl.core.errors import UcmctlError
 from ucmctl.plan.build import build_plan
 from ucmctl.topology.load import load_topology
 from ucmctl.topology.model import Topology

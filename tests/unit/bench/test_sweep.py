@@ -6,7 +6,7 @@ import math
 import pytest
 
 from ucmctl.bench.sweep import Point, parse_concurrencies, parse_rates, points
-from ucmctl.errors import ExitStatus, UcmctlError
+from ucmctl.core.errors import ExitStatus, UcmctlError
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,7 @@ from ucmctl.bench.trace import (
     send_schedule,
     write_trace,
 )
-from ucmctl.errors import ExitStatus, UcmctlError
+from ucmctl.core.errors import ExitStatus, UcmctlError
 
 # Six requests; blocks of 512 tokens. Expected reuse worked out by hand below.
 HAND = """\

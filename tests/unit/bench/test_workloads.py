@@ -14,7 +14,7 @@ from ucmctl.bench.reuse import ReuseTracker
 from ucmctl.bench.suite import Suite
 from ucmctl.bench.sweep import Point
 from ucmctl.bench.workload import point_name
-from ucmctl.errors import ExitStatus, UcmctlError
+from ucmctl.core.errors import ExitStatus, UcmctlError
 
 
 def test_reuse_counts_whole_blocks_of_a_chained_prefix() -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from ucmctl.deploy.executor import LocalExecutor
+from ucmctl.nodes.executor import LocalExecutor
 from ucmctl.plan.model import NodePlan
 
 

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from ucmctl.deploy.executor import LocalExecutor
+from ucmctl.core.errors import ExitStatus, UcmctlError
 from ucmctl.deploy.guard import hold_script, node_guard
 from ucmctl.deploy.state import StateStore
-from ucmctl.errors import ExitStatus, UcmctlError
+from ucmctl.nodes.executor import LocalExecutor
 from ucmctl.plan.model import NodePlan, Plan
 
 HOLDER = """

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from ucmctl.core.errors import UcmctlError
 from ucmctl.deploy.api import purge
-from ucmctl.errors import UcmctlError
 from ucmctl.plan.build import build_plan
 from ucmctl.topology.load import load_topology
 

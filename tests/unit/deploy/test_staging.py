@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from ucmctl.deploy import lifecycle, staging
-from ucmctl.deploy.executor import LocalExecutor
+from ucmctl.deploy import staging
+from ucmctl.nodes import lifecycle
+from ucmctl.nodes.executor import LocalExecutor
 from ucmctl.plan.model import NodePlan, PlacedFile, Process, Stage
 
 

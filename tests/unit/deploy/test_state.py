@@ -6,10 +6,11 @@ from pathlib import Path
 
 import pytest
 
+from ucmctl.core.errors import UcmctlError
 from ucmctl.deploy.state import ProcessState, Record, StateStore, endpoints
-from ucmctl.errors import UcmctlError
 from ucmctl.plan.build import build_plan
 from ucmctl.topology.load import load_topology
+from ucmctl.topology.model import SlurmCluster
 
 TOPOLOGY = Path(__file__).resolve().parents[3] / "topologies" / "2p2d-centralized.yaml"
 
@@ -75,7 +76,7 @@ def _as_v1(rec: Record) -> dict:
     raw["schema_version"] = 1
     plan = raw["plan"]
     plan["schema_version"] = 1
-    del plan["store"]
+    del plan["store"], plan["cluster"]
     for p in plan["processes"]:
         del p["health_timeout"]
     for n in plan["nodes"].values():
@@ -83,12 +84,37 @@ def _as_v1(rec: Record) -> dict:
     return raw
 
 
+def _as_v2(rec: Record) -> dict:
+    """The record as ucmctl wrote it before plan schema 3 (`slurm`, None over SSH, not `cluster`)."""
+    raw = rec.model_dump(mode="json")
+    raw["schema_version"] = 2
+    plan = raw["plan"]
+    plan["schema_version"] = 2
+    cluster = plan.pop("cluster")
+    plan["slurm"] = cluster if cluster["kind"] == "slurm" else None
+    return raw
+
+
+@pytest.mark.parametrize("cluster", [None, SlurmCluster(kind="slurm", partition="gpu", gres="gpu")])
+def test_a_record_of_schema_2_is_upgraded(tmp_path: Path, cluster: SlurmCluster | None) -> None:
+    rec = record()
+    if cluster is not None:
+        topology = load_topology(TOPOLOGY).model_copy(update={"cluster": cluster})
+        rec = rec.model_copy(update={"plan": build_plan(topology)})
+    store = StateStore(tmp_path)
+    store.path(rec.deployment).write_text(json.dumps(_as_v2(rec)))
+    loaded = store.load(rec.deployment)
+    assert loaded is not None and loaded.schema_version == 3 and loaded.plan.schema_version == 3
+    assert loaded.plan == rec.plan
+    assert loaded.plan.cluster.kind == ("slurm" if cluster else "ssh")
+
+
 def test_a_record_of_schema_1_is_upgraded_from_what_its_plan_held(tmp_path: Path) -> None:
     rec = record()
     store = StateStore(tmp_path)
     store.path(rec.deployment).write_text(json.dumps(_as_v1(rec)))
     loaded = store.load(rec.deployment)
-    assert loaded is not None and loaded.schema_version == 2
+    assert loaded is not None and loaded.schema_version == 3
     assert loaded.plan == rec.plan  # timeouts, binds and the store, as planning decides them now
 
 

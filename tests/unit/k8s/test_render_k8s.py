@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from ucmctl.errors import ExitStatus, UcmctlError
+from ucmctl.core.errors import ExitStatus, UcmctlError
 from ucmctl.k8s.render import (
     CONFIG_DIR,
     WORK_DIR,

@@ -11,13 +11,14 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from ucmctl.core.errors import UcmctlError
 from ucmctl.deploy.inspect import render_status
 from ucmctl.deploy.state import Record, StateStore
-from ucmctl.errors import UcmctlError
 from ucmctl.launch import Allocation, launcher_for
 from ucmctl.launch.nodes import NodeLauncher
 from ucmctl.launch.slurm import SlurmLauncher, StepExecutor, srun_refusal
 from ucmctl.plan.build import build_plan
+from ucmctl.plan.model import SlurmPlan
 from ucmctl.topology.load import load_topology
 
 SLURM = """
@@ -43,23 +44,25 @@ def plan_of(tmp_path: Path, cluster: str = "{kind: slurm, partition: gpu, accoun
 
 def test_a_slurm_topology_plans_a_slurm_allocation(tmp_path: Path) -> None:
     plan = plan_of(tmp_path)
-    assert plan.slurm is not None
-    assert (plan.slurm.partition, plan.slurm.account, plan.slurm.time_limit) == ("gpu", "llm", "90")
-    assert plan.slurm.wait_allocation == 300
-    assert plan.slurm.job_name(plan.deployment) == "ucmctl-s-unit"
+    spec = plan.cluster
+    assert isinstance(spec, SlurmPlan) and spec.kind == "slurm"
+    assert (spec.partition, spec.account, spec.time_limit) == ("gpu", "llm", "90")
+    assert spec.wait_allocation == 300
+    assert spec.job_name(plan.deployment) == "ucmctl-s-unit"
     assert {n.transport for n in plan.nodes.values()} == {"slurm"}
     assert isinstance(launcher_for(plan), SlurmLauncher)
 
 
 def test_without_a_cluster_section_the_nodes_are_reached_over_ssh(tmp_path: Path) -> None:
     plan = plan_of(tmp_path, "{kind: ssh}")
-    assert plan.slurm is None and {n.transport for n in plan.nodes.values()} == {"ssh"}
+    assert plan.cluster.kind == "ssh" and {n.transport for n in plan.nodes.values()} == {"ssh"}
     assert isinstance(launcher_for(plan), NodeLauncher)
 
 
 @pytest.mark.parametrize("limit", ["30", "30:00", "1:00:00", "2-12", "2-12:30", "2-12:30:00", "UNLIMITED"])
 def test_slurm_time_formats_are_accepted(tmp_path: Path, limit: str) -> None:
-    assert plan_of(tmp_path, f'{{kind: slurm, time_limit: "{limit}"}}').slurm.time_limit == limit  # type: ignore[union-attr]
+    spec = plan_of(tmp_path, f'{{kind: slurm, time_limit: "{limit}"}}').cluster
+    assert isinstance(spec, SlurmPlan) and spec.time_limit == limit
 
 
 @pytest.mark.parametrize(
@@ -167,7 +170,7 @@ def test_nodes_slurm_chooses_have_no_host_until_bound(tmp_path: Path) -> None:
     path.write_text(text.replace("host: 10.0.0.11, ", "").replace("host: 10.0.0.12, ", ""))
     topology = load_topology(path)
     unbound = build_plan(topology)
-    assert unbound.slurm is not None and unbound.slurm.choose_nodes
+    assert isinstance(unbound.cluster, SlurmPlan) and unbound.cluster.choose_nodes
     assert {n.slurm_node for n in unbound.nodes.values()} == {None}
     bound = build_plan(topology, {"gpu-a01": ("n17", "10.1.0.17"), "gpu-a02": ("n03", "10.1.0.3")})
     assert (bound.nodes["gpu-a01"].slurm_node, bound.nodes["gpu-a01"].host) == ("n17", "10.1.0.17")
@@ -204,3 +207,17 @@ def test_a_script_cannot_be_rendered_for_nodes_slurm_has_not_chosen_yet(tmp_path
     with pytest.raises(UcmctlError) as err:
         render_script(build_plan(load_topology(path)))
     assert "needs the nodes named" in str(err.value)
+
+
+def test_the_registry_has_a_launcher_for_every_cluster_kind_of_the_topology() -> None:
+    from typing import get_args
+
+    from ucmctl.launch import LAUNCHERS
+    from ucmctl.plan.model import Plan
+    from ucmctl.topology.model import Topology
+
+    def kinds(model: type) -> set[str]:
+        union = model.model_fields["cluster"].annotation  # type: ignore[attr-defined]
+        return {get_args(c.model_fields["kind"].annotation)[0] for c in get_args(union)}
+
+    assert kinds(Topology) == kinds(Plan) == set(LAUNCHERS) == {"ssh", "slurm"}

@@ -21,11 +21,11 @@ from pathlib import Path
 
 import pytest
 
-from ucmctl.deploy import lifecycle
-from ucmctl.errors import ExitStatus, UcmctlError
+from ucmctl.core.errors import ExitStatus, UcmctlError
 from ucmctl.launch.sbatch import render_script, write_script
+from ucmctl.nodes import lifecycle
 from ucmctl.plan.build import build_plan
-from ucmctl.plan.model import Plan
+from ucmctl.plan.model import Plan, SshClusterPlan
 from ucmctl.topology.load import load_topology
 from ucmctl.topology.model import SlurmCluster
 
@@ -337,11 +337,11 @@ def test_python_probes_health_where_curl_is_missing(tmp_path: Path) -> None:
 
 def test_a_value_slurm_would_misread_is_refused() -> None:
     plan = slurm_plan(REPO / "topologies" / "1p1d.yaml")
-    assert plan.slurm is not None
-    odd = plan.model_copy(update={"slurm": plan.slurm.model_copy(update={"partition": "gpu x"})})
+    assert plan.cluster.kind == "slurm"
+    odd = plan.model_copy(update={"cluster": plan.cluster.model_copy(update={"partition": "gpu x"})})
     with pytest.raises(UcmctlError, match="Slurm reads that line unquoted"):
         render_script(odd)
-    without = plan.model_copy(update={"slurm": None})
+    without = plan.model_copy(update={"cluster": SshClusterPlan()})
     with pytest.raises(UcmctlError, match=re.escape("cluster: {kind: slurm")):
         render_script(without)
 

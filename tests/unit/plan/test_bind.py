@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ucmctl.errors import UcmctlError
+from ucmctl.core.errors import UcmctlError
 from ucmctl.plan.build import build_plan
 from ucmctl.plan.model import Plan, Process
 from ucmctl.topology.load import parse_topology

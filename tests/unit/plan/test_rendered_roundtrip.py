@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
-from ucmctl.errors import UcmctlError
+from ucmctl.core.errors import UcmctlError
 from ucmctl.plan.build import build_plan
 from ucmctl.plan.model import Plan, Process
 from ucmctl.plan.render import json_value, yaml_value

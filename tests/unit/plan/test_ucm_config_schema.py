@@ -7,10 +7,10 @@ from pathlib import Path
 
 import yaml
 
+from ucmctl.core.ucm_config import PIPELINES, parse_ucm_config
 from ucmctl.plan.model import UCM_CONFIG_FILE, Plan
 from ucmctl.sim.external import load_ucm_config
 from ucmctl.topology.checks import DEPLOYABLE_PIPELINES
-from ucmctl.ucm_config import PIPELINES, parse_ucm_config
 
 
 def test_every_rendered_ucm_config_passes_the_schema_and_matches_the_plans_store(

@@ -7,13 +7,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tests.support.http import get, post
+from tests.support.openai_checks import metric
+from tests.support.processes import sim_server
 from ucmctl.bench.capacity import parse_capacity, parse_preemptions
 from ucmctl.sim.engine import FINISHED, Engine, SimRequest
 from ucmctl.sim.metrics import exposition
 from ucmctl.sim.prefix_cache import PrefixCache, block_keys
 from ucmctl.sim.profile import Profile
-from ucmctl.testing.openai_checks import metric
-from ucmctl.testing.processes import sim_server
 
 BLOCK = 16
 VOCAB = 1000

@@ -4,13 +4,13 @@ import json
 
 import pytest
 
-from ucmctl.errors import UcmctlError
+from tests.support.openai_checks import metric
+from ucmctl.core.errors import UcmctlError
 from ucmctl.sim.args import parse_serve_args
 from ucmctl.sim.engine import Engine
 from ucmctl.sim.metrics import Histogram, exposition
 from ucmctl.sim.prefix_cache import PrefixCache, block_keys
 from ucmctl.sim.profile import Profile, load_profile
-from ucmctl.testing.openai_checks import metric
 
 
 def test_block_keys_name_the_whole_prefix() -> None:

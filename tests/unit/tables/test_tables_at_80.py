@@ -14,11 +14,11 @@ from tests.unit.tables.render import at_width
 from ucmctl.bench import report
 from ucmctl.bench.client import RequestResult
 from ucmctl.bench.metrics import summarize
+from ucmctl.core.tables import FIGURE, NAME, PAIR, fitted, widths
 from ucmctl.deploy.inspect import render_status
 from ucmctl.deploy.state import ProcessState, Record
 from ucmctl.plan.build import build_plan
 from ucmctl.plan.show import print_plan
-from ucmctl.tables import FIGURE, NAME, PAIR, fitted, widths
 from ucmctl.topology.load import load_topology
 
 TOPOLOGIES = sorted((Path(__file__).resolve().parents[3] / "topologies").glob("*.yaml"))

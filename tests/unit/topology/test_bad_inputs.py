@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ucmctl.errors import UcmctlError
+from ucmctl.core.errors import UcmctlError
 from ucmctl.topology.load import load_topology
 
 BAD = sorted((Path(__file__).parent / "bad").glob("*.yaml"))

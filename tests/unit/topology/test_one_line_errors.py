@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ucmctl.errors import UcmctlError
+from ucmctl.core.errors import UcmctlError
 from ucmctl.topology.load import parse_topology
 from ucmctl.topology.source import dotted
 from ucmctl.topology.text import one_line, refused_char

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from ucmctl.errors import UcmctlError
+from ucmctl.core.errors import UcmctlError
 from ucmctl.topology.source import dotted, parse_yaml
 
 

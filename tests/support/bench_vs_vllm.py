@@ -11,10 +11,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tests.support.vllm_server import VllmServer
 from ucmctl.bench.hitrate import Instance
 from ucmctl.bench.prompts import vocab_from_model
 from ucmctl.bench.runner import BenchConfig, Target, run_bench
-from ucmctl.testing.vllm_server import VllmServer
 
 INPUT, OUTPUT, PROMPTS, CONCURRENCY = 512, 32, 16, 4
 VENV_BIN = Path(sys.executable).parent

@@ -98,7 +98,7 @@ class Cluster:
 
     def processes_of(self, deployment: str) -> list[tuple[str, int]]:
         """(host, pid) of every live process anywhere that carries a marker of `deployment`."""
-        from ucmctl.testing.processes import carries_marker
+        from tests.support.processes import carries_marker
 
         mark = f"/{deployment}/".encode()
         return [(host, pid) for host, pid in self.pids() if carries_marker(pid, mark)]

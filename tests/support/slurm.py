@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ucmctl.testing import netns
+from tests.support import netns
 
 TOOLS = ("slurmctld", "slurmd", "munged", "sbatch", "srun", "scancel", "squeue", "sinfo", "nsenter")
 FREEZER = Path("/sys/fs/cgroup/freezer")

@@ -26,7 +26,7 @@ from typing import Any
 
 import yaml
 
-from ucmctl.ucm_config import parse_ucm_config
+from ucmctl.core.ucm_config import parse_ucm_config
 
 VENV_BIN = Path(sys.executable).parent
 HASH_SEED = "0"

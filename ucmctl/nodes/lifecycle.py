@@ -13,7 +13,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
-from ucmctl.deploy.executor import Executor, NodeError, Watch
+from ucmctl.nodes.executor import Executor, NodeError, Watch
 from ucmctl.plan.model import Process
 
 # Prints the number of live (non-zombie) members of process group $1 that carry marker $2.

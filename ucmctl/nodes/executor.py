@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from ucmctl.core.errors import ExitStatus, Problem, UcmctlError
 from ucmctl.plan.model import NodePlan
 
 
@@ -32,13 +33,15 @@ class Result:
         return self.exit_code == 0
 
 
-class NodeError(Exception):
+class NodeError(UcmctlError):
     """A node could not be reached or a command on it failed."""
 
+    status = ExitStatus.FAILURE
+
     def __init__(self, node: str, message: str) -> None:
-        super().__init__(f"node {node}: {message}")
         self.node = node
         self.reason = message
+        super().__init__([Problem(f"node {node}: {message}")])
 
 
 class HostKeyError(NodeError):
@@ -182,7 +185,7 @@ class SshExecutor:
     ) -> None:
         import fabric  # imported here: local topologies need no SSH stack
 
-        from ucmctl.deploy import host_keys
+        from ucmctl.nodes import host_keys
 
         self.node = node
         config_path = ssh_config or os.environ.get("UCMCTL_SSH_CONFIG")
@@ -204,7 +207,7 @@ class SshExecutor:
         self._dirs: set[str] = set()
 
     def _connect(self) -> None:
-        from ucmctl.deploy import host_keys
+        from ucmctl.nodes import host_keys
 
         try:
             self._conn.open()

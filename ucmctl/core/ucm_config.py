@@ -18,14 +18,19 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from ucmctl.core.errors import Problem, UcmctlError
+
 TIERS = ("Cache", "Posix")  # what the native store implements
 PIPELINES = ("Cache|Posix", "Posix", "Cache")  # tiers in the order a block passes them
 CONNECTOR_NAMES = ("UcmPipelineStore",)  # `ucm_connector_name`s the connector provides
 GIB = 1 << 30
 
 
-class UcmConfigError(ValueError):
+class UcmConfigError(UcmctlError, ValueError):
     """A bad UCM config; the message names the key, the value and the valid choices."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__([Problem(message)])
 
 
 def _invalid(value: Any, valid: str) -> ValueError:

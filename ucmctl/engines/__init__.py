@@ -1,0 +1,1 @@
+"""Engines: what serving with vLLM or the simulator means to ucmctl."""
