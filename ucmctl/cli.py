@@ -133,7 +133,7 @@ def render(
     default_image, platform_images = parse_images(image or [])
     options = Options(namespace=namespace, image=default_image, platform_images=platform_images,
                       storage_class=storage_class, store_size=store_size)  # fmt: skip
-    manifests = render_manifests(the_plan, topo, options)
+    manifests = render_manifests(the_plan, options)
     for written in write_manifests(manifests, the_plan, k8s):
         out.print(escape(str(written)))
     out.print(f"wrote {len(manifests)} manifests under {escape(str(k8s))}: apply them with "

@@ -22,10 +22,10 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from ucmctl.bench.hitrate import Instance
+from ucmctl.bench.hitrate import METRICS, Instance
 
-CACHE_INFO = "vllm:cache_config_info"
-PREEMPTIONS = ("vllm:num_preemptions_total", "vllm:num_preemptions")
+CACHE_INFO = METRICS.cache_config_info
+PREEMPTIONS = (METRICS.preemptions + "_total", METRICS.preemptions)
 _LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
 

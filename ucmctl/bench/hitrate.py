@@ -15,13 +15,17 @@ from typing import Any
 import aiohttp
 
 from ucmctl.core.errors import UcmctlError
+from ucmctl.engines import ENGINES
 
+# Every engine ucmctl serves with exposes vLLM's series (the simulator imitates them; a test
+# holds the registry to it): an engine with names of its own would pass its Metrics here.
+METRICS = ENGINES["vllm"].metrics
 COUNTERS = {
-    "local_queries": "vllm:prefix_cache_queries",
-    "local_hits": "vllm:prefix_cache_hits",
-    "external_queries": "vllm:external_prefix_cache_queries",
-    "external_hits": "vllm:external_prefix_cache_hits",
-    "preemptions": "vllm:num_preemptions",  # not a hit counter: read with them, reported per phase
+    "local_queries": METRICS.local_queries,
+    "local_hits": METRICS.local_hits,
+    "external_queries": METRICS.external_queries,
+    "external_hits": METRICS.external_hits,
+    "preemptions": METRICS.preemptions,  # not a hit counter: read with them, reported per phase
 }
 
 

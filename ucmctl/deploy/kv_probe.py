@@ -24,13 +24,12 @@ from collections.abc import Callable
 
 from pydantic import BaseModel
 
+from ucmctl.engines import engine_for
 from ucmctl.plan.model import Plan
 
 PROBE_TOKENS = 1100  # several whole blocks at any block size vLLM uses (16 .. 512)
 MAX_TOKENS = 2
 TOKEN_RANGE = (10, 500)  # ids every vocabulary has
-TRANSFER = ("vllm:prompt_tokens_by_source_total", 'source="external_kv_transfer"')
-EXTERNAL_HITS = ("vllm:external_prefix_cache_hits_total", "")
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)$")
 
 
@@ -81,7 +80,10 @@ def _post(url: str, body: dict, timeout: float) -> dict:
 def _reading(plan: Plan, get: Callable[[str], str]) -> tuple[str, float]:
     """(metric used, its sum over the decode instances)."""
     texts = [get(f"{p.url}/metrics") for p in plan.processes if p.role == "decode"]
-    wanted = [TRANSFER, EXTERNAL_HITS] if plan.mode == "p2p" else [EXTERNAL_HITS]
+    metrics = engine_for(plan.engine).metrics
+    transfer = (metrics.prompt_tokens_by_source + "_total", f'source="{metrics.transfer_source}"')
+    external_hits = (metrics.external_hits + "_total", "")
+    wanted = [transfer, external_hits] if plan.mode == "p2p" else [external_hits]
     for name, label in wanted:
         values = [counter(t, name, label) for t in texts]
         if all(v is not None for v in values):

@@ -8,10 +8,11 @@ import uuid
 from dataclasses import dataclass, field
 
 from ucmctl.core.platforms import DEVICE_COUNTER, Platform
+from ucmctl.engines import engine_for
 from ucmctl.nodes import lifecycle
 from ucmctl.nodes.executor import Executor, HostKeyError, NodeError
 from ucmctl.nodes.fanout import parallel
-from ucmctl.plan.model import EngineName, NodePlan, Plan, Process
+from ucmctl.plan.model import NodePlan, Plan, Process
 
 # One round trip per node: facts as KEY=VALUE lines.
 _FACTS = r"""
@@ -40,10 +41,6 @@ print("connector=%d" % all(u.find_spec(m) is not None for m in ("ucm_connector",
 """
 # The fact (a line of _FACTS) each device-counting tool fills in.
 _COUNTED_BY = {"nvidia-smi": "nvidia", "npu-smi": "npu"}
-_ENGINE_PROBES: dict[EngineName, str] = {
-    "vllm": 'import importlib.metadata as m; print("engine=" + m.version("vllm"))',
-    "sim": 'import ucmctl; print("engine=sim " + ucmctl.__version__)',
-}
 
 
 @dataclass
@@ -69,11 +66,13 @@ def preflight(plan: Plan, executors: dict[str, Executor]) -> Preflight:
     results = parallel(executors, lambda n: _node_checks(plan, executors[n], shared))
     problems = [p for r in results for p in r.problems]
     reachable = [r for r in results if r.facts]
-    if plan.engine == "vllm":
+    engine = engine_for(plan.engine)
+    if engine.one_version:
         versions = {r.node: r.facts.get("engine", "") for r in reachable if r.facts.get("engine")}
         if len(set(versions.values())) > 1:
             listed = ", ".join(f"{n} {v}" for n, v in sorted(versions.items()))
-            problems.append(f"vLLM versions differ between nodes ({listed}): install one version everywhere")
+            problems.append(f"{engine.display_name} versions differ between nodes ({listed}): "
+                            "install one version everywhere")  # fmt: skip
     if shared.writer is not None:
         writer = next(r for r in results if r.node == shared.writer)
         problems += shared.judge(writer, executors, all_reachable=len(reachable) == len(results))
@@ -98,7 +97,7 @@ def _node_checks(plan: Plan, ex: Executor, shared: _SharedCheck) -> NodeFacts:
     mooncake = _mooncake_tool(plan)
     script = _FACTS.format(
         python=shlex.quote(node.python),
-        python_probe=_PYTHON_PROBE.format(engine=_ENGINE_PROBES[plan.engine]).replace("'", "'\\''"),
+        python_probe=_PYTHON_PROBE.format(engine=engine_for(plan.engine).version_probe).replace("'", "'\\''"),
         mooncake=shlex.quote(mooncake or "mooncake_master"),
         bind=shlex.quote(node.bind),
     )
@@ -125,9 +124,9 @@ def _node_checks(plan: Plan, ex: Executor, shared: _SharedCheck) -> NodeFacts:
         )
         return out
     if servers and not f.get("engine"):
-        what = "vLLM" if plan.engine == "vllm" else "ucmctl (for the simulator)"
+        what = engine_for(plan.engine).display_name
         out.problems.append(f"{where}: {what} is not installed for {node.python}")
-    needs_connector = plan.engine == "vllm" and any(plan.uses_store(p) for p in servers)
+    needs_connector = engine_for(plan.engine).loads_ucm_connector and any(plan.uses_store(p) for p in servers)
     if needs_connector and f.get("connector") != "1":
         out.problems.append(
             f"{where}: the UCM connector (ucm_connector, ucm_store) is not importable by {node.python}: "

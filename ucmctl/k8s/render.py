@@ -45,10 +45,10 @@ import yaml
 
 from ucmctl import __version__
 from ucmctl.core.errors import UcmctlError
+from ucmctl.core.names import SERVER_ROLES
 from ucmctl.core.platforms import DEVICE_RESOURCE, Platform
+from ucmctl.engines import ServerSpec, engine_for
 from ucmctl.plan.model import Plan, Process
-from ucmctl.topology.layout import is_external_dp
-from ucmctl.topology.model import Side, Topology
 
 API_LWS = "leaderworkerset.x-k8s.io/v1"
 DEFAULT_IMAGE = f"ucmctl:{__version__}"  # an image with the engine, ucmctl and its connector
@@ -58,7 +58,7 @@ ANY_ADDRESS = "0.0.0.0"  # the pod's own interfaces
 HEADER_MARK = "# Rendered by `ucmctl render --k8s`"
 
 # Variables that name the node's own address: on Kubernetes, the pod's.
-POD_IP_VARIABLES = ("VLLM_HOST_IP", "HCCL_IF_IP")
+HCCL_IF_IP = "HCCL_IF_IP"  # Ascend's collective address (plan/build.py), with the engine's own
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -175,9 +175,8 @@ class SideLayout:
 
 
 class _Renderer:
-    def __init__(self, plan: Plan, topology: Topology, options: Options) -> None:
+    def __init__(self, plan: Plan, options: Options) -> None:
         self.plan = plan
-        self.t = topology
         self.o = options
         self.base = k8s_name(plan.deployment)
         self.ns = options.namespace
@@ -186,7 +185,8 @@ class _Renderer:
             "app.kubernetes.io/instance": self.base,
             "app.kubernetes.io/managed-by": "ucmctl",
         }
-        self.sides = [self._layout(role, side) for role, side in topology.sides()]
+        by_role = {role: [p for p in plan.servers() if p.role == role] for role in SERVER_ROLES}
+        self.sides = [self._layout(role, procs) for role, procs in by_role.items() if procs]
         self.mooncake = next((p for p in plan.processes if p.role == "mooncake"), None)
         self.proxy = next((p for p in plan.processes if p.role == "proxy"), None)
         self.config_name = f"{self.base}-config"
@@ -197,8 +197,7 @@ class _Renderer:
 
     # --- layout -------------------------------------------------------------------------------
 
-    def _layout(self, role: str, side: Side) -> SideLayout:
-        procs = [p for p in self.plan.servers() if p.role == role]
+    def _layout(self, role: str, procs: list[Process]) -> SideLayout:
         platforms = {self.plan.nodes[p.node].platform for p in procs}
         if len(platforms) > 1:
             raise UcmctlError.one(
@@ -208,10 +207,11 @@ class _Renderer:
                 fix="give each side nodes of one platform",
             )
         name = f"{self.base}-{role}"
-        if not is_external_dp(side):
+        spec = _spec(procs[0])
+        if not spec.external_dp:
             where = {p.name: (i, 0, 0) for i, p in enumerate(procs)}
             return SideLayout(role, name, len(procs), 1, [procs[0]], False, where)
-        dp = side.dp
+        dp = spec.data_parallel_size
         groups = [procs[i : i + dp] for i in range(0, len(procs), dp)]
         runs = [_runs(group) for group in groups]
         per_pod = runs[0][0]
@@ -370,14 +370,12 @@ class _Renderer:
     def _server_container(self, s: SideLayout, c: int) -> dict[str, Any]:
         p = s.templates[c]
         paths = _PathMap(self.plan, p)
-        words: list[Word] = list(p.argv)
-        _set_value(words, "--host", ANY_ADDRESS)
+        spec = _spec(p)
+        # The Plan's server as the pod runs it: listening on the pod, its rank from the LWS.
+        pod = {"host": ANY_ADDRESS}
         prelude: list[str] = []
         if s.external_dp:
-            _set_value(
-                words, "--data-parallel-rank", Raw(f'"$$(( $(LWS_WORKER_INDEX) * {s.per_pod} + {c} ))"')
-            )
-            _set_value(words, "--data-parallel-address", Raw('"$(LWS_LEADER_ADDRESS)"'))
+            pod |= {"data_parallel_rank": _RANK, "data_parallel_address": _LEADER}
             prelude = [
                 "set -eu",
                 'case "$(LWS_WORKER_INDEX)" in',
@@ -389,10 +387,12 @@ class _Renderer:
                 "for: render again' >&2; exit 1",
                 "fi",
             ]
-        i = _last(words, "--kv-transfer-config")
-        if i is not None and isinstance(words[i + 1], str):
-            words[i + 1] = json.dumps(_map_json(json.loads(str(words[i + 1])), paths.map))
-        words = [paths.map(w) if isinstance(w, str) else w for w in words]
+        if spec.kv_transfer_config is not None:
+            pod["kv_transfer_config"] = _map_json(spec.kv_transfer_config, paths.map)
+        argv = engine_for(self.plan.engine).argv(spec.model_copy(update=pod))
+        shell = {_RANK: Raw(f'"$$(( $(LWS_WORKER_INDEX) * {s.per_pod} + {c} ))"'),
+                 _LEADER: Raw('"$(LWS_LEADER_ADDRESS)"')}  # fmt: skip
+        words: list[Word] = [shell.get(w) or paths.map(w) for w in argv]
 
         for f in p.files:
             if f.path == p.launch:
@@ -440,7 +440,7 @@ class _Renderer:
         for key, value in p.env.items():
             if key == p.device_variable:
                 continue  # the device plugin makes the container's cards visible
-            if key in POD_IP_VARIABLES:
+            if key in (HCCL_IF_IP, engine_for(self.plan.engine).host_ip_variable):
                 out.append({"name": key, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
                 continue
             if paths is not None:
@@ -501,7 +501,8 @@ class _Renderer:
                     shlex.split(c["command"][2]) if c["command"][:2] == ["/bin/sh", "-c"] else c["command"]
                 )
                 dtypes.add(words[words.index("--dtype") + 1] if "--dtype" in words else None)
-        if seeds and seeds != {str(self.t.model.hash_seed)}:
+        planned = {p.env.get("PYTHONHASHSEED") for p in self.plan.servers()}
+        if seeds and (seeds != planned or len(planned) > 1):
             raise UcmctlError.one(
                 f"PYTHONHASHSEED differs between the rendered servers: {sorted(map(str, seeds))}"
             )
@@ -546,17 +547,23 @@ def _map_json(value: Any, fn: Any) -> Any:
     return fn(value) if isinstance(value, str) else value
 
 
+# Words of a server's command line that the pod's shell gives: its DP rank and its group's leader.
+_RANK = "\0ucmctl-dp-rank"
+_LEADER = "\0ucmctl-dp-leader"
+
+
+def _spec(p: Process) -> ServerSpec:
+    assert p.server is not None, f"{p.name} is an API server of the Plan: it has a server spec"
+    return p.server
+
+
 def _first(words: list[Word], flag: str) -> int | None:
     return next((i for i, w in enumerate(words[:-1]) if w == flag), None)
 
 
-def _last(words: list[Word], flag: str) -> int | None:
-    return next((i for i in range(len(words) - 2, -1, -1) if words[i] == flag), None)
-
-
 def _set_value(words: list[Word], flag: str, value: Word) -> None:
-    """Replace the value of the Plan's own `flag` (the first: derived flags come before the
-    topology's extra flags)."""
+    """Replace the value of the Plan's own `flag` in the Mooncake master's or the proxy's argv
+    (ucmctl's own programs; a server's command line is built from its spec instead)."""
     i = _first(words, flag)
     if i is not None:
         words[i + 1] = value
@@ -572,11 +579,11 @@ def _port_name(key: str, suffix: str = "") -> str:
     return name + suffix
 
 
-def render_manifests(plan: Plan, topology: Topology, options: Options | None = None) -> list[Manifest]:
-    """Every object of the deployment, in apply order (a pure function of its inputs)."""
+def render_manifests(plan: Plan, options: Options | None = None) -> list[Manifest]:
+    """Every object of the deployment, in apply order: a pure function of the Plan."""
     options = options or Options()
     check_options(options)
-    return _Renderer(plan, topology, options).manifests()
+    return _Renderer(plan, options).manifests()
 
 
 class _Dumper(yaml.SafeDumper):

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import ipaddress
-import json
 import posixpath
 from typing import Any
 
 from ucmctl.core.platforms import DEVICE_VARIABLE, NIC_VARIABLES, Platform
 from ucmctl.core.ucm_config import CONNECTOR_NAMES, ConnectorEntry, StoreConfig, UcmConfig
+from ucmctl.engines import KvTransfer, MooncakeLeg, ServerSpec, engine_for
+from ucmctl.engines.mooncake import ASCEND_MOONCAKE, MooncakeConnectorFacts, connector_for, protocol_for
 from ucmctl.plan.model import (
     UCM_CONFIG_FILE,
     NodePlan,
@@ -24,11 +25,8 @@ from ucmctl.plan.model import (
 )
 from ucmctl.plan.render import render
 from ucmctl.topology.layout import Server, is_external_dp, servers
-from ucmctl.topology.model import Engine, Mode, Node, Side, SlurmCluster, Storage, Topology, Transport
-from ucmctl.topology.mooncake import ASCEND_MOONCAKE, MooncakeConnectorFacts, connector_for, protocol_for
+from ucmctl.topology.model import Mode, Node, Side, SlurmCluster, Storage, Topology, Transport
 
-CONNECTOR_MODULE = "ucm_connector.connector"
-MOONCAKE_MODULE = "ucm_connector.mooncake"
 LOCAL_ADDRESS = "127.0.0.1"
 
 
@@ -219,7 +217,9 @@ def _server(t: Topology, nodes: dict[str, NodePlan], s: Server, deps: list[str])
     device_variable = DEVICE_VARIABLE[node.platform]
     if device_variable:
         env[device_variable] = ",".join(str(d) for d in s.devices)
-    env.update(_platform_env(node, nodes[s.node].run_dir))
+    env.update(_platform_env(node))
+    engine = engine_for(t.engine.value)
+    env.update(engine.platform_env(node.platform.value, nodes[s.node].run_dir))
 
     ucm_config = None
     if t.storage is not None and _uses_store(t, s.side):
@@ -231,39 +231,33 @@ def _server(t: Topology, nodes: dict[str, NodePlan], s: Server, deps: list[str])
         files["mooncake.json"] = _mooncake_json(t)
         env["MOONCAKE_CONFIG_PATH"] = posixpath.join(work, "mooncake.json")
     if s.bootstrap_port:
-        env["VLLM_MOONCAKE_BOOTSTRAP_PORT"] = str(s.bootstrap_port)
+        env[engine.bootstrap_port_variable] = str(s.bootstrap_port)
     announces = t.mode is Mode.p2p and not _mooncake_facts(t, node).reads_mooncake_json
     if announces and (node.transport is Transport.local or _is_ip(node.host)):
         # the address vLLM's Mooncake transfer engine and side channel announce to peers (both
         # sides: prefill pushes to the address decode announces)
-        env["VLLM_HOST_IP"] = _address(node)
+        env[engine.host_ip_variable] = _address(node)
     env.update(node.env)
     env.update(side.env)
 
-    if t.engine is Engine.sim:  # the only difference an engine makes: the executable
-        serve = [_python(node), "-m", "ucmctl", "sim", "serve"]
-    else:
-        serve = [_tool(node, "vllm"), "serve"]
-    argv = [*serve, t.model.path, "--host", _bind(node), "--port", str(s.port)]
-    if t.model.served_name:
-        argv += ["--served-model-name", t.model.served_name]
     dtype = side.dtype or t.model.dtype
-    if dtype != "auto":
-        argv += ["--dtype", dtype]
-    argv += ["--data-parallel-size", str(s.dp_size)]
-    if is_external_dp(side):
-        argv += [
-            "--data-parallel-rank", str(s.dp_rank),
-            "--data-parallel-address", str(s.dp_address),
-            "--data-parallel-rpc-port", str(s.dp_rpc_port),
-        ]  # fmt: skip
-    argv += ["--tensor-parallel-size", str(s.tp_size)]
-    if side.expert_parallel:
-        argv.append("--enable-expert-parallel")
-    argv += _flags(side.flags)
-    kv_config = _kv_transfer_config(t, s, ucm_config)
-    if kv_config is not None:
-        argv += ["--kv-transfer-config", json.dumps(kv_config)]
+    spec = ServerSpec(
+        executable=engine.executable(_python(node), lambda name: _tool(node, name)),
+        model=t.model.path,
+        host=_bind(node),
+        port=s.port,
+        served_model_name=t.model.served_name,
+        dtype=None if dtype == "auto" else dtype,
+        data_parallel_size=s.dp_size,
+        data_parallel_rank=s.dp_rank if is_external_dp(side) else None,
+        data_parallel_address=str(s.dp_address) if is_external_dp(side) else None,
+        data_parallel_rpc_port=s.dp_rpc_port if is_external_dp(side) else None,
+        tensor_parallel_size=s.tp_size,
+        enable_expert_parallel=side.expert_parallel,
+        flags=dict(side.flags),
+        kv_transfer_config=engine.kv_transfer_config(_kv_transfer(t, s, ucm_config)),
+    )
+    argv = engine.argv(spec)
 
     base = f"http://{_address(node)}:{s.port}"
     ports = {"http": s.port}
@@ -277,7 +271,7 @@ def _server(t: Topology, nodes: dict[str, NodePlan], s: Server, deps: list[str])
         t, nodes, name=s.name, role=s.side, node=s.node, stage=Stage.servers, argv=argv, env=env,
         extra_files=files, ports=ports, url=base, health=[f"{base}/health", f"{base}/v1/models"],
         depends_on=deps, devices=list(s.devices), device_variable=device_variable,
-        dp_rank=s.dp_rank,
+        dp_rank=s.dp_rank, server=spec,
     )  # fmt: skip
 
 
@@ -292,19 +286,15 @@ def _ucm_config(storage: Storage, *, wait_persisted: bool) -> UcmConfig:
     )
 
 
-def _platform_env(node: Node, run_dir: str) -> dict[str, str]:
-    """What the guides export for a platform, derived from the node's facts."""
+def _platform_env(node: Node) -> dict[str, str]:
+    """What the guides export for a platform, derived from the node's facts (the engine's own
+    variables come from the engine)."""
     env: dict[str, str] = {}
     if node.platform is Platform.ascend and _is_ip(node.host):
         env["HCCL_IF_IP"] = node.host
     if node.nic:
         for var in NIC_VARIABLES[node.platform]:
             env[var] = node.nic
-    if node.platform is Platform.cpu:
-        env["VLLM_TARGET_DEVICE"] = "cpu"
-        # Otherwise vLLM keeps one core idle, halving prefill speed on small machines.
-        env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
-        env["VLLM_CACHE_ROOT"] = posixpath.join(run_dir, "vllm-cache")
     return env
 
 
@@ -313,81 +303,37 @@ def _is_ip(host: str) -> bool:
     return len(parts) == 4 and all(p.isdigit() and int(p) < 256 for p in parts)
 
 
-def _flags(flags: dict[str, Any]) -> list[str]:
-    """YAML flags -> argv: true is a bare flag, false `--no-flag`, maps and lists are JSON."""
-    out: list[str] = []
-    for key, value in flags.items():
-        flag = "--" + key.removeprefix("--")
-        if value is True or value is None:
-            out.append(flag)
-        elif value is False:
-            out.append("--no-" + flag[2:])
-        elif isinstance(value, (dict, list)):
-            out += [flag, json.dumps(value, separators=(",", ":"))]
-        else:
-            out += [flag, str(value)]
-    return out
-
-
-def _ucm_connector(ucm_config: str) -> dict[str, Any]:
-    return {
-        "kv_connector": "UCMConnector",
-        "kv_role": "kv_both",
-        "kv_connector_module_path": CONNECTOR_MODULE,
-        "kv_connector_extra_config": {"UCM_CONFIG_FILE": ucm_config},
-        # A block the store cannot deliver is recomputed, never a failed request. vLLM reads the
-        # top level's policy; inside a MultiConnector the child carries it too, so the
-        # connector's own check of it sees the same value.
-        "kv_load_failure_policy": "recompute",
-    }
-
-
-def _kv_transfer_config(t: Topology, s: Server, ucm_config: str | None) -> dict[str, Any] | None:
+def _kv_transfer(t: Topology, s: Server, ucm_config: str | None) -> KvTransfer:
+    """The KV connectors a server loads: the store's (its UCM config), and Mooncake's in P2P."""
     if t.mode is not Mode.p2p:
-        if ucm_config is None:
-            return None
-        return _ucm_connector(ucm_config)
+        return KvTransfer(ucm_config=ucm_config)
     mc = t.mooncake
     assert mc is not None
     node = t.nodes[s.node]
     facts = _mooncake_facts(t, node)
-    role = "kv_producer" if s.side == "prefill" else "kv_consumer"
-    multi = s.side == "prefill" and ucm_config is not None
+    parallel: dict[str, dict[str, int]] = {}
     if facts.reads_mooncake_json:  # vllm-ascend's MooncakeConnectorV1: the guides' keys
         prefill, decode = _side(t, "prefill"), _side(t, "decode")
-        peer = (prefill if s.side == "decode" else decode).kv_peer
-        extra: dict[str, Any] = {
+        parallel = {
             "prefill": {"dp_size": prefill.dp, "tp_size": prefill.tp},
             "decode": {"dp_size": decode.dp, "tp_size": decode.tp},
         }
+        peer = (prefill if s.side == "decode" else decode).kv_peer
         if peer is not None:  # checks guarantee it equals the other side; written as the user wrote it
             other = "decode" if s.side == "prefill" else "prefill"
-            extra[other] = {"dp_size": peer.dp, "tp_size": peer.tp}
-        mooncake: dict[str, Any] = {
-            "kv_connector": facts.name,
-            "kv_role": role,
-            "kv_port": s.kv_port,
-            "kv_connector_extra_config": extra,
-        }
-    else:  # vLLM's MooncakeConnector reads only these
-        extra = {"mooncake_protocol": protocol_for(node.platform, facts, mc.protocol)}
-        if mc.device_name:
-            extra["device_name"] = mc.device_name
-        if mc.num_workers is not None:
-            extra["num_workers"] = mc.num_workers
-        mooncake = {"kv_connector": facts.name, "kv_role": role, "kv_connector_extra_config": extra}
-        if multi:
-            # Same connector, plus the Prometheus metrics MultiConnector requires of every child
-            # that reports transfer stats (vLLM's has none yet).
-            mooncake["kv_connector_module_path"] = MOONCAKE_MODULE
-    if not multi or ucm_config is None:
-        return mooncake
-    return {
-        "kv_connector": "MultiConnector",
-        "kv_role": "kv_producer",
-        "kv_load_failure_policy": "recompute",
-        "kv_connector_extra_config": {"connectors": [mooncake, _ucm_connector(ucm_config)]},
-    }
+            parallel[other] = {"dp_size": peer.dp, "tp_size": peer.tp}
+    leg = MooncakeLeg(
+        connector=facts.name,
+        role="kv_producer" if s.side == "prefill" else "kv_consumer",
+        guides_keys=facts.reads_mooncake_json,
+        kv_port=s.kv_port,
+        parallel=parallel,
+        protocol=protocol_for(node.platform, facts, mc.protocol),
+        device_name=mc.device_name,
+        num_workers=mc.num_workers,
+    )
+    # Prefill stores what it computes too (MultiConnector); decode gets its KV from prefill.
+    return KvTransfer(ucm_config=ucm_config if s.side == "prefill" else None, mooncake=leg)
 
 
 def _mooncake_facts(t: Topology, node: Node) -> MooncakeConnectorFacts:

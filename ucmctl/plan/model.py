@@ -14,6 +14,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from ucmctl.core.names import NAME_RE, SERVER_ROLES, Role
+from ucmctl.engines import ServerSpec, engine_for
 
 # 2: Process.health_timeout, NodePlan.bind, Plan.store. 3: Plan.cluster (a union with a `kind`)
 # replaces Plan.slurm; Process.server. deploy/state.py upgrades records of 1 and 2.
@@ -34,13 +35,13 @@ class Stage(IntEnum):
     proxy = 2
 
 
-# How long a process may take to become healthy: a real engine loads weights and compiles.
-HEALTH_TIMEOUT: dict[str, float] = {"mooncake": 60.0, "proxy": 60.0, "vllm": 900.0, "sim": 60.0}
+# How long the Mooncake master and the proxy may take to become healthy; a server, its engine's.
+HEALTH_TIMEOUT: dict[str, float] = {"mooncake": 60.0, "proxy": 60.0}
 
 
 def default_health_timeout(role: str, engine: str) -> float:
     """Seconds a process of `role` may take to answer its health checks, served by `engine`."""
-    return HEALTH_TIMEOUT[role] if role in ("mooncake", "proxy") else HEALTH_TIMEOUT[engine]
+    return HEALTH_TIMEOUT[role] if role in HEALTH_TIMEOUT else engine_for(engine).health_timeout
 
 
 class Frozen(BaseModel):
@@ -72,6 +73,7 @@ class Process(Frozen):
     devices: list[int] = Field(default_factory=list)
     device_variable: str | None = None
     dp_rank: int | None = None
+    server: ServerSpec | None = None  # an API server's structured spec: argv is its engine's argv of it
 
     @property
     def is_server(self) -> bool:

@@ -9,13 +9,14 @@ from pathlib import Path
 from ucmctl.core.errors import Problem
 from ucmctl.core.platforms import ALL_DEVICE_VARIABLES, DEVICE_VARIABLE
 from ucmctl.core.ucm_config import PIPELINES, UcmConfigError, parse_store_config
+from ucmctl.engines import engine_for
+from ucmctl.engines.mooncake import PLATFORM_PROTOCOLS, VLLM_MOONCAKE, connector_for, protocol_for
 from ucmctl.topology.layout import devices_per_server, servers
 from ucmctl.topology.model import (
     ENV_NAME_RE,
     FLAG_NAME_RE,
     NAME_RE,
     DpMode,
-    Engine,
     Mode,
     Platform,
     SlurmCluster,
@@ -23,31 +24,8 @@ from ucmctl.topology.model import (
     Topology,
     Transport,
 )
-from ucmctl.topology.mooncake import PLATFORM_PROTOCOLS, VLLM_MOONCAKE, connector_for, protocol_for
 from ucmctl.topology.source import KeyPath, Source
 
-# Environment that ucmctl derives from the topology (the proxy and checks rely on it): the key to
-# set instead.
-MANAGED_ENV = {
-    "VLLM_MOONCAKE_BOOTSTRAP_PORT": "prefill.bootstrap_port (the proxy asks each prefiller's port)",
-    "MOONCAKE_CONFIG_PATH": "the mooncake section (ucmctl writes mooncake.json)",
-}
-
-# vLLM flags that ucmctl derives from the topology: the key to set instead.
-MANAGED_FLAGS = {
-    "host": "nodes.<name>.host (ucmctl binds every server itself)",
-    "port": "<side>.port",
-    "dtype": "model.dtype or <side>.dtype",
-    "tensor-parallel-size": "<side>.tp",
-    "data-parallel-size": "<side>.dp",
-    "data-parallel-rank": "<side>.dp (ranks are numbered node by node)",
-    "data-parallel-address": "<side>.nodes (the first node of a DP group is its master)",
-    "data-parallel-rpc-port": "<side>.dp_rpc_port",
-    "data-parallel-size-local": "<side>.servers_per_node",
-    "kv-transfer-config": "mode and storage (ucmctl writes the connector config)",
-    "served-model-name": "model.served_name",
-    "enable-expert-parallel": "<side>.expert_parallel",
-}
 # The UCM config's pipelines (ucmctl.core.ucm_config, the one schema of that file) that share blocks
 # between instances: those with the shared Posix tier.
 DEPLOYABLE_PIPELINES = tuple(p for p in PIPELINES if "Posix" in p.split("|"))
@@ -351,14 +329,16 @@ def _check_consistency(t: Topology, bad) -> None:
 
 
 def _check_env_and_flags(t: Topology, bad) -> None:
+    engine = engine_for(t.engine.value)  # what it manages: set by ucmctl, never by the topology
+
     def env_block(path: KeyPath, env: dict[str, str], platforms: set[Platform]) -> None:
         for key, value in env.items():
             if not ENV_NAME_RE.fullmatch(key):
                 bad((*path, key), f"{key!r} is not a valid environment variable name")
             if UNSAFE_TEXT.search(value):
                 bad((*path, key), "environment values cannot hold control characters or newlines")
-            if key in MANAGED_ENV:
-                bad((*path, key), f"{key} is set by ucmctl", f"use {MANAGED_ENV[key]}")
+            if key in engine.managed_env:
+                bad((*path, key), f"{key} is set by ucmctl", f"use {engine.managed_env[key]}")
             if key in ALL_DEVICE_VARIABLES:
                 right = {DEVICE_VARIABLE[p] for p in platforms} - {None}
                 if key not in right and right:
@@ -390,8 +370,8 @@ def _check_env_and_flags(t: Topology, bad) -> None:
                     f"{flag!r} is not a vLLM flag name",
                     "write it without dashes, e.g. max-model-len",
                 )
-            elif normal in MANAGED_FLAGS:
-                bad(path, f"--{normal} is set by ucmctl", f"use {MANAGED_FLAGS[normal]}")
+            elif normal in engine.managed_flags:
+                bad(path, f"--{normal} is set by ucmctl", f"use {engine.managed_flags[normal]}")
             if isinstance(value, str) and UNSAFE_TEXT.search(value):
                 bad(path, "flag values cannot hold control characters or newlines")
 
@@ -500,14 +480,12 @@ def _check_placement(t: Topology, bad) -> None:
         claim(t.proxy.node, t.proxy.port, "proxy", ("proxy", "port"))
 
 
-CPU_BIND = "VLLM_CPU_OMP_THREADS_BIND"
-
-
 def _check_cpu_binding(t: Topology, placed: list, bad) -> None:
     """vLLM on the CPU binds its threads itself, and every server on a machine picks the same
     cores (on 2 cores: both core 0, each at half speed; a Mooncake receiver thread sharing them
     starves). Servers that share a CPU node must each be given their own cores."""
-    if t.engine is Engine.sim:
+    variable = engine_for(t.engine.value).cpu_binding_variable
+    if variable is None:  # the engine binds no cores (the simulator)
         return
     by_node: dict[str, list[tuple[str, str | None]]] = defaultdict(list)
     for server in placed:
@@ -515,7 +493,7 @@ def _check_cpu_binding(t: Topology, placed: list, bad) -> None:
         if node.platform is not Platform.cpu:
             continue
         side = dict(t.sides())[server.side]
-        bind = {**node.env, **side.env}.get(CPU_BIND)
+        bind = {**node.env, **side.env}.get(variable)
         by_node[server.node].append((server.side, bind))
     for node_name, binds in by_node.items():
         if len(binds) < 2:
@@ -528,8 +506,8 @@ def _check_cpu_binding(t: Topology, placed: list, bad) -> None:
         if culprit is None:
             continue
         bad(
-            (culprit, "env", CPU_BIND),
+            (culprit, "env", variable),
             f"node {node_name!r} runs {len(binds)} vLLM CPU servers and vLLM binds each to the same "
-            f"cores unless {CPU_BIND} gives each its own",
+            f"cores unless {variable} gives each its own",
             'set it per side, e.g. "0" and "1", or core ranges such as "0-15" and "16-31"',
         )

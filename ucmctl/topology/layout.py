@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 from ucmctl.core.names import ServerRole
 from ucmctl.core.platforms import Platform
+from ucmctl.engines.mooncake import connector_for
 from ucmctl.topology.model import DpMode, Mode, Side, Topology
-from ucmctl.topology.mooncake import connector_for
 
 
 @dataclass(frozen=True)

@@ -198,7 +198,7 @@ def check_servers_run_the_plan(t: Topology, plan: Plan, manifests: list[Manifest
 @pytest.mark.parametrize("path", TOPOLOGIES, ids=[p.stem for p in TOPOLOGIES])
 def test_example_renders_valid_manifests_that_run_the_plan(path: Path, tmp_path: Path) -> None:
     t, plan = _load(path)
-    manifests = render_manifests(plan, t)
+    manifests = render_manifests(plan)
     written = write_manifests(manifests, plan, tmp_path / "k8s")
     assert [p.name for p in written] == [m.filename for m in manifests]
     for m, file in zip(manifests, written, strict=True):
@@ -241,8 +241,8 @@ def _flag(argv: list[str], flag: str) -> str:
 
 
 def test_ep_layout_carries_the_guides_parallelism(tmp_path: Path) -> None:
-    t, plan = _load(EP)
-    manifests = render_manifests(plan, t)
+    _, plan = _load(EP)
+    manifests = render_manifests(plan)
     prefill, decode = _lws(manifests, "prefill"), _lws(manifests, "decode")
 
     # prefill: one DP4 group over 4 nodes, a rank (TP8, 8 cards) per pod
@@ -338,7 +338,7 @@ def test_shell_and_kubernetes_metacharacters_stay_one_argument(tmp_path: Path) -
     text = text.replace('OMP_NUM_THREADS: "10"', 'OMP_NUM_THREADS: "$(PYTHONHASHSEED) $$ `id`"')
     t = parse_topology(text, "hostile.yaml", REPO / "topologies")
     plan = build_plan(t)
-    manifests = render_manifests(plan, t)
+    manifests = render_manifests(plan)
     for m in manifests:
         validate_object(m.obj)
     check_servers_run_the_plan(t, plan, manifests, tmp_path)  # argv and env exactly the Plan's
@@ -361,7 +361,7 @@ def test_non_shell_commands_escape_kubernetes_references(tmp_path: Path) -> None
     text = text.replace("path: /home/models/Qwen2.5-7B-Instruct", f"path: {json.dumps(HOSTILE)}")
     t = parse_topology(text, "1p1d.yaml", REPO / "topologies")
     plan = build_plan(t)
-    manifests = render_manifests(plan, t)
+    manifests = render_manifests(plan)
     (c,) = _containers(_lws(manifests, "prefill"))
     assert c["command"][0] == "vllm"  # one server per pod: no shell needed
     assert "$$(touch PWNED1)" in c["command"][2]
@@ -377,7 +377,7 @@ def test_cuda_p2p_bootstrap_urls_and_gpu_requests() -> None:
     text = text.replace("  protocol: ascend\n", "")
     t = parse_topology(text, "2p2d-p2p-cuda.yaml")
     plan = build_plan(t)
-    manifests = render_manifests(plan, t)
+    manifests = render_manifests(plan)
     for m in manifests:
         validate_object(m.obj)
     prefill = _lws(manifests, "prefill")
@@ -398,8 +398,8 @@ def test_cuda_p2p_bootstrap_urls_and_gpu_requests() -> None:
 
 
 def test_xpyd_instances_and_two_backends() -> None:
-    t, plan = _load(REPO / "topologies" / "xpyd.yaml")
-    manifests = render_manifests(plan, t)
+    _, plan = _load(REPO / "topologies" / "xpyd.yaml")
+    manifests = render_manifests(plan)
     prefill, decode = _lws(manifests, "prefill"), _lws(manifests, "decode")
     assert (prefill["spec"]["replicas"], prefill["spec"]["leaderWorkerTemplate"]["size"]) == (3, 1)
     assert (decode["spec"]["replicas"], decode["spec"]["leaderWorkerTemplate"]["size"]) == (2, 1)
@@ -413,8 +413,8 @@ def test_xpyd_instances_and_two_backends() -> None:
 
 
 def test_local_cpu_topology_renders_without_devices() -> None:
-    t, plan = _load(REPO / "topologies" / "local-1p1d.yaml")
-    manifests = render_manifests(plan, t)
+    _, plan = _load(REPO / "topologies" / "local-1p1d.yaml")
+    manifests = render_manifests(plan)
     (c,) = _containers(_lws(manifests, "prefill"))
     assert "resources" not in c
     env = {e["name"]: e.get("value") for e in c["env"]}
@@ -424,12 +424,12 @@ def test_local_cpu_topology_renders_without_devices() -> None:
 
 
 def test_options_namespace_images_and_store(tmp_path: Path) -> None:
-    t, plan = _load(REPO / "topologies" / "hetero-ascend-cuda.yaml")
+    _, plan = _load(REPO / "topologies" / "hetero-ascend-cuda.yaml")
     options = Options(
         namespace="llm", image="reg/ucm:1", platform_images={"ascend": "reg/ucm-ascend:1"},
         storage_class="cephfs", store_size="500Gi",
     )  # fmt: skip
-    manifests = render_manifests(plan, t, options)
+    manifests = render_manifests(plan, options)
     for m in manifests:
         validate_object(m.obj)
         assert m.obj["metadata"]["namespace"] == "llm"
@@ -443,9 +443,9 @@ def test_options_namespace_images_and_store(tmp_path: Path) -> None:
     proxy = _containers(_by_kind(manifests, "Deployment")["hetero-ascend-cuda-proxy"])[0]
     assert "http://hetero-ascend-cuda-decode-0.hetero-ascend-cuda-decode.llm:7801" in proxy["command"]
     with pytest.raises(UcmctlError, match="namespace"):
-        render_manifests(plan, t, Options(namespace="Not_OK"))
+        render_manifests(plan, Options(namespace="Not_OK"))
     with pytest.raises(UcmctlError, match="quantity"):
-        render_manifests(plan, t, Options(store_size="lots"))
+        render_manifests(plan, Options(store_size="lots"))
 
 
 def test_names_are_dns_labels() -> None:
@@ -458,8 +458,8 @@ def test_names_are_dns_labels() -> None:
 
 
 def test_validators_refuse_unknown_fields_and_wrong_types() -> None:
-    t, plan = _load(EP)
-    manifests = render_manifests(plan, t)
+    _, plan = _load(EP)
+    manifests = render_manifests(plan)
     lws = _lws(manifests, "decode")
     bad = copy.deepcopy(lws)
     bad["spec"]["leaderWorkerTemplate"]["sizee"] = 4
