@@ -12,6 +12,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ucmctl.bench import loop
+from ucmctl.bench.workloads import BY_KIND, LongDocSpec, MultiTurnSpec, TraceSpec, WorkloadSpec
 from ucmctl.core.errors import ExitStatus, UcmctlError
 
 if TYPE_CHECKING:
@@ -149,6 +150,11 @@ DEFAULT_INPUT_LEN = 4096
 DEFAULT_VOCAB = 8000
 
 
+def _default(spec: type[WorkloadSpec], field: str) -> Any:
+    """A workload option's default: its spec's field's (the unit tests hold every option to it)."""
+    return spec.model_fields[field].default
+
+
 def _default_input_len(max_model_len: int | None, output_len: int) -> int:
     """4096 tokens, or what the server's context leaves after --output-len (whole 256s)."""
     if max_model_len is None or DEFAULT_INPUT_LEN + output_len <= max_model_len:
@@ -239,25 +245,47 @@ def run(
         "--goodput",
         help="SLOs for goodput, as vllm bench serve: --goodput ttft:500 tpot:50 e2el:20000 (ms)",
     ),
-    users: int = typer.Option(16, "--users", min=1, help="multi-turn: users (conversations)"),
-    rounds: int = typer.Option(4, "--rounds", min=1, help="multi-turn: rounds per user"),
+    users: int = typer.Option(
+        _default(MultiTurnSpec, "users"), "--users", min=1, help="multi-turn: users (conversations)"
+    ),
+    rounds: int = typer.Option(
+        _default(MultiTurnSpec, "rounds"), "--rounds", min=1, help="multi-turn: rounds per user"
+    ),
     system_tokens: int = typer.Option(
-        1024, "--system-tokens", min=0, help="multi-turn: the system prompt every user shares"
+        _default(MultiTurnSpec, "system_tokens"),
+        "--system-tokens",
+        min=0,
+        help="multi-turn: the system prompt every user shares",
     ),
     question_tokens: int = typer.Option(
-        128, "--question-tokens", min=1, help="multi-turn: each new question"
+        _default(MultiTurnSpec, "question_tokens"),
+        "--question-tokens",
+        min=1,
+        help="multi-turn: each new question",
     ),
-    trace_file: Path | None = typer.Option(
-        None, "--trace", help="trace: a JSONL trace in Mooncake's format (docs/trace-format.md)"
+    trace: Path | None = typer.Option(
+        _default(TraceSpec, "trace"),
+        "--trace",
+        help="trace: a JSONL trace in Mooncake's format (docs/trace-format.md)",
     ),
-    speedup: float = typer.Option(1.0, "--speedup", help="trace: replay X times faster than its timestamps"),
+    speedup: float = typer.Option(
+        _default(TraceSpec, "speedup"), "--speedup", help="trace: replay X times faster than its timestamps"
+    ),
     back_to_back: bool = typer.Option(
         False, "--back-to-back", help="trace: ignore the timestamps, keep --concurrency requests in flight"
     ),
-    documents: int = typer.Option(8, "--documents", min=1, help="long-doc: documents"),
-    doc_tokens: int = typer.Option(8192, "--doc-tokens", min=1, help="long-doc: tokens per document"),
-    repeat_count: int = typer.Option(2, "--repeat-count", min=1, help="long-doc: times each is queried"),
-    repeat_mode: str = typer.Option("random", "--repeat-mode", help="long-doc: random, tile or interleave"),
+    documents: int = typer.Option(
+        _default(LongDocSpec, "documents"), "--documents", min=1, help="long-doc: documents"
+    ),
+    doc_tokens: int = typer.Option(
+        _default(LongDocSpec, "doc_tokens"), "--doc-tokens", min=1, help="long-doc: tokens per document"
+    ),
+    repeat_count: int = typer.Option(
+        _default(LongDocSpec, "repeat_count"), "--repeat-count", min=1, help="long-doc: times each is queried"
+    ),
+    repeat_mode: str = typer.Option(
+        _default(LongDocSpec, "repeat_mode"), "--repeat-mode", help="long-doc: random, tile or interleave"
+    ),
     ignore_eos: bool = typer.Option(
         True, "--ignore-eos/--no-ignore-eos", help="always generate --output-len"
     ),
@@ -309,18 +337,13 @@ def run(
         target_from_deployment,
         vocabulary_refused,
     )
-    from ucmctl.bench.sweep import parse_concurrencies, parse_rates, points
-    from ucmctl.bench.workload import DEFAULT_OUTPUT_LEN, prompts_digest, run_points
+    from ucmctl.bench.sweep import parse_concurrencies, parse_rates, points, run_points
 
     # Everything the user typed is checked before anything is sent.
-    the_workload = _workload(
-        workload, trace_file, None if back_to_back else speedup, users, rounds, system_tokens,
-        question_tokens, documents, doc_tokens, repeat_count, repeat_mode,
-    )  # fmt: skip
+    spec = _spec(workload, ctx.params)
     slos = parse_goodput(goodput) if goodput else {}
     rates = parse_rates(request_rate)
-    default_concurrency = {"prefix": 128, "multi-turn": users, "long-doc": 8, "trace": 1024}[workload]
-    concurrencies = parse_concurrencies(concurrency) if concurrency else [default_concurrency]
+    concurrencies = parse_concurrencies(concurrency) if concurrency else [spec.default_concurrency()]
     if workload == "trace" and rates != [math.inf]:
         raise UcmctlError.one(
             "a trace is sent on its own timestamps",
@@ -361,7 +384,7 @@ def run(
     facts = loop.run(server_facts([target.url, *(i.url for i in target.instances)]))
     if model is None:
         model = facts.model
-    out_len = output_len or DEFAULT_OUTPUT_LEN.get(workload, 1000)
+    out_len = output_len or spec.default_output_len
     input_lens: list[int] = []
     if workload == "prefix":
         if input_len is not None:
@@ -373,11 +396,7 @@ def run(
             )
     elif input_len is not None:
         raise UcmctlError.one(f"--input-len is for the prefix workload, not {workload}", key="--input-len")
-    if the_workload.multi_turn is not None:
-        the_workload.multi_turn.answer_tokens = out_len
-        the_workload.multi_turn.check(facts.max_model_len)
-    if the_workload.long_doc is not None:
-        the_workload.long_doc.check(out_len, facts.max_model_len)
+    spec.check(out_len, facts.max_model_len)
     vocab, checked = _vocabulary(model_dir, vocab, [model_path, facts.root])
     if not checked:
         refused = loop.run(vocabulary_refused(target.url + endpoint, vocab, model))
@@ -406,10 +425,10 @@ def run(
         timeout_s=timeout,
         goodput=slos,
     )
-    capacity = _check_capacity(the_workload, cfg, target, max(concurrencies))
+    capacity = _check_capacity(spec, cfg, target, max(concurrencies))
     progress = None if quiet else RichProgress(err)
     sweep = points(rates, concurrencies)
-    cells = strip_private(loop.run(run_points(the_workload, cfg, sweep, target, progress, err.print)))
+    cells = strip_private(loop.run(run_points(spec, cfg, sweep, target, progress, err.print)))
     report.print_cells(cells, out)
     target_info = {
         "url": target.url,
@@ -418,8 +437,8 @@ def run(
         "kv_capacity": capacity,
     }
     prov = report.provenance(digest, topo_path)
-    prov["prompts_digest"] = prompts_digest(cells)
-    config = {**cfg.as_dict(), **the_workload.describe(), "sweep": [p.as_dict() for p in sweep]}
+    prov["prompts_digest"] = report.prompts_digest(cells)
+    config = {**cfg.as_dict(), **spec.describe(cfg), "sweep": [p.as_dict() for p in sweep]}
     doc = report.document(cells, config, prov, target_info)
     _write_outputs(cells, doc, save, csv, markdown, plot, sweep=len(sweep) > 1)
     _fail_on_errors(cells)
@@ -428,47 +447,34 @@ def run(
 app.command("run", help="Send a workload and print its figures (also `ucmctl bench` alone).")(run)
 
 
-def _workload(
-    kind: str,
-    trace_file: Path | None,
-    speedup: float | None,
-    users: int,
-    rounds: int,
-    system_tokens: int,
-    question_tokens: int,
-    documents: int,
-    doc_tokens: int,
-    repeat_count: int,
-    repeat_mode: str,
-) -> Any:
-    """The workload as typed; its file (a trace) read and checked before anything is sent."""
-    from ucmctl.bench.longdoc import LongDoc
-    from ucmctl.bench.multiturn import MultiTurn
-    from ucmctl.bench.replay import TraceReplay
-    from ucmctl.bench.trace import send_schedule
-    from ucmctl.bench.workload import Workload
-
-    w = Workload(kind)
-    if kind != "trace" and trace_file is not None:
+def _spec(kind: str, options: dict[str, Any]) -> WorkloadSpec:
+    """The workload as typed: the spec a suite parses, from the options named as its fields, its
+    file (a trace) read and checked before anything is sent. Typer has checked the options'
+    ranges; the spec's `load` checks the rest under the options' names (pydantic's validation,
+    whose messages name suite keys, is skipped)."""
+    spec_class = BY_KIND.get(kind)
+    if spec_class is None:
+        raise UcmctlError.one(
+            f"unknown workload '{kind}'", key="--workload", fix=f"use one of {', '.join(BY_KIND)}"
+        )
+    if kind != "trace" and options["trace"] is not None:
         raise UcmctlError.one(
             f"--trace is for the trace workload, not {kind}", key="--trace", fix="add --workload trace"
         )
-    if kind == "multi-turn":
-        w.multi_turn = MultiTurn(users, rounds, system_tokens, question_tokens)
-    elif kind == "long-doc":
-        w.long_doc = LongDoc(documents, doc_tokens, repeat_count, repeat_mode)
-        w.long_doc.check(1, None)
-    elif kind == "trace":
-        if trace_file is None:
-            raise UcmctlError.one("the trace workload needs a trace", key="--trace", fix="--trace FILE.jsonl "
-                                  "(`ucmctl bench make-trace` writes one)")  # fmt: skip
-        w.replay = TraceReplay(trace_file, speedup)
-        w.requests = w.replay.load()
-        send_schedule(w.requests, speedup)  # checks --speedup
-    return w
+    if kind == "trace" and options["trace"] is None:
+        raise UcmctlError.one("the trace workload needs a trace", key="--trace", fix="--trace FILE.jsonl "
+                              "(`ucmctl bench make-trace` writes one)")  # fmt: skip
+    values = {
+        **options,
+        "trace": None if options["trace"] is None else str(options["trace"]),
+        "speedup": None if options["back_to_back"] else options["speedup"],
+    }
+    spec = spec_class.model_construct(**{f: values[f] for f in spec_class.model_fields if f != "kind"})
+    spec.load(Path())
+    return spec
 
 
-def _check_capacity(workload: Any, cfg: Any, target: Any, concurrency: int) -> list[dict[str, Any]]:
+def _check_capacity(workload: WorkloadSpec, cfg: Any, target: Any, concurrency: int) -> list[dict[str, Any]]:
     """Read every instance's KV capacity; warn in one line when the workload would overflow
     decode's; the servers' block size becomes the ideal hit rates' granularity."""
     from ucmctl.bench.capacity import capacity_warning, read_capacities
@@ -565,8 +571,7 @@ def suite(
     from ucmctl.bench import report
     from ucmctl.bench.prompts import vocab_from_model
     from ucmctl.bench.runner import strip_private
-    from ucmctl.bench.suite import DeployApi, ResultsFile, WorkloadSpec, load_suite, run_suite
-    from ucmctl.bench.workload import prompts_digest
+    from ucmctl.bench.suite import DeployApi, ResultsFile, load_suite, run_suite
     from ucmctl.topology.load import load_topology
 
     the_suite = load_suite(path)
@@ -586,9 +591,8 @@ def suite(
     )
     progress = None if quiet else RichProgress(err)
 
-    workload = (the_suite.workload or WorkloadSpec.model_validate({})).build(
-        path.parent, the_suite.output_len
-    )
+    workload = the_suite.spec()
+    workload.load(path.parent)  # a trace: relative to the suite file
 
     def run_cell(cfg: Any, target: Any) -> list[dict[str, Any]]:
         _check_capacity(workload, cfg, target, cfg.concurrency)
@@ -600,7 +604,7 @@ def suite(
     report.print_cells(cells, out)
     out.print(report.markdown(cells))
     prov = report.provenance(topology.digest(), str(topo_path))
-    prov["prompts_digest"] = prompts_digest(cells)
+    prov["prompts_digest"] = report.prompts_digest(cells)
     doc = report.document(cells, {**the_suite.model_dump(mode="json"), "vocab": vocab}, prov)
     _write_outputs(cells, doc, save, csv, markdown, plot)
     _fail_on_errors(cells)

@@ -11,65 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import random
 from array import array
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from ucmctl.bench import client, prompts
 from ucmctl.bench.reuse import ReuseTracker
 from ucmctl.bench.runner import BenchConfig, NoProgress, Progress, Target, measure
-from ucmctl.core.errors import UcmctlError
-
-NAME = "long-doc"
-RepeatMode = Literal["random", "tile", "interleave"]
-REPEAT_MODES: tuple[str, ...] = ("random", "tile", "interleave")
-
-
-@dataclass
-class LongDoc:
-    documents: int = 8
-    doc_tokens: int = 8192
-    repeat_count: int = 2
-    repeat_mode: str = "random"
-
-    def check(self, output_len: int, max_model_len: int | None) -> None:
-        for key, value in (
-            ("--documents", self.documents),
-            ("--doc-tokens", self.doc_tokens),
-            ("--repeat-count", self.repeat_count),
-        ):
-            if value < 1:
-                raise UcmctlError.one(f"{value} is not a positive count", key=key)
-        if self.repeat_mode not in REPEAT_MODES:
-            raise UcmctlError.one(
-                f"unknown repeat mode '{self.repeat_mode}'",
-                key="--repeat-mode",
-                fix=f"use one of {', '.join(REPEAT_MODES)}",
-            )
-        if max_model_len is not None and self.doc_tokens + output_len > max_model_len:
-            raise UcmctlError.one(
-                f"a document of {self.doc_tokens} tokens and {output_len} output tokens exceed the "
-                f"server's max_model_len {max_model_len}",
-                key="--doc-tokens",
-            )
-
-    def order(self, seed: int) -> list[int]:
-        """The query round's documents, in the order they are sent."""
-        d, n = self.documents, self.repeat_count
-        if self.repeat_mode == "interleave":
-            return [i for i in range(d) for _ in range(n)]
-        tiled = [i for _ in range(n) for i in range(d)]
-        if self.repeat_mode == "random":
-            random.Random(seed).shuffle(tiled)
-        return tiled
-
-    def in_flight_tokens(self, concurrency: int, output_len: int) -> int:
-        return min(concurrency, self.documents * self.repeat_count) * (self.doc_tokens + output_len)
+from ucmctl.bench.workloads.long_doc import LongDocSpec
 
 
 async def run_long_doc(
-    cfg: BenchConfig, spec: LongDoc, target: Target, progress: Progress | None = None
+    cfg: BenchConfig, spec: LongDocSpec, target: Target, progress: Progress | None = None
 ) -> list[dict[str, Any]]:
     """One cell: the warm-up round as its first phase, the query round measured."""
     progress = progress or NoProgress()
@@ -108,7 +60,7 @@ async def run_long_doc(
     total = spec.doc_tokens * len(order)
     return [
         {
-            "workload": NAME,
+            "workload": spec.kind,
             "label": f"{spec.documents}x{spec.doc_tokens} {spec.repeat_mode}",
             "input_len": spec.doc_tokens,
             "repeat": 0,

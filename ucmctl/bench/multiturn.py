@@ -15,63 +15,22 @@ from __future__ import annotations
 
 import hashlib
 from array import array
-from dataclasses import dataclass
 from typing import Any
 
 from ucmctl.bench import client, goodput, hitrate, metrics, prompts
 from ucmctl.bench.reuse import ReuseTracker
 from ucmctl.bench.runner import BenchConfig, NoProgress, Progress, Target, measure
-from ucmctl.core.errors import UcmctlError
-
-NAME = "multi-turn"
+from ucmctl.bench.workloads.multi_turn import MultiTurnSpec
 
 
-@dataclass
-class MultiTurn:
-    users: int = 16
-    rounds: int = 4
-    system_tokens: int = 1024
-    question_tokens: int = 128
-    answer_tokens: int = 128
-
-    def longest_prompt(self) -> int:
-        return (
-            self.system_tokens + self.rounds * self.question_tokens + (self.rounds - 1) * self.answer_tokens
-        )
-
-    def check(self, max_model_len: int | None) -> None:
-        for key, value in (
-            ("--users", self.users),
-            ("--rounds", self.rounds),
-            ("--question-tokens", self.question_tokens),
-            ("--answer-tokens", self.answer_tokens),
-        ):
-            if value < 1:
-                raise UcmctlError.one(f"{value} is not a positive count", key=key)
-        if self.system_tokens < 0:
-            raise UcmctlError.one(f"{self.system_tokens} is negative", key="--system-tokens")
-        need = self.longest_prompt() + self.answer_tokens
-        if max_model_len is not None and need > max_model_len:
-            raise UcmctlError.one(
-                f"the last round needs {need} tokens (system {self.system_tokens} + "
-                f"{self.rounds} x question {self.question_tokens} + {self.rounds} x answer "
-                f"{self.answer_tokens}), more than the server's max_model_len {max_model_len}",
-                key="--rounds",
-                fix="fewer rounds or shorter prompts",
-            )
-
-    def in_flight_tokens(self, concurrency: int) -> int:
-        return min(concurrency, self.users) * (self.longest_prompt() + self.answer_tokens)
-
-
-def _question(cfg: BenchConfig, spec: MultiTurn, user: int, round_: int, stream: int) -> list[int]:
+def _question(cfg: BenchConfig, spec: MultiTurnSpec, user: int, round_: int, stream: int) -> list[int]:
     return prompts.prompt_ids(
         cfg.seed, 1 + user * spec.rounds + round_, spec.question_tokens, cfg.vocab, stream
     )
 
 
 async def run_multi_turn(
-    cfg: BenchConfig, spec: MultiTurn, target: Target, progress: Progress | None = None
+    cfg: BenchConfig, spec: MultiTurnSpec, target: Target, progress: Progress | None = None
 ) -> list[dict[str, Any]]:
     """One cell per round, then one for rounds 2..R together (when R > 1)."""
     progress = progress or NoProgress()
@@ -98,7 +57,7 @@ async def run_multi_turn(
                 ideal.add(p)
                 digest.update(len(p).to_bytes(4, "little") + array("q", p).tobytes())
             bodies = [
-                client.make_body(p, spec.answer_tokens, cfg.model, cfg.ignore_eos, cfg.temperature, True)
+                client.make_body(p, cfg.output_len, cfg.model, cfg.ignore_eos, cfg.temperature, True)
                 for p in asked
             ]
             phase = await measure(
@@ -115,7 +74,7 @@ async def run_multi_turn(
             phase.update(
                 {
                     "input_len": round(total / len(asked)) if asked else 0,
-                    "output_len": spec.answer_tokens,
+                    "output_len": cfg.output_len,
                     "users_lost": lost,
                 }
             )
@@ -126,7 +85,7 @@ async def run_multi_turn(
                     {"error": "an earlier round of this user failed", "count": lost},
                 ]
             cell = {
-                "workload": NAME,
+                "workload": spec.kind,
                 "label": f"round {r + 1}",
                 "round": r + 1,
                 "input_len": phase["input_len"],
@@ -167,7 +126,7 @@ def _later_rounds(cells: list[dict[str, Any]], cfg: BenchConfig) -> dict[str, An
     total = sum(c["ideal_total_tokens"] for c in cells)
     first, last = cells[0]["round"], cells[-1]["round"]
     return {
-        "workload": NAME,
+        "workload": cells[0]["workload"],
         "label": f"rounds {first}-{last}",
         "round": None,
         "aggregate": True,

@@ -12,8 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -21,18 +19,7 @@ import numpy as np
 
 from ucmctl.bench import client, trace
 from ucmctl.bench.runner import BenchConfig, NoProgress, Progress, Target, measure
-
-NAME = "trace"
-
-
-@dataclass
-class TraceReplay:
-    path: Path
-    speedup: float | None = 1.0  # None: back to back (at most --concurrency in flight)
-
-    def load(self) -> list[trace.TraceRequest]:
-        return trace.load_trace(self.path)
-
+from ucmctl.bench.workloads.trace import TraceSpec
 
 # Connections opened before the clock starts: the trace's first overlapping sends would
 # otherwise each open one (TCP set-up, aiohttp's first-use work), late by 20-60 ms.
@@ -64,24 +51,14 @@ def lag_stats(lags: list[float]) -> dict[str, float | None]:
     }
 
 
-def in_flight_tokens(reqs: list[trace.TraceRequest], concurrency: int, speedup: float | None) -> int | None:
-    """Back to back: `concurrency` requests of the trace's mean size. On its timestamps how many
-    overlap depends on how fast the server is: None (the preemptions are reported instead)."""
-    if speedup is not None:
-        return None
-    mean = sum(r.input_length + r.output_length for r in reqs) / len(reqs)
-    return int(min(concurrency, len(reqs)) * mean)
-
-
 async def run_trace(
     cfg: BenchConfig,
-    spec: TraceReplay,
+    spec: TraceSpec,
     target: Target,
     progress: Progress | None = None,
-    reqs: list[trace.TraceRequest] | None = None,
 ) -> list[dict[str, Any]]:
     progress = progress or NoProgress()
-    reqs = reqs if reqs is not None else spec.load()
+    reqs = spec.requests
     stream = cfg.stream_base
     ideal = trace.ideal_hits(reqs, block_size=cfg.block_size)
     schedule = trace.send_schedule(reqs, spec.speedup)
@@ -108,7 +85,7 @@ async def run_trace(
     )
     return [
         {
-            "workload": NAME,
+            "workload": spec.kind,
             "label": spec.path.name,
             "input_len": phase["input_len"],
             "repeat": 0,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import getpass
+import hashlib
 import importlib.metadata
 import json
 import math
@@ -26,6 +27,7 @@ from rich.console import Console
 from ucmctl import __version__
 from ucmctl.bench import loop
 from ucmctl.bench.metrics import METRICS, STATS
+from ucmctl.bench.workloads import BY_KIND, PrefixSpec
 from ucmctl.core.errors import UcmctlError
 from ucmctl.core.tables import FIGURE, NAME, PAIR, fitted
 
@@ -44,14 +46,6 @@ VLLM_KEYS = (
     *(f"{s}_{m}_ms" for m in METRICS for s in STATS),
 )
 OPTIONAL_KEYS = ("request_goodput", "good_completed")  # present when --goodput was given
-
-# How each workload names its phases (the JSON keeps "preseed" and "measure" for all).
-PHASE_NAMES = {
-    "prefix": {"preseed": "preseed", "measure": "measure"},
-    "multi-turn": {"preseed": "-", "measure": "measure"},
-    "trace": {"preseed": "-", "measure": "replay"},
-    "long-doc": {"preseed": "warm-up", "measure": "query"},
-}
 
 
 def workload_of(cell: dict[str, Any]) -> str:
@@ -76,7 +70,8 @@ def cell_key(cell: dict[str, Any]) -> str:
 
 
 def phase_name(cell: dict[str, Any], phase: str) -> str:
-    return PHASE_NAMES.get(workload_of(cell), PHASE_NAMES["prefix"])[phase]
+    """The phase as the cell's workload names it (a workload this version lacks: as prefix does)."""
+    return BY_KIND.get(workload_of(cell), PrefixSpec).phases[phase]
 
 
 def ideal_of(cell: dict[str, Any]) -> float | None:
@@ -163,6 +158,14 @@ def provenance(
             "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
         },
     }
+
+
+def prompts_digest(cells: list[dict[str, Any]]) -> str | None:
+    """One digest of every cell's prompts, for the provenance."""
+    parts = [str(c.get("prompts_digest")) for c in cells if c.get("prompts_digest")]
+    if not parts:
+        return None
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 
 # ---- the JSON document ----------------------------------------------------------------------

@@ -16,15 +16,21 @@ import os
 import secrets
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
 
 from ucmctl.bench.runner import BenchConfig, Target
-
-if TYPE_CHECKING:
-    from ucmctl.bench.workload import Workload
+from ucmctl.bench.workloads import BY_KIND, AnyWorkload, PrefixSpec, WorkloadSpec
 from ucmctl.core.errors import ExitStatus, UcmctlError
 from ucmctl.topology.model import FlagValue, Topology
 
@@ -36,42 +42,21 @@ def _all_scenarios() -> list[Scenario]:
     return ["recompute", "hbm", "ucm"]
 
 
-class WorkloadSpec(BaseModel):
-    """A suite's workload other than the guides' prefix one (`ucmctl bench --workload`)."""
+# The workloads suites had before each had a spec of its own: a suite's workload of these kinds
+# dumps (its digest, the saved config) as the one flat model of all their parameters did, so that
+# a results file of before still resumes.
+_FLAT_KINDS = ("prefix", "multi-turn", "long-doc", "trace")
 
-    model_config = ConfigDict(extra="forbid")
 
-    kind: Literal["prefix", "multi-turn", "long-doc", "trace"] = "prefix"
-    users: int = Field(16, ge=1)
-    rounds: int = Field(4, ge=1)
-    system_tokens: int = Field(1024, ge=0)
-    question_tokens: int = Field(128, ge=1)
-    documents: int = Field(8, ge=1)
-    doc_tokens: int = Field(8192, ge=1)
-    repeat_count: int = Field(2, ge=1)
-    repeat_mode: Literal["random", "tile", "interleave"] = "random"
-    trace: str | None = Field(None, description="trace file, relative to the suite file")
-    speedup: float | None = Field(1.0, gt=0, description="null: back to back")
-
-    def build(self, suite_dir: Path, output_len: int) -> Workload:
-        from ucmctl.bench.longdoc import LongDoc
-        from ucmctl.bench.multiturn import MultiTurn
-        from ucmctl.bench.replay import TraceReplay
-        from ucmctl.bench.workload import Workload
-
-        w = Workload(self.kind)
-        if self.kind == "multi-turn":
-            w.multi_turn = MultiTurn(
-                self.users, self.rounds, self.system_tokens, self.question_tokens, output_len
-            )
-        elif self.kind == "long-doc":
-            w.long_doc = LongDoc(self.documents, self.doc_tokens, self.repeat_count, self.repeat_mode)
-        elif self.kind == "trace":
-            if not self.trace:
-                raise UcmctlError.one("a trace workload needs `trace: FILE`", key="workload.trace")
-            w.replay = TraceReplay(suite_dir / self.trace, self.speedup)
-            w.requests = w.replay.load()
-        return w
+def _flat_dump(workload: WorkloadSpec) -> dict[str, Any]:
+    """The spec's parameters; one of `_FLAT_KINDS` with every other of those kinds' at its default."""
+    own = workload.model_dump(mode="json")
+    if workload.kind not in _FLAT_KINDS:
+        return own
+    flat: dict[str, Any] = {}
+    for kind in _FLAT_KINDS:
+        flat.update(BY_KIND[kind].model_validate({}).model_dump(mode="json"))
+    return {**flat, **own}
 
 
 class Suite(BaseModel):
@@ -80,7 +65,7 @@ class Suite(BaseModel):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
     topology: str = Field(description="topology file, relative to the suite file")
     scenarios: list[Scenario] = Field(default_factory=lambda: _all_scenarios(), min_length=1)
-    workload: WorkloadSpec | None = None  # the guides' prefix workload when absent
+    workload: AnyWorkload | None = None  # the guides' prefix workload when absent
     input_lens: list[int] = Field(default_factory=list, description="prefix workload: required")
     output_len: int = Field(1000, ge=1)
     prefix_ratio: float = Field(0.8, ge=0, lt=1)
@@ -97,6 +82,18 @@ class Suite(BaseModel):
         default_factory=dict, description="vLLM flags added to every side, every scenario"
     )
 
+    @field_validator("workload", mode="before")
+    @classmethod
+    def _prefix_by_default(cls, value: Any) -> Any:
+        """A workload without a kind is the prefix one."""
+        if isinstance(value, dict) and "kind" not in value:
+            return {**value, "kind": "prefix"}
+        return value
+
+    @field_serializer("workload")
+    def _dump_workload(self, workload: WorkloadSpec | None) -> dict[str, Any] | None:
+        return None if workload is None else _flat_dump(workload)
+
     @model_validator(mode="after")
     def _lengths_for_prefix(self) -> Suite:
         if self.kind == "prefix" and not self.input_lens:
@@ -105,9 +102,13 @@ class Suite(BaseModel):
             raise ValueError(f"input_lens: only the prefix workload has input lengths, not {self.kind}")
         return self
 
+    def spec(self) -> WorkloadSpec:
+        """The suite's workload: the guides' prefix one when it names none."""
+        return self.workload or PrefixSpec()
+
     @property
     def kind(self) -> str:
-        return self.workload.kind if self.workload else "prefix"
+        return self.spec().kind
 
     def digest(self) -> str:
         # A suite without a workload digests as before workloads existed: its results resume.
@@ -147,8 +148,17 @@ def load_suite(path: Path) -> Suite:
     try:
         return Suite.model_validate(data)
     except ValidationError as exc:
-        problems = [f"{'.'.join(str(x) for x in e['loc']) or '(top)'}: {e['msg']}" for e in exc.errors()]
+        problems = [f"{'.'.join(_where(e['loc'])) or '(top)'}: {e['msg']}" for e in exc.errors()]
         raise UcmctlError.one("; ".join(problems), file=str(path)) from None
+
+
+def _where(loc: tuple[int | str, ...]) -> list[str]:
+    """A problem's key as the suite writes it: `workload.users`, without the kind pydantic puts
+    after `workload`."""
+    keys = [str(x) for x in loc]
+    if len(keys) > 1 and keys[0] == "workload" and keys[1] in BY_KIND:
+        del keys[1]
+    return keys
 
 
 def apply_scenario(topology: Topology, scenario: str, side_flags: dict[str, Any] | None = None) -> Topology:

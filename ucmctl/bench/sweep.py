@@ -1,15 +1,21 @@
 """Sweep points: `--request-rate` and `--concurrency` take comma-separated lists, and the run
-measures every (rate, concurrency) pair, rate-major in the order given (like `vllm bench sweep`)."""
+measures every (rate, concurrency) pair, rate-major in the order given (like `vllm bench sweep`).
+Each point runs the workload with prompts of its own (a later point never hits what an earlier
+one cached) and names the point in each cell's label when there is more than one."""
 
 from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ucmctl.core.errors import UcmctlError
+
+if TYPE_CHECKING:
+    from ucmctl.bench.runner import BenchConfig, Progress, Target
+    from ucmctl.bench.workloads import WorkloadSpec
 
 _RATE_KEY = "--request-rate"
 _RATE_FIX = "inf (all at once) or requests/s > 0, comma-separated for a sweep, e.g. 1,2,4,inf"
@@ -101,3 +107,48 @@ def parse_concurrencies(text: str) -> list[int]:
 def points(rates: Sequence[float], concurrencies: Sequence[int]) -> list[Point]:
     """Every (rate, concurrency) pair, rate-major, each list in the order given."""
     return [Point(float(r), int(c)) for r, c in itertools.product(rates, concurrencies)]
+
+
+async def run_points(
+    workload: WorkloadSpec,
+    cfg: BenchConfig,
+    points: list[Point],
+    target: Target,
+    progress: Progress | None,
+    log: Callable[[str], None],
+) -> list[dict[str, Any]]:
+    """The workload once per sweep point; one point is a plain run."""
+    from ucmctl.bench.runner import BenchConfig
+
+    cells: list[dict[str, Any]] = []
+    width = workload.streams_per_run(cfg)
+    for j, point in enumerate(points):
+        run_cfg = BenchConfig(
+            **{
+                **cfg.__dict__,
+                "request_rate": point.request_rate,
+                "concurrency": point.concurrency,
+                "stream_base": cfg.stream_base + j * width,
+            }
+        )
+        name = point_name(point, points)
+        if len(points) > 1:
+            log(f"sweep point {j + 1}/{len(points)}: {point.label()}")
+        for cell in await workload.run(run_cfg, target, progress, log):
+            cell["point"] = point.as_dict()
+            if len(points) > 1:
+                cell["point_name"] = name
+            cells.append(cell)
+    return cells
+
+
+def point_name(point: Point, points: list[Point]) -> str:
+    """The point by what varies across the sweep only: `conc 8`, `2/s`, or both."""
+    rates = {p.request_rate for p in points}
+    concs = {p.concurrency for p in points}
+    parts = []
+    if len(rates) > 1:
+        parts.append(f"rate {format_rate(point.request_rate)}")
+    if len(concs) > 1 or not parts:
+        parts.append(f"conc {point.concurrency}")
+    return " ".join(parts)

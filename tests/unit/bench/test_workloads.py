@@ -3,17 +3,19 @@ cell keys, merged hit rates, `--goodput A B` spreading and suites with a workloa
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from ucmctl.bench.cli import spread_option_values
 from ucmctl.bench.hitrate import Instance, hit_rates, merge
-from ucmctl.bench.longdoc import LongDoc
-from ucmctl.bench.multiturn import MultiTurn
 from ucmctl.bench.report import cell_key, row_name
 from ucmctl.bench.reuse import ReuseTracker
+from ucmctl.bench.runner import BenchConfig
 from ucmctl.bench.suite import Suite
-from ucmctl.bench.sweep import Point
-from ucmctl.bench.workload import point_name
+from ucmctl.bench.sweep import Point, point_name
+from ucmctl.bench.workloads import LongDocSpec, MultiTurnSpec
+from ucmctl.bench.workloads.long_doc import RepeatMode
 from ucmctl.core.errors import ExitStatus, UcmctlError
 
 
@@ -31,25 +33,34 @@ def test_reuse_counts_whole_blocks_of_a_chained_prefix() -> None:
     assert t.reusable([*a, 7, 7, 7, 7, 7, 0]) == 12
 
 
+def _long_doc(mode: RepeatMode, doc_tokens: int = 10) -> LongDocSpec:
+    return LongDocSpec(documents=3, doc_tokens=doc_tokens, repeat_count=2, repeat_mode=mode)
+
+
 def test_long_doc_orders() -> None:
-    assert LongDoc(3, 10, 2, "tile").order(0) == [0, 1, 2, 0, 1, 2]
-    assert LongDoc(3, 10, 2, "interleave").order(0) == [0, 0, 1, 1, 2, 2]
-    shuffled = LongDoc(3, 10, 2, "random").order(5)
-    assert sorted(shuffled) == [0, 0, 1, 1, 2, 2] and shuffled == LongDoc(3, 10, 2, "random").order(5)
-    with pytest.raises(UcmctlError) as err:
-        LongDoc(3, 10, 2, "shuffle").check(1, None)
+    assert _long_doc("tile").order(0) == [0, 1, 2, 0, 1, 2]
+    assert _long_doc("interleave").order(0) == [0, 0, 1, 1, 2, 2]
+    shuffled = _long_doc("random").order(5)
+    assert sorted(shuffled) == [0, 0, 1, 1, 2, 2] and shuffled == _long_doc("random").order(5)
+    with pytest.raises(UcmctlError) as err:  # `ucmctl bench --repeat-mode`: a string typer does not check
+        LongDocSpec.model_construct(repeat_mode="shuffle").load(Path())
     assert "--repeat-mode" in str(err.value) and err.value.status == ExitStatus.BAD_INPUT
     with pytest.raises(UcmctlError, match="--doc-tokens"):
-        LongDoc(3, 8000, 2, "tile").check(500, 8192)
+        _long_doc("tile", doc_tokens=8000).check(500, 8192)
 
 
 def test_multi_turn_sizes_and_limits() -> None:
-    spec = MultiTurn(users=4, rounds=3, system_tokens=100, question_tokens=10, answer_tokens=20)
-    assert spec.longest_prompt() == 100 + 3 * 10 + 2 * 20
-    assert spec.in_flight_tokens(2) == 2 * (170 + 20) and spec.in_flight_tokens(99) == 4 * 190
-    spec.check(190)
+    spec = MultiTurnSpec(users=4, rounds=3, system_tokens=100, question_tokens=10)
+    assert spec.longest_prompt(20) == 100 + 3 * 10 + 2 * 20
+    cfg = BenchConfig(input_lens=[], output_len=20)
+    assert spec.in_flight_tokens(cfg, 2) == 2 * (170 + 20) and spec.in_flight_tokens(cfg, 99) == 4 * 190
+    assert spec.describe(cfg) == {
+        "workload": "multi-turn", "users": 4, "rounds": 3, "system_tokens": 100, "question_tokens": 10,
+        "answer_tokens": 20,
+    }  # fmt: skip
+    spec.check(20, 190)
     with pytest.raises(UcmctlError, match="max_model_len 189"):
-        spec.check(189)
+        spec.check(20, 189)
 
 
 def test_goodput_values_spread_as_click_reads_them() -> None:

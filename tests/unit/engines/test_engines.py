@@ -66,6 +66,7 @@ def test_vllm_argv_in_the_order_vllm_serve_is_written() -> None:
 
 def test_the_simulator_is_vllms_command_line_with_another_executable() -> None:
     sim, vllm = engine_for("sim"), engine_for("vllm")
+
     def tool(name: str) -> str:
         return f"/v/bin/{name}"
 

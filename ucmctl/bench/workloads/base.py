@@ -1,0 +1,60 @@
+"""What every workload's spec says: its parameters (pydantic fields, each default stated once,
+here: a suite's `workload:` parses them and `ucmctl bench` takes its options' defaults from
+them), how the tables name its phases, its defaults for the run, and how it runs.
+
+`ucmctl` imports every spec when it starts (for the options' defaults): a spec module imports
+pydantic and the light parts of ucmctl only, and its runner inside `run`.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict
+
+if TYPE_CHECKING:
+    from ucmctl.bench.runner import BenchConfig, Progress, Target
+
+
+class WorkloadSpec(BaseModel):
+    """One workload: a subclass sets `kind: Literal["NAME"] = "NAME"`, its parameters as fields,
+    `phases`, `default_output_len`, and the methods without a default here."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: str
+    # How the tables name a cell's two phases (the JSON keeps "preseed" and "measure" for all).
+    phases: ClassVar[dict[str, str]] = {"preseed": "preseed", "measure": "measure"}
+    default_output_len: ClassVar[int]  # `--output-len` when not given
+
+    @abstractmethod
+    def default_concurrency(self) -> int:
+        """`--concurrency` when not given."""
+
+    def load(self, base: Path) -> None:
+        """Read the workload's files (paths relative to `base`) and check what the options'
+        and the suite's own checks leave, before anything is sent."""
+
+    def check(self, output_len: int, max_model_len: int | None) -> None:
+        """`ucmctl bench`: refuse what the server's context cannot take, before anything is sent."""
+
+    def describe(self, cfg: BenchConfig) -> dict[str, Any]:
+        """The workload's own parameters, for the result's config."""
+        return {"workload": self.kind, **self.model_dump(exclude={"kind"})}
+
+    @abstractmethod
+    def in_flight_tokens(self, cfg: BenchConfig, concurrency: int) -> int | None:
+        """Tokens the workload keeps in flight at most (the capacity check's side); None: unknown."""
+
+    def streams_per_run(self, cfg: BenchConfig) -> int:
+        """Prompt streams one run uses: a sweep's next point starts after them."""
+        return 1
+
+    @abstractmethod
+    async def run(
+        self, cfg: BenchConfig, target: Target, progress: Progress | None, log: Callable[[str], None]
+    ) -> list[dict[str, Any]]:
+        """Send the workload once; its cells, the one the tables lead with marked `primary`."""

@@ -1,0 +1,56 @@
+"""The multi-turn workload's spec: U users x R rounds over one shared system prompt, each
+answer (`--output-len` tokens) carried into the user's next round (runner: `bench.multiturn`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+from pydantic import Field
+
+from ucmctl.bench.workloads.base import WorkloadSpec
+from ucmctl.core.errors import UcmctlError
+
+if TYPE_CHECKING:
+    from ucmctl.bench.runner import BenchConfig, Progress, Target
+
+
+class MultiTurnSpec(WorkloadSpec):
+    kind: Literal["multi-turn"] = "multi-turn"
+    users: int = Field(16, ge=1)
+    rounds: int = Field(4, ge=1)
+    system_tokens: int = Field(1024, ge=0)
+    question_tokens: int = Field(128, ge=1)
+
+    phases: ClassVar[dict[str, str]] = {"preseed": "-", "measure": "measure"}
+    default_output_len: ClassVar[int] = 128  # each answer
+
+    def default_concurrency(self) -> int:
+        return self.users  # one per user
+
+    def longest_prompt(self, answer_tokens: int) -> int:
+        return self.system_tokens + self.rounds * self.question_tokens + (self.rounds - 1) * answer_tokens
+
+    def check(self, output_len: int, max_model_len: int | None) -> None:
+        need = self.longest_prompt(output_len) + output_len
+        if max_model_len is not None and need > max_model_len:
+            raise UcmctlError.one(
+                f"the last round needs {need} tokens (system {self.system_tokens} + "
+                f"{self.rounds} x question {self.question_tokens} + {self.rounds} x answer "
+                f"{output_len}), more than the server's max_model_len {max_model_len}",
+                key="--rounds",
+                fix="fewer rounds or shorter prompts",
+            )
+
+    def describe(self, cfg: BenchConfig) -> dict[str, Any]:
+        return {**super().describe(cfg), "answer_tokens": cfg.output_len}
+
+    def in_flight_tokens(self, cfg: BenchConfig, concurrency: int) -> int | None:
+        return min(concurrency, self.users) * (self.longest_prompt(cfg.output_len) + cfg.output_len)
+
+    async def run(
+        self, cfg: BenchConfig, target: Target, progress: Progress | None, log: Callable[[str], None]
+    ) -> list[dict[str, Any]]:
+        from ucmctl.bench.multiturn import run_multi_turn
+
+        return await run_multi_turn(cfg, self, target, progress)

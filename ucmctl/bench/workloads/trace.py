@@ -1,0 +1,72 @@
+"""The trace workload's spec: a Mooncake-format trace replayed on its timestamps, `speedup`
+times faster, or back to back (runner: `bench.replay`; the format: `bench.trace`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+from pydantic import Field, PrivateAttr
+
+from ucmctl.bench.workloads.base import WorkloadSpec
+from ucmctl.core.errors import UcmctlError
+
+if TYPE_CHECKING:
+    from ucmctl.bench.runner import BenchConfig, Progress, Target
+    from ucmctl.bench.trace import TraceRequest
+
+
+class TraceSpec(WorkloadSpec):
+    kind: Literal["trace"] = "trace"
+    trace: str | None = Field(None, description="trace file, relative to the suite file")
+    speedup: float | None = Field(1.0, gt=0, description="null: back to back")
+
+    phases: ClassVar[dict[str, str]] = {"preseed": "-", "measure": "replay"}
+    default_output_len: ClassVar[int] = 1000  # unused (each request has its own), kept in the config
+
+    _path: Path | None = PrivateAttr(None)
+    _requests: list[TraceRequest] = PrivateAttr(default_factory=list)  # the trace, read once
+
+    def default_concurrency(self) -> int:
+        return 1024
+
+    def load(self, base: Path) -> None:
+        from ucmctl.bench.trace import load_trace, send_schedule
+
+        if not self.trace:
+            raise UcmctlError.one("a trace workload needs `trace: FILE`", key="workload.trace")
+        self._path = base / self.trace
+        self._requests = load_trace(self._path)
+        send_schedule(self._requests, self.speedup)  # checks --speedup
+
+    @property
+    def path(self) -> Path:
+        if self._path is None:
+            raise RuntimeError("TraceSpec.load first")
+        return self._path
+
+    @property
+    def requests(self) -> list[TraceRequest]:
+        if self._path is None:
+            raise RuntimeError("TraceSpec.load first")
+        return self._requests
+
+    def describe(self, cfg: BenchConfig) -> dict[str, Any]:
+        return {"workload": self.kind, "trace": str(self.path), "speedup": self.speedup}
+
+    def in_flight_tokens(self, cfg: BenchConfig, concurrency: int) -> int | None:
+        """Back to back: `concurrency` requests of the trace's mean size. On its timestamps how
+        many overlap depends on how fast the server is: None (the preemptions are reported)."""
+        if self.speedup is not None:
+            return None
+        reqs = self.requests
+        mean = sum(r.input_length + r.output_length for r in reqs) / len(reqs)
+        return int(min(concurrency, len(reqs)) * mean)
+
+    async def run(
+        self, cfg: BenchConfig, target: Target, progress: Progress | None, log: Callable[[str], None]
+    ) -> list[dict[str, Any]]:
+        from ucmctl.bench.replay import run_trace
+
+        return await run_trace(cfg, self, target, progress)
