@@ -12,11 +12,12 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ucmctl.bench import loop
-from ucmctl.bench.workloads import BY_KIND, LongDocSpec, MultiTurnSpec, TraceSpec, WorkloadSpec
+from ucmctl.bench.workload_defaults import LONG_DOC, MULTI_TURN, TRACE
 from ucmctl.core.errors import ExitStatus, UcmctlError
 
 if TYPE_CHECKING:
     from ucmctl.bench.client import RequestResult
+    from ucmctl.bench.workloads import WorkloadSpec
 
 app = typer.Typer(help="Preseed-and-measure benchmarks, scenario suites and a regression gate.")
 out = Console(highlight=False, soft_wrap=True, emoji=False)
@@ -150,11 +151,6 @@ DEFAULT_INPUT_LEN = 4096
 DEFAULT_VOCAB = 8000
 
 
-def _default(spec: type[WorkloadSpec], field: str) -> Any:
-    """A workload option's default: its spec's field's (the unit tests hold every option to it)."""
-    return spec.model_fields[field].default
-
-
 def _default_input_len(max_model_len: int | None, output_len: int) -> int:
     """4096 tokens, or what the server's context leaves after --output-len (whole 256s)."""
     if max_model_len is None or DEFAULT_INPUT_LEN + output_len <= max_model_len:
@@ -245,46 +241,40 @@ def run(
         "--goodput",
         help="SLOs for goodput, as vllm bench serve: --goodput ttft:500 tpot:50 e2el:20000 (ms)",
     ),
-    users: int = typer.Option(
-        _default(MultiTurnSpec, "users"), "--users", min=1, help="multi-turn: users (conversations)"
-    ),
-    rounds: int = typer.Option(
-        _default(MultiTurnSpec, "rounds"), "--rounds", min=1, help="multi-turn: rounds per user"
-    ),
+    users: int = typer.Option(MULTI_TURN.users, "--users", min=1, help="multi-turn: users (conversations)"),
+    rounds: int = typer.Option(MULTI_TURN.rounds, "--rounds", min=1, help="multi-turn: rounds per user"),
     system_tokens: int = typer.Option(
-        _default(MultiTurnSpec, "system_tokens"),
+        MULTI_TURN.system_tokens,
         "--system-tokens",
         min=0,
         help="multi-turn: the system prompt every user shares",
     ),
     question_tokens: int = typer.Option(
-        _default(MultiTurnSpec, "question_tokens"),
+        MULTI_TURN.question_tokens,
         "--question-tokens",
         min=1,
         help="multi-turn: each new question",
     ),
     trace: Path | None = typer.Option(
-        _default(TraceSpec, "trace"),
+        TRACE.trace,
         "--trace",
         help="trace: a JSONL trace in Mooncake's format (docs/trace-format.md)",
     ),
     speedup: float = typer.Option(
-        _default(TraceSpec, "speedup"), "--speedup", help="trace: replay X times faster than its timestamps"
+        TRACE.speedup, "--speedup", help="trace: replay X times faster than its timestamps"
     ),
     back_to_back: bool = typer.Option(
         False, "--back-to-back", help="trace: ignore the timestamps, keep --concurrency requests in flight"
     ),
-    documents: int = typer.Option(
-        _default(LongDocSpec, "documents"), "--documents", min=1, help="long-doc: documents"
-    ),
+    documents: int = typer.Option(LONG_DOC.documents, "--documents", min=1, help="long-doc: documents"),
     doc_tokens: int = typer.Option(
-        _default(LongDocSpec, "doc_tokens"), "--doc-tokens", min=1, help="long-doc: tokens per document"
+        LONG_DOC.doc_tokens, "--doc-tokens", min=1, help="long-doc: tokens per document"
     ),
     repeat_count: int = typer.Option(
-        _default(LongDocSpec, "repeat_count"), "--repeat-count", min=1, help="long-doc: times each is queried"
+        LONG_DOC.repeat_count, "--repeat-count", min=1, help="long-doc: times each is queried"
     ),
     repeat_mode: str = typer.Option(
-        _default(LongDocSpec, "repeat_mode"), "--repeat-mode", help="long-doc: random, tile or interleave"
+        LONG_DOC.repeat_mode, "--repeat-mode", help="long-doc: random, tile or interleave"
     ),
     ignore_eos: bool = typer.Option(
         True, "--ignore-eos/--no-ignore-eos", help="always generate --output-len"
@@ -452,6 +442,8 @@ def _spec(kind: str, options: dict[str, Any]) -> WorkloadSpec:
     file (a trace) read and checked before anything is sent. Typer has checked the options'
     ranges; the spec's `load` checks the rest under the options' names (pydantic's validation,
     whose messages name suite keys, is skipped)."""
+    from ucmctl.bench.workloads import BY_KIND  # the specs load pydantic: not at start-up
+
     spec_class = BY_KIND.get(kind)
     if spec_class is None:
         raise UcmctlError.one(

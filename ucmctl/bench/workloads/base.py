@@ -1,9 +1,8 @@
-"""What every workload's spec says: its parameters (pydantic fields, each default stated once,
-here: a suite's `workload:` parses them and `ucmctl bench` takes its options' defaults from
-them), how the tables name its phases, its defaults for the run, and how it runs.
-
-`ucmctl` imports every spec when it starts (for the options' defaults): a spec module imports
-pydantic and the light parts of ucmctl only, and its runner inside `run`.
+"""What every workload's spec says: its parameters (pydantic fields, whose defaults and
+`ucmctl bench`'s options' come from one place, bench/workload_defaults.py; a suite's
+`workload:` parses them), how the tables name its phases, its defaults for the run, and how it
+runs. A spec module imports pydantic and the light parts of ucmctl only, and its runner inside
+`run`.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, get_args
 
 from pydantic import Field
 
+from ucmctl.bench.workload_defaults import LONG_DOC, RepeatMode
 from ucmctl.bench.workloads.base import WorkloadSpec
 from ucmctl.core.errors import UcmctlError
 
@@ -17,16 +18,15 @@ if TYPE_CHECKING:
 
     from ucmctl.bench.runner import BenchConfig, Progress, Target
 
-RepeatMode = Literal["random", "tile", "interleave"]
 REPEAT_MODES: tuple[str, ...] = get_args(RepeatMode)
 
 
 class LongDocSpec(WorkloadSpec):
     kind: Literal["long-doc"] = "long-doc"
-    documents: int = Field(8, ge=1)
-    doc_tokens: int = Field(8192, ge=1)
-    repeat_count: int = Field(2, ge=1)
-    repeat_mode: RepeatMode = "random"
+    documents: int = Field(LONG_DOC.documents, ge=1)
+    doc_tokens: int = Field(LONG_DOC.doc_tokens, ge=1)
+    repeat_count: int = Field(LONG_DOC.repeat_count, ge=1)
+    repeat_mode: RepeatMode = LONG_DOC.repeat_mode
 
     phases: ClassVar[dict[str, str]] = {"preseed": "warm-up", "measure": "query"}
     default_output_len: ClassVar[int] = 100  # each query

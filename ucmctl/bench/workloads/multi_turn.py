@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import Field
 
+from ucmctl.bench.workload_defaults import MULTI_TURN
 from ucmctl.bench.workloads.base import WorkloadSpec
 from ucmctl.core.errors import UcmctlError
 
@@ -17,10 +18,10 @@ if TYPE_CHECKING:
 
 class MultiTurnSpec(WorkloadSpec):
     kind: Literal["multi-turn"] = "multi-turn"
-    users: int = Field(16, ge=1)
-    rounds: int = Field(4, ge=1)
-    system_tokens: int = Field(1024, ge=0)
-    question_tokens: int = Field(128, ge=1)
+    users: int = Field(MULTI_TURN.users, ge=1)
+    rounds: int = Field(MULTI_TURN.rounds, ge=1)
+    system_tokens: int = Field(MULTI_TURN.system_tokens, ge=0)
+    question_tokens: int = Field(MULTI_TURN.question_tokens, ge=1)
 
     phases: ClassVar[dict[str, str]] = {"preseed": "-", "measure": "measure"}
     default_output_len: ClassVar[int] = 128  # each answer

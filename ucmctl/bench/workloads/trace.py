@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import Field, PrivateAttr
 
+from ucmctl.bench.workload_defaults import TRACE
 from ucmctl.bench.workloads.base import WorkloadSpec
 from ucmctl.core.errors import UcmctlError
 
@@ -19,8 +20,8 @@ if TYPE_CHECKING:
 
 class TraceSpec(WorkloadSpec):
     kind: Literal["trace"] = "trace"
-    trace: str | None = Field(None, description="trace file, relative to the suite file")
-    speedup: float | None = Field(1.0, gt=0, description="null: back to back")
+    trace: str | None = Field(TRACE.trace, description="trace file, relative to the suite file")
+    speedup: float | None = Field(TRACE.speedup, gt=0, description="null: back to back")
 
     phases: ClassVar[dict[str, str]] = {"preseed": "-", "measure": "replay"}
     default_output_len: ClassVar[int] = 1000  # unused (each request has its own), kept in the config
