@@ -241,6 +241,7 @@ def _server(t: Topology, nodes: dict[str, NodePlan], s: Server, deps: list[str])
     env.update(side.env)
 
     dtype = side.dtype or t.model.dtype
+    external = is_external_dp(side)  # one API server per DP rank: each is told its rank
     spec = ServerSpec(
         executable=engine.executable(_python(node), lambda name: _tool(node, name)),
         model=t.model.path,
@@ -249,9 +250,9 @@ def _server(t: Topology, nodes: dict[str, NodePlan], s: Server, deps: list[str])
         served_model_name=t.model.served_name,
         dtype=None if dtype == "auto" else dtype,
         data_parallel_size=s.dp_size,
-        data_parallel_rank=s.dp_rank if is_external_dp(side) else None,
-        data_parallel_address=str(s.dp_address) if is_external_dp(side) else None,
-        data_parallel_rpc_port=s.dp_rpc_port if is_external_dp(side) else None,
+        data_parallel_rank=s.dp_rank if external else None,
+        data_parallel_address=str(s.dp_address) if external else None,
+        data_parallel_rpc_port=s.dp_rpc_port if external else None,
         tensor_parallel_size=s.tp_size,
         enable_expert_parallel=side.expert_parallel,
         flags=dict(side.flags),
