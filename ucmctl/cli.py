@@ -334,6 +334,28 @@ def install(
         out.print(f"{node}: {escape(line)}")
 
 
+image_app = typer.Typer(help="Container images of a topology's processes.", no_args_is_help=True)
+app.add_typer(image_app, name="image")
+
+
+@image_app.command("build")
+def image_build(topology: Path = TopologyArg, accept_new_host_keys: bool = AcceptNewHostKeys) -> None:
+    """Build, on each node that runs one, the image derived from the topology's `container.image`
+    with this ucmctl's wheel (connector, native store, proxy) added; reused when it holds it."""
+    from ucmctl.deploy.images import build_images, derived_images
+    from ucmctl.plan.build import build_plan
+
+    plan = build_plan(_load(topology))
+    if not derived_images(plan):
+        raise UcmctlError.one(
+            f"topology '{plan.deployment}' runs no derived image",
+            fix="set container.runtime (podman or docker) and container.image on a node or side",
+        )
+    for b in build_images(plan, accept_new_host_keys=accept_new_host_keys):
+        said = "already holds this ucmctl" if b.reused else f"built in {b.seconds:.1f} s"
+        out.print(f"{b.node}: {escape(b.image)} {said}")
+
+
 @app.command()
 def schema(
     format: Format = typer.Option(Format.text, "--format", "-f", help="text (Markdown) or json"),

@@ -46,11 +46,14 @@ def status_table(record: Record, width: int = 80) -> list[Table]:
 
     def look(p: Process) -> tuple[str, str]:
         try:
-            running = launcher.alive(p) is not None
+            if p.container is not None:  # the runtime says how a container ended
+                container = launcher.container_state(p)
+                if container is None or not container.running:
+                    return (container.words() if container else "stopped (no container)"), "-"
+            elif launcher.alive(p) is None:
+                return "stopped", "-"
         except NodeError:
             return "node unreachable", "?"
-        if not running:
-            return "stopped", "-"
         if not p.health:
             return "running", "-"
         reason = why_not(p.health[-1])
@@ -133,8 +136,15 @@ def show_logs(record: Record, names: list[str], lines: int, follow: bool, consol
 
 
 def _read(launcher: Launcher, p: Process, offset: int | None, lines: int) -> tuple[int, str]:
+    """The log's end (offset None) or what follows `offset`, and the new offset: bytes of the log
+    file, or lines of a container's log (the runtime's)."""
     log = shlex.quote(p.log)
-    if offset is None:
+    if p.container is not None:
+        rt, name = shlex.quote(p.container.runtime), shlex.quote(p.container.name)
+        rest = f"tail -n {int(lines)}" if offset is None else f"tail -n +{int(offset) + 1} | head -c 1048576"
+        cmd = (f'f=$(mktemp); trap \'rm -f "$f"\' EXIT; {rt} logs {name} >"$f" 2>&1 || exit 0; '
+               f'wc -l < "$f"; {rest} < "$f"')  # fmt: skip
+    elif offset is None:
         cmd = f"[ -f {log} ] || exit 0; wc -c < {log}; tail -n {int(lines)} {log}"
     else:
         cmd = f"[ -f {log} ] || exit 0; wc -c < {log}; tail -c +{int(offset) + 1} {log} | head -c 1048576"
@@ -146,7 +156,7 @@ def _read(launcher: Launcher, p: Process, offset: int | None, lines: int) -> tup
     if not first.strip().isdigit():
         return offset or 0, ""
     size = int(first.strip())
-    if offset is not None:
+    if offset is not None and p.container is None:
         rest = rest[: max(0, size - offset)]
     return size, rest
 

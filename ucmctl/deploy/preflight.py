@@ -12,6 +12,7 @@ from ucmctl.engines import engine_for
 from ucmctl.nodes import lifecycle
 from ucmctl.nodes.executor import Executor, HostKeyError, NodeError
 from ucmctl.nodes.fanout import parallel
+from ucmctl.plan.containers import LABEL_DEPLOYMENT
 from ucmctl.plan.model import NodePlan, Plan, Process
 
 # One round trip per node: facts as KEY=VALUE lines.
@@ -103,7 +104,8 @@ def _node_checks(plan: Plan, ex: Executor, shared: _SharedCheck) -> NodeFacts:
     )
     if node.name == shared.writer:
         script += shared.write_lines()
-    script += "\n" + lifecycle.running_lines(plan.on_node(node.name)) + "\n"
+    bare_processes = [p for p in plan.on_node(node.name) if p.container is None]
+    script += "\n" + lifecycle.running_lines(bare_processes) + "\n"
     try:
         done = ex.run(script, timeout=60)
     except NodeError as exc:
@@ -117,12 +119,35 @@ def _node_checks(plan: Plan, ex: Executor, shared: _SharedCheck) -> NodeFacts:
         out.facts[key] = value.strip()
     f = out.facts
     processes = plan.on_node(node.name)
+    contained = [p for p in processes if p.container is not None]
+    if contained:
+        problems, running = _container_problems(where, ex, contained)
+        out.problems += problems
+        out.running += running
+    bare = [p for p in processes if p.container is None]
+    out.problems += _bare_problems(plan, node, where, bare, f)
+    out.problems += _bind_problems(where, node, f)
+    listening = {int(p) for p in f.get("listening", "").split(",") if p.isdigit()}
+    for p in processes:
+        for label, port in p.ports.items():
+            if port in listening:
+                out.problems.append(f"{where}: port {port} ({p.name} {label}) is already in use")
+    return out
+
+
+def _bare_problems(
+    plan: Plan, node: NodePlan, where: str, processes: list[Process], f: dict[str, str]
+) -> list[str]:
+    """What the processes that run on the node's own Python need of it."""
+    out = NodeFacts(node.name)
     servers = [p for p in processes if p.is_server]
+    if not processes:
+        return []
     if not f.get("python"):
         out.problems.append(
             f"{where}: Python '{node.python}' not found: set nodes.{node.name}.python or venv"
         )
-        return out
+        return out.problems
     if servers and not f.get("engine"):
         what = engine_for(plan.engine).display_name
         out.problems.append(f"{where}: {what} is not installed for {node.python}")
@@ -144,18 +169,86 @@ def _node_checks(plan: Plan, ex: Executor, shared: _SharedCheck) -> NodeFacts:
                     f"cache_buffer_capacity_gb {store.cache_buffer_capacity_gb} need "
                     f"{need_kb / 2**20:.1f} GiB: lower storage.cache_buffer_capacity_gb"
                 )
-    out.problems += _bind_problems(where, node, f)
-    listening = {int(p) for p in f.get("listening", "").split(",") if p.isdigit()}
-    for p in processes:
-        for label, port in p.ports.items():
-            if port in listening:
-                out.problems.append(f"{where}: port {port} ({p.name} {label}) is already in use")
-    if mooncake and any(p.role == "mooncake" for p in processes) and f.get("mooncake") != "1":
+    if _mooncake_tool(plan) and any(p.role == "mooncake" for p in processes) and f.get("mooncake") != "1":
         out.problems.append(
             f"{where}: mooncake_master not found: pip install mooncake-transfer-engine "
             "(needs libibverbs1, librdmacm1, libnuma1)"
         )
-    return out
+    return out.problems
+
+
+def _container_problems(where: str, ex: Executor, processes: list[Process]) -> tuple[list[str], list[str]]:
+    """The runtime, the images (a derived one holding this ucmctl's wheel), the devices, and an
+    image the user says has ucmctl inside importing it: one round trip, then one line each."""
+    from ucmctl.deploy.images import image_wheel
+    from ucmctl.deploy.wheel import installed_wheel
+
+    plans = [p.container for p in processes if p.container is not None]
+    runtimes = sorted({c.runtime for c in plans})
+    script = [f'echo "{rt}=$(command -v {rt} >/dev/null 2>&1 && echo 1 || echo 0)"' for rt in runtimes]
+    devices = sorted({d for c in plans for d in c.devices})
+    script += [f'[ -e {shlex.quote(d)} ] || echo "nodevice {d}"' for d in devices]
+    fmt = shlex.quote('{{.State.Status}} {{index .Config.Labels "' + LABEL_DEPLOYMENT + '"}}')
+    for p in processes:
+        c = p.container
+        assert c is not None
+        rt, mine = shlex.quote(c.runtime), shlex.quote(f"running {c.labels[LABEL_DEPLOYMENT]}")
+        script.append(
+            f'[ "$({rt} inspect --type container --format {fmt} {shlex.quote(c.name)} 2>/dev/null)" '
+            f'= {mine} ] && echo "running {p.name}"'
+        )
+    done = ex.run("\n".join(script) + "\nexit 0", timeout=60)
+    running = [line.split(" ", 1)[1] for line in done.stdout.splitlines() if line.startswith("running ")]
+    have = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
+    problems = [
+        f"{where}: {rt} is not installed (container.runtime {rt}): install it, or set another runtime"
+        for rt in runtimes
+        if have.get(rt) != "1"
+    ]
+    problems += [
+        f"{where}: device {line.split(' ', 1)[1]} does not exist on the node: check its cards "
+        "and container.devices"
+        for line in done.stdout.splitlines()
+        if line.startswith("nodevice ")
+    ]
+    if problems or running:
+        return problems, running
+    wheel = installed_wheel()
+    seen: set[str] = set()
+    for c in plans:
+        if c.image in seen:
+            continue
+        seen.add(c.image)
+        held = image_wheel(ex, c)
+        if c.derived and held is None:
+            problems.append(
+                f"{where}: image {c.image} (derived from {c.base_image}) is missing: "
+                "run `ucmctl image build TOPOLOGY`"
+            )
+        elif c.derived and held != wheel.sha256:
+            problems.append(
+                f"{where}: image {c.image} holds another ucmctl than this one (wheel "
+                f"{(held or 'unknown')[:12]}, this {wheel.sha256[:12]}): run `ucmctl image build TOPOLOGY`"
+            )
+        elif not c.derived and held is None and c.pull == "never":
+            problems.append(
+                f"{where}: image {c.image} is not on the node and container.pull is never: "
+                f"load it there (`{c.runtime} load`), or set pull to missing"
+            )
+        elif not c.derived and held is not None:
+            rt, image, py = (shlex.quote(x) for x in (c.runtime, c.image, c.python))
+            probe = ex.run(
+                f"{rt} run --rm --network none --pull never {image} {py} -c "
+                "'import ucm_connector, ucm_store' 2>&1 | tail -n 1",
+                timeout=120,
+            )
+            said = probe.stdout.strip()
+            if said:
+                problems.append(
+                    f"{where}: image {c.image} has no ucmctl ({said}): set container.derived "
+                    "true and run `ucmctl image build TOPOLOGY`, or install ucmctl in it"
+                )
+    return problems, running
 
 
 def _mooncake_tool(plan: Plan) -> str | None:
@@ -241,12 +334,16 @@ def _bind_problems(where: str, node: NodePlan, f: dict[str, str]) -> list[str]:
         return [f"{where}: host '{bind}' does not resolve on the node: set nodes.{name}.bind to its IP"]
     resolved = _ip(ip)
     if resolved is not None and resolved.is_loopback:
-        return [f"{where}: host '{bind}' resolves to {ip} on the node itself, so its servers would "
-                f"listen on loopback only: set nodes.{name}.bind to the node's IP"]  # fmt: skip
+        return [
+            f"{where}: host '{bind}' resolves to {ip} on the node itself, so its servers would "
+            f"listen on loopback only: set nodes.{name}.bind to the node's IP"
+        ]
     addresses = f.get("addresses", "").split()
     if addresses and ip not in addresses:
-        return [f"{where}: host '{bind}' resolves to {ip} on the node, which is not one of its "
-                f"addresses ({', '.join(addresses)}): set nodes.{name}.bind"]  # fmt: skip
+        return [
+            f"{where}: host '{bind}' resolves to {ip} on the node, which is not one of its "
+            f"addresses ({', '.join(addresses)}): set nodes.{name}.bind"
+        ]
     return []
 
 

@@ -6,10 +6,12 @@ import ipaddress
 import posixpath
 from typing import Any
 
+from ucmctl.core.names import SERVER_ROLES
 from ucmctl.core.platforms import DEVICE_VARIABLE, NIC_VARIABLES, Platform
 from ucmctl.core.ucm_config import CONNECTOR_NAMES, ConnectorEntry, StoreConfig, UcmConfig
 from ucmctl.engines import KvTransfer, MooncakeLeg, ServerSpec, engine_for
 from ucmctl.engines.mooncake import ASCEND_MOONCAKE, MooncakeConnectorFacts, connector_for, protocol_for
+from ucmctl.plan.containers import container_plan, work_mounts
 from ucmctl.plan.model import (
     UCM_CONFIG_FILE,
     NodePlan,
@@ -24,6 +26,7 @@ from ucmctl.plan.model import (
     default_health_timeout,
 )
 from ucmctl.plan.render import render
+from ucmctl.topology.container import Container
 from ucmctl.topology.layout import Server, is_external_dp, servers
 from ucmctl.topology.model import Mode, Node, Side, SlurmCluster, Storage, Topology, Transport
 
@@ -90,10 +93,14 @@ def _store(t: Topology, processes: list[Process]) -> StorePlan | None:
         return None
     return StorePlan(
         pipeline=t.storage.store_pipeline,
-        backends=StoreConfig.model_validate(t.storage.ucm_store_values()).storage_backends,
+        backends=_backends(t.storage),
         cache_buffer_capacity_gb=t.storage.cache_buffer_capacity_gb,
         users=[p.name for p in processes if p.is_server and _uses_store(t, p.role)],
     )
+
+
+def _backends(storage: Storage) -> list[str]:
+    return StoreConfig.model_validate(storage.ucm_store_values()).storage_backends
 
 
 def _node_plan(t: Topology, name: str, node: Node, slurm_node: str | None) -> NodePlan:
@@ -114,12 +121,17 @@ def _node_plan(t: Topology, name: str, node: Node, slurm_node: str | None) -> No
     )
 
 
-def _python(node: Node) -> str:
+def _python(node: Node, container: Container | None = None) -> str:
+    if container is not None and container.contained:
+        return container.python
     return f"{node.venv}/bin/python" if node.venv else node.python
 
 
-def _tool(node: Node, name: str) -> str:
-    """A console script next to the node's Python (or on PATH when Python is a bare command)."""
+def _tool(node: Node, name: str, container: Container | None = None) -> str:
+    """A console script next to the node's Python (or on PATH when Python is a bare command);
+    in a container, on the image's PATH."""
+    if container is not None and container.contained:
+        return name
     if node.venv:
         return f"{node.venv}/bin/{name}"
     if node.python.startswith("/"):
@@ -154,12 +166,27 @@ def _process(
     argv: list[str],
     env: dict[str, str],
     extra_files: dict[str, str],
+    container: Container,
     **fields: Any,
 ) -> Process:
     work = posixpath.join(nodes[node].run_dir, name)
     files = [PlacedFile(path=posixpath.join(work, f), content=c) for f, c in extra_files.items()]
     launch = posixpath.join(work, "launch.sh")
-    script = render("launch.sh.j2", deployment=t.name, process=name, workdir=work, env=env, argv=argv)
+    contained = None
+    if container.contained:
+        uses_store = t.storage is not None and role in SERVER_ROLES and _uses_store(t, role)
+        backends = _backends(t.storage) if t.storage is not None and uses_store else []
+        contained, env = container_plan(
+            container, deployment=t.name, process=name, topology_digest=t.digest(),
+            platform=t.nodes[node].platform, argv=argv, env=env, cards=list(fields.get("devices", [])),
+            device_variable=fields.get("device_variable"), workdir=work,
+            mounts=work_mounts(work, t.model.path if role in SERVER_ROLES else None, backends),
+        )  # fmt: skip
+        options = contained.argv[: len(contained.argv) - len(argv) - 1]
+        script = render("container.sh.j2", deployment=t.name, process=name, container=contained,
+                        options=options, command=argv)  # fmt: skip
+    else:
+        script = render("launch.sh.j2", deployment=t.name, process=name, workdir=work, env=env, argv=argv)
     files.append(PlacedFile(path=launch, content=script, mode=0o755))
     return Process(
         name=name,
@@ -173,6 +200,7 @@ def _process(
         log=posixpath.join(work, "output.log"),
         pidfile=posixpath.join(work, "pid"),
         health_timeout=default_health_timeout(role, t.engine.value),
+        container=contained,
         **fields,
     )
 
@@ -181,8 +209,9 @@ def _mooncake_master(t: Topology, nodes: dict[str, NodePlan]) -> Process:
     mc = t.mooncake
     assert mc is not None
     node = t.nodes[mc.master_node]
+    container = t.container_of(mc.master_node)
     argv = [
-        _tool(node, "mooncake_master"),
+        _tool(node, "mooncake_master", container),
         "--port", str(mc.port),
         "--eviction_high_watermark_ratio", str(mc.eviction_high_watermark_ratio),
         "--eviction_ratio", str(mc.eviction_ratio),
@@ -196,7 +225,7 @@ def _mooncake_master(t: Topology, nodes: dict[str, NodePlan]) -> Process:
     base = f"http://{_address(node)}:{mc.metrics_port}"
     return _process(
         t, nodes, name="mooncake-master", role="mooncake", node=mc.master_node, stage=Stage.mooncake,
-        argv=argv, env=dict(node.env), extra_files={},
+        argv=argv, env=dict(node.env), extra_files={}, container=container,
         ports={"master": mc.port, "metrics": mc.metrics_port},
         url=base, health=[f"{base}/metrics"],
     )  # fmt: skip
@@ -211,6 +240,7 @@ def _side(t: Topology, name: str) -> Side:
 def _server(t: Topology, nodes: dict[str, NodePlan], s: Server, deps: list[str]) -> Process:
     side = _side(t, s.side)
     node = t.nodes[s.node]
+    container = t.container_of(s.node, s.side)
     work = posixpath.join(nodes[s.node].run_dir, s.name)
     files: dict[str, str] = {}
     env: dict[str, str] = {"PYTHONHASHSEED": str(t.model.hash_seed)}
@@ -243,7 +273,7 @@ def _server(t: Topology, nodes: dict[str, NodePlan], s: Server, deps: list[str])
     dtype = side.dtype or t.model.dtype
     external = is_external_dp(side)  # one API server per DP rank: each is told its rank
     spec = ServerSpec(
-        executable=engine.executable(_python(node), lambda name: _tool(node, name)),
+        executable=engine.executable(_python(node, container), lambda name: _tool(node, name, container)),
         model=t.model.path,
         host=_bind(node),
         port=s.port,
@@ -270,7 +300,8 @@ def _server(t: Topology, nodes: dict[str, NodePlan], s: Server, deps: list[str])
         ports["dp_rpc"] = s.dp_rpc_port
     return _process(
         t, nodes, name=s.name, role=s.side, node=s.node, stage=Stage.servers, argv=argv, env=env,
-        extra_files=files, ports=ports, url=base, health=[f"{base}/health", f"{base}/v1/models"],
+        extra_files=files, container=container, ports=ports, url=base,
+        health=[f"{base}/health", f"{base}/v1/models"],
         depends_on=deps, devices=list(s.devices), device_variable=device_variable,
         dp_rank=s.dp_rank, server=spec,
     )  # fmt: skip
@@ -362,8 +393,9 @@ def _proxy(t: Topology, nodes: dict[str, NodePlan], upstream: list[Process]) -> 
     proxy = t.proxy
     assert proxy is not None
     node = t.nodes[proxy.node]
+    container = t.container_of(proxy.node)
     listen = proxy.host or _bind(node)
-    argv = [_python(node), "-m", "ucmctl", "proxy", "--host", listen, "--port", str(proxy.port)]
+    argv = [_python(node, container), "-m", "ucmctl", "proxy", "--host", listen, "--port", str(proxy.port)]
     if t.mode is Mode.mixed:
         argv += ["--mode", "mixed"]
         for p in upstream:
@@ -386,6 +418,6 @@ def _proxy(t: Topology, nodes: dict[str, NodePlan], upstream: list[Process]) -> 
     base = f"http://{_address(node)}:{proxy.port}"
     return _process(
         t, nodes, name="proxy", role="proxy", node=proxy.node, stage=Stage.proxy, argv=argv,
-        env=dict(node.env), extra_files={}, ports={"http": proxy.port}, url=base,
+        env=dict(node.env), extra_files={}, container=container, ports={"http": proxy.port}, url=base,
         health=[f"{base}/health"], depends_on=[p.name for p in upstream],
     )  # fmt: skip

@@ -54,6 +54,22 @@ class PlacedFile(Frozen):
     mode: int = 0o644
 
 
+class ContainerPlan(Frozen):
+    """A process that runs in a container: the runtime's whole command line that starts it, and
+    what finds it again (its name and labels; `down` also finds it by the deployment's label)."""
+
+    runtime: Literal["podman", "docker"]
+    image: str  # what runs: the derived image of `base_image` (ucmctl image build), or base_image
+    base_image: str  # the topology's image
+    derived: bool
+    python: str  # the image's Python
+    name: str
+    labels: dict[str, str]
+    pull: Literal["never", "missing", "always"]
+    devices: list[str]  # device nodes of the node the container maps (preflight checks they exist)
+    argv: list[str]  # `podman run --detach ... IMAGE COMMAND...`: the process's argv inside
+
+
 class Process(Frozen):
     name: str  # unique in the plan: mooncake-master, prefill-0, decode-3, proxy
     role: Role
@@ -74,6 +90,7 @@ class Process(Frozen):
     device_variable: str | None = None
     dp_rank: int | None = None
     server: ServerSpec | None = None  # an API server's structured spec: argv is its engine's argv of it
+    container: ContainerPlan | None = None  # None: runs on the node's own Python (launch runs argv)
 
     @property
     def is_server(self) -> bool:

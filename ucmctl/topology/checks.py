@@ -46,10 +46,22 @@ def check_topology(t: Topology, src: Source, base_dir: Path | None = None) -> li
     _check_consistency(t, bad)
     _check_env_and_flags(t, bad)
     _check_paths(t, bad)
+    _check_containers(t, bad)
     if not problems:  # placement needs valid node references
         _check_placement(t, bad)
     problems.sort(key=lambda p: p.line or 0)
     return problems
+
+
+def _check_containers(t: Topology, bad) -> None:
+    """Containers run over SSH (or on this machine) for now: a Slurm job step would run bare."""
+    if not isinstance(t.cluster, SlurmCluster):
+        return
+    places: list[tuple[str, ...]] = [("nodes", n) for n, node in t.nodes.items() if node.container.contained]
+    places += [(role,) for role, side in t.sides() if side.container is not None and side.container.contained]
+    for path in places:
+        bad((*path, "container"), "containers do not run on Slurm yet (job steps would start bare)",
+            fix="remove container here, or use cluster kind ssh")  # fmt: skip
 
 
 def _check_nodes(t: Topology, bad) -> None:

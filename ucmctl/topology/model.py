@@ -17,10 +17,11 @@ import re
 from enum import Enum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
 from ucmctl.core.names import NAME_RE, SERVER_ROLES, ServerRole
 from ucmctl.core.platforms import Platform
+from ucmctl.topology.container import Container, Env
 
 # Used with fullmatch: `$` alone would also match before a trailing newline.
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -49,19 +50,6 @@ def _bind_address(v: str) -> str:
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-def _env_text(v: Any) -> Any:
-    """YAML turns `10` and `false` into numbers and booleans; environment values are text."""
-    if isinstance(v, dict):
-        return {
-            k: (str(x).lower() if isinstance(x, bool) else str(x) if isinstance(x, (int, float)) else x)
-            for k, x in v.items()
-        }
-    return v
-
-
-Env = Annotated[dict[str, str], BeforeValidator(_env_text)]
 
 
 class Mode(str, Enum):
@@ -111,6 +99,10 @@ class Node(Strict):
     venv: str | None = Field(None, description="virtual environment; overrides `python`")
     workdir: str | None = Field(None, description="where run directories go (default /tmp/ucmctl-<user>)")
     env: Env = Field(default_factory=dict, description="environment for every process")
+    container: Container = Field(
+        default_factory=lambda: Container.model_validate({}),
+        description="where the node's processes run: bare (its Python), or an image under podman or docker",
+    )
     bind: str | None = Field(
         None,
         description="IP address the node's servers, proxy and Mooncake master listen on (default: host; "
@@ -297,6 +289,9 @@ class Side(Strict):
     dtype: str | None = Field(None, pattern=r"^[a-z0-9_]+$", description="overrides model.dtype")
     flags: dict[str, FlagValue | None] = Field(default_factory=dict, description="extra vLLM flags")
     env: Env = Field(default_factory=dict)
+    container: Container | None = Field(
+        None, description="where the side's servers run (default: their node's `container`)"
+    )
 
     def placement(self) -> list[tuple[str, int]]:
         """(node, number of API servers) in rank order."""
@@ -332,7 +327,16 @@ class Topology(Strict):
     def digest(self) -> str:
         if self._written_digest:
             return self._written_digest
-        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        data = self.model_dump(mode="json")
+        # Running bare (the default) leaves the digest as it was before containers existed.
+        bare = Container.model_validate({}).model_dump(mode="json")
+        for node in data["nodes"].values():
+            if node["container"] == bare:
+                del node["container"]
+        for role in SERVER_ROLES:
+            if data.get(role) is not None and data[role]["container"] is None:
+                del data[role]["container"]
+        canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 
     @field_validator("name")
@@ -343,6 +347,11 @@ class Topology(Strict):
                 "use 1-63 lowercase letters, digits, '-', '_' or '.', starting with a letter or digit"
             )
         return v
+
+    def container_of(self, node: str, side: ServerRole | None = None) -> Container:
+        """Where a process on `node` runs: its side's container for a server, else its node's."""
+        chosen = getattr(self, side).container if side is not None else None
+        return chosen if chosen is not None else self.nodes[node].container
 
     def sides(self) -> list[tuple[ServerRole, Side]]:
         """The sides present, in start order."""

@@ -1,0 +1,154 @@
+"""A centralized 1P1D of the simulator with every process in a real podman container on this
+machine: `image build` derives the image (and reuses it), `up` gates on health and the KV probe,
+a request goes through the proxy, `status` reads a kill -9 as `exited (137)` from the runtime,
+`down` leaves no container and no process. The image stands in for a user's vLLM image (built
+from Debian and the venv's packages, without ucmctl: tests/support/containers.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.deploy.conftest import completion
+from tests.support.containers import (
+    build_base_image,
+    cgroup_parent,
+    podman,
+    remove_cgroup,
+    remove_containers,
+    remove_images,
+    write_podman_config,
+)
+from tests.support.processes import free_port
+
+pytestmark = [pytest.mark.slow, pytest.mark.root]
+
+if os.geteuid() != 0 or shutil.which("podman") is None:
+    pytest.skip("rootful podman is installed by scripts/setup.sh (root)", allow_module_level=True)
+
+NAME = "pod-1p1d"
+BASE = "ucmctl-test-sim:1"
+DERIVED = f"localhost/ucmctl/localhost/{BASE}"  # what `ucmctl image build` makes of it
+
+
+@pytest.fixture(scope="module")
+def runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    folder = tmp_path_factory.mktemp("podman")
+    env = write_podman_config(folder)
+    build_base_image(env, BASE, engine=False)
+    group = f"ucmctl-test-{os.getpid()}"
+    yield {**env, "CGROUP_PARENT": cgroup_parent(group)}
+    remove_containers(env, f"io.ucmctl.deployment={NAME}")
+    remove_images(env, [i for i in podman(env, "images", "--format", "{{.Repository}}:{{.Tag}}").split()])
+    remove_cgroup(group)
+    subprocess.run(["podman", "system", "reset", "--force"], env={**os.environ, **env}, capture_output=True,
+                   timeout=120, check=False)  # fmt: skip
+
+
+def ucmctl(env: dict[str, str], home: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    done = subprocess.run([sys.executable, "-m", "ucmctl", *args], capture_output=True, text=True,
+                          env={**os.environ, **env, "UCMCTL_HOME": str(home), "COLUMNS": "80"},
+                          timeout=timeout)  # fmt: skip
+    assert "Traceback" not in done.stdout + done.stderr, done.stderr
+    return done
+
+
+def topology(tmp: Path, cgroup: str) -> Path:
+    work = tmp / "work"
+    path = tmp / "pod.yaml"
+    path.write_text(f"""
+name: {NAME}
+mode: centralized
+engine: sim
+model: {{path: sim-model}}
+nodes:
+  me:
+    host: 127.0.0.1
+    transport: local
+    platform: cpu
+    workdir: {json.dumps(str(work))}
+    container:
+      runtime: podman
+      image: localhost/{BASE}
+      pull: never
+      options: [--cgroup-parent={cgroup}]
+storage: {{storage_backends: {json.dumps(str(work / "store"))}, cache_buffer_capacity_gb: 0.25}}
+prefill: {{nodes: [me], port: {free_port()}}}
+decode: {{nodes: [me], port: {free_port()}}}
+proxy: {{node: me, port: {free_port()}}}
+""")
+    return path
+
+
+def containers(env: dict[str, str]) -> list[dict]:
+    out = podman(env, "ps", "-a", "--filter", f"label=io.ucmctl.deployment={NAME}", "--format", "json")
+    return json.loads(out or "[]")
+
+
+def test_a_containerized_1p1d_builds_runs_crashes_and_goes(runtime: dict[str, str], tmp_path: Path) -> None:
+    env = {k: v for k, v in runtime.items() if k != "CGROUP_PARENT"}
+    home = tmp_path / "home"
+    topo = topology(tmp_path, runtime["CGROUP_PARENT"])
+
+    up = ucmctl(env, home, "up", str(topo))  # no derived image yet: refused before anything starts
+    assert up.returncode == 3, up.stderr
+    assert "is missing: run `ucmctl image build TOPOLOGY`" in up.stderr and containers(env) == []
+
+    built = ucmctl(env, home, "image", "build", str(topo))
+    assert built.returncode == 0, built.stderr
+    assert re.fullmatch(rf"me: {re.escape(DERIVED)} built in [0-9.]+ s", built.stdout.strip())
+    again = ucmctl(env, home, "image", "build", str(topo))  # the same wheel: nothing built
+    assert again.stdout.strip() == f"me: {DERIVED} already holds this ucmctl"
+    tags = podman(env, "images", "--format", "{{.Repository}}:{{.Tag}}").split()
+    assert any(re.fullmatch(rf"{re.escape(DERIVED)}-w[0-9a-f]{{12}}", t) for t in tags)
+
+    up = ucmctl(env, home, "up", str(topo))
+    assert up.returncode == 0, up.stdout + up.stderr
+    running = {c["Labels"]["io.ucmctl.process"]: c for c in containers(env)}
+    assert sorted(running) == ["decode-0", "prefill-0", "proxy"]
+    assert {c["State"] for c in running.values()} == {"running"}
+    assert all(c["Names"] == [f"ucmctl-{NAME}-{p}"] for p, c in running.items())
+
+    record = json.loads((home / "deployments" / f"{NAME}.json").read_text())
+    proxy = next(p for p in record["plan"]["processes"] if p["name"] == "proxy")
+    answer = completion(proxy["url"], list(range(1, 300)), max_tokens=4)
+    assert answer["usage"]["completion_tokens"] == 4
+
+    # the container's processes are inside the cgroup the topology gave it
+    inside = podman(env, "exec", f"ucmctl-{NAME}-decode-0", "cat", "/proc/self/cgroup")
+    assert runtime["CGROUP_PARENT"] in inside
+
+    logs = ucmctl(env, home, "logs", NAME, "decode-0")
+    assert logs.returncode == 0 and "decode-0@me | " in logs.stdout
+
+    pid = int(podman(env, "inspect", "--format", "{{.State.Pid}}", f"ucmctl-{NAME}-decode-0").strip())
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and running_state(env, "decode-0") == "running":
+        time.sleep(0.2)
+    status = ucmctl(env, home, "status", NAME)
+    assert status.returncode == 0, status.stderr
+    decode_line = next(line for line in status.stdout.splitlines() if "decode-0" in line)
+    assert "exited (137)" in decode_line, status.stdout
+    prefill_line = next(line for line in status.stdout.splitlines() if "prefill-0" in line)
+    assert "healthy" in prefill_line, status.stdout
+
+    down = ucmctl(env, home, "down", NAME)
+    assert down.returncode == 0, down.stderr
+    assert containers(env) == []
+    left = subprocess.run(["pgrep", "-f", f"{tmp_path}/work"], capture_output=True, text=True, check=False)
+    assert left.stdout.strip() == ""
+
+
+def running_state(env: dict[str, str], process: str) -> str:
+    return podman(env, "inspect", "--format", "{{.State.Status}}", f"ucmctl-{NAME}-{process}").strip()

