@@ -46,7 +46,7 @@ def status_table(record: Record, width: int = 80) -> list[Table]:
 
     def look(p: Process) -> tuple[str, str]:
         try:
-            if p.container is not None:  # the runtime says how a container ended
+            if p.detached:  # the runtime says how a container ended
                 container = launcher.container_state(p)
                 if container is None or not container.running:
                     return (container.words() if container else "stopped (no container)"), "-"
@@ -139,7 +139,8 @@ def _read(launcher: Launcher, p: Process, offset: int | None, lines: int) -> tup
     """The log's end (offset None) or what follows `offset`, and the new offset: bytes of the log
     file, or lines of a container's log (the runtime's)."""
     log = shlex.quote(p.log)
-    if p.container is not None:
+    if p.detached:
+        assert p.container is not None
         rt, name = shlex.quote(p.container.runtime), shlex.quote(p.container.name)
         rest = f"tail -n {int(lines)}" if offset is None else f"tail -n +{int(offset) + 1} | head -c 1048576"
         cmd = (f'f=$(mktemp); trap \'rm -f "$f"\' EXIT; {rt} logs {name} >"$f" 2>&1 || exit 0; '
@@ -156,7 +157,7 @@ def _read(launcher: Launcher, p: Process, offset: int | None, lines: int) -> tup
     if not first.strip().isdigit():
         return offset or 0, ""
     size = int(first.strip())
-    if offset is not None and p.container is None:
+    if offset is not None and not p.detached:
         rest = rest[: max(0, size - offset)]
     return size, rest
 

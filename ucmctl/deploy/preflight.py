@@ -104,7 +104,7 @@ def _node_checks(plan: Plan, ex: Executor, shared: _SharedCheck) -> NodeFacts:
     )
     if node.name == shared.writer:
         script += shared.write_lines()
-    bare_processes = [p for p in plan.on_node(node.name) if p.container is None]
+    bare_processes = [p for p in plan.on_node(node.name) if not p.detached]
     script += "\n" + lifecycle.running_lines(bare_processes) + "\n"
     try:
         done = ex.run(script, timeout=60)
@@ -119,12 +119,12 @@ def _node_checks(plan: Plan, ex: Executor, shared: _SharedCheck) -> NodeFacts:
         out.facts[key] = value.strip()
     f = out.facts
     processes = plan.on_node(node.name)
-    contained = [p for p in processes if p.container is not None]
+    contained = [p for p in processes if p.detached]
     if contained:
         problems, running = _container_problems(where, ex, contained)
         out.problems += problems
         out.running += running
-    bare = [p for p in processes if p.container is None]
+    bare = [p for p in processes if p.container is None]  # a pyxis step's image: enroot's to fetch
     out.problems += _bare_problems(plan, node, where, bare, f)
     out.problems += _bind_problems(where, node, f)
     listening = {int(p) for p in f.get("listening", "").split(",") if p.isdigit()}

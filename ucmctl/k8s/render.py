@@ -74,8 +74,14 @@ class Options:
     storage_class: str | None = None
     store_size: str = "1Ti"
 
-    def image_for(self, platform: str) -> str:
-        return self.platform_images.get(platform, self.image)
+    def image_for(self, platform: str, process: Process | None = None) -> str:
+        """`--image PLATFORM=...`, else `--image ...`, else the image the Plan runs the process in
+        (its topology's container), else ucmctl's default."""
+        if platform in self.platform_images:
+            return self.platform_images[platform]
+        if self.image != DEFAULT_IMAGE or process is None or process.container is None:
+            return self.image
+        return process.container.image
 
 
 def parse_images(values: list[str]) -> tuple[str, dict[str, str]]:
@@ -341,7 +347,7 @@ class _Renderer:
         prelude: list[str] | None = None,
     ) -> dict[str, Any]:
         platform = self.plan.nodes[p.node].platform
-        container: dict[str, Any] = {"name": name, "image": self.o.image_for(platform)}
+        container: dict[str, Any] = {"name": name, "image": self.o.image_for(platform, p)}
         if any(isinstance(w, Raw) for w in words) or prelude:
             script = "\n".join([*(prelude or []), "exec " + " ".join(_shell_word(w) for w in words)])
             container["command"] = ["/bin/sh", "-c", script]

@@ -120,35 +120,35 @@ class Launcher:
     # -- processes ---------------------------------------------------------------------------
 
     def start(self, process: Process) -> lifecycle.Started:
-        if process.container is not None:
+        if process.detached:
             return containers.start(self[process.node], process)
         return lifecycle.start(self[process.node], process)
 
     def alive(self, process: Process) -> int | None:
-        if process.container is not None:
+        if process.detached:
             return containers.alive(self[process.node], process)
         return lifecycle.alive(self[process.node], process)
 
     def container_state(self, process: Process) -> containers.ContainerState | None:
         """A contained process's container as its runtime sees it (None: none, or runs bare)."""
-        if process.container is None:
+        if not process.detached:
             return None
         return containers.state(self[process.node], process)
 
     def watch(self, process: Process) -> Watch:
-        if process.container is not None:
+        if process.detached:
             return containers.watch(self[process.node], process)
         return lifecycle.watch(self[process.node], process)
 
     def stop(self, process: Process, *, grace: float) -> lifecycle.Stopped:
-        if process.container is not None:
+        if process.detached:
             return containers.stop(self[process.node], process, grace=grace)
         return lifecycle.stop(self[process.node], process, grace=grace)
 
     def sweep(self, *, grace: float = 10) -> list[tuple[str, str]]:
         """Stop and remove what is left of the deployment's containers on its nodes (found by
         label: another plan's or a lost record's); (node, process) of each."""
-        runtimes = {(p.node, p.container.runtime) for p in self.plan.processes if p.container is not None}
+        runtimes = {(p.node, p.container.runtime) for p in self.plan.processes if p.container and p.detached}
         left: list[tuple[str, str]] = []
         for node, runtime in sorted(runtimes):
             for name in containers.sweep(self[node], runtime, self.plan.deployment, grace=grace):
@@ -156,6 +156,6 @@ class Launcher:
         return left
 
     def log_tail(self, process: Process, lines: int = 50) -> str:
-        if process.container is not None:
+        if process.detached:
             return containers.log_tail(self[process.node], process, lines)
         return lifecycle.log_tail(self[process.node], process, lines)

@@ -18,7 +18,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from rich.console import Console
 
@@ -102,6 +102,12 @@ def allocation_flags(plan: Plan) -> list[tuple[str, str | bool]]:
     return flags + list(_where(spec))
 
 
+def pyxis_options(process: Process) -> list[str]:
+    """What a job step's srun adds to run the process in its image (pyxis), if it has one."""
+    c = process.container
+    return list(c.argv) if c is not None and c.runtime == "pyxis" else []
+
+
 class StepExecutor(LocalExecutor):
     """A node of a running allocation: each command is a job step on it (`srun --overlap`, so
     it shares the node with the processes). A step Slurm cannot start is a NodeError."""
@@ -117,13 +123,16 @@ class StepExecutor(LocalExecutor):
         # GRES); the steps overlap, so they share them, and each process picks its own by index.
         self.gres = [f"--gres={gres}"] if gres and job_id else []
 
-    def argv(self, command: str, *, name: str = "ucmctl-command") -> list[str]:
+    def argv(self, command: str, *, name: str = "ucmctl-command", container: Sequence[str] = ()) -> list[str]:
+        """srun of one task on the node running `command`; `container`: pyxis's options (the
+        step runs in the image)."""
         within = [f"--jobid={self.job_id}", "--overlap", *self.gres] if self.job_id else self.alone
         # Only these of this machine's environment reach the node (Slurm would pass all of it, the
         # secrets of whoever runs ucmctl included); the launch script sets the process's own.
         where = self.node.slurm_node or self.node.name
         return ["srun", *within, f"--nodelist={where}", "--nodes=1", "--ntasks=1", "--quiet",
-                f"--export={STEP_ENVIRONMENT}", f"--job-name={name}", "/bin/sh", "-c", command]  # fmt: skip
+                f"--export={STEP_ENVIRONMENT}", f"--job-name={name}", *container,
+                "/bin/sh", "-c", command]  # fmt: skip
 
     def run(self, command: str, *, timeout: float = 60) -> Result:
         try:
@@ -348,7 +357,8 @@ class SlurmLauncher(Launcher):
         of its own, so neither Ctrl-C nor the end of `up` reaches it); then its pidfile."""
         ex = self[process.node]
         assert isinstance(ex, StepExecutor)
-        argv = ex.argv(lifecycle.spawn(process, foreground=True), name=process.name)
+        argv = ex.argv(lifecycle.spawn(process, foreground=True), name=process.name,
+                       container=pyxis_options(process))  # fmt: skip
         pidfile = shlex.quote(process.pidfile)
         # srun's own errors go to a file: srun outlives this command, a pipe would break under it.
         with tempfile.TemporaryFile() as said:

@@ -11,7 +11,7 @@ from ucmctl.core.platforms import DEVICE_VARIABLE, NIC_VARIABLES, Platform
 from ucmctl.core.ucm_config import CONNECTOR_NAMES, ConnectorEntry, StoreConfig, UcmConfig
 from ucmctl.engines import KvTransfer, MooncakeLeg, ServerSpec, engine_for
 from ucmctl.engines.mooncake import ASCEND_MOONCAKE, MooncakeConnectorFacts, connector_for, protocol_for
-from ucmctl.plan.containers import container_plan, work_mounts
+from ucmctl.plan.containers import container_plan, pyxis_plan, work_mounts
 from ucmctl.plan.model import (
     UCM_CONFIG_FILE,
     NodePlan,
@@ -173,19 +173,21 @@ def _process(
     files = [PlacedFile(path=posixpath.join(work, f), content=c) for f, c in extra_files.items()]
     launch = posixpath.join(work, "launch.sh")
     contained = None
-    if container.contained:
-        uses_store = t.storage is not None and role in SERVER_ROLES and _uses_store(t, role)
-        backends = _backends(t.storage) if t.storage is not None and uses_store else []
+    uses_store = t.storage is not None and role in SERVER_ROLES and _uses_store(t, role)
+    backends = _backends(t.storage) if t.storage is not None and uses_store else []
+    mounts = work_mounts(work, t.model.path if role in SERVER_ROLES else None, backends)
+    if container.detached:
         contained, env = container_plan(
             container, deployment=t.name, process=name, topology_digest=t.digest(),
             platform=t.nodes[node].platform, argv=argv, env=env, cards=list(fields.get("devices", [])),
-            device_variable=fields.get("device_variable"), workdir=work,
-            mounts=work_mounts(work, t.model.path if role in SERVER_ROLES else None, backends),
+            device_variable=fields.get("device_variable"), workdir=work, mounts=mounts,
         )  # fmt: skip
         options = contained.argv[: len(contained.argv) - len(argv) - 1]
         script = render("container.sh.j2", deployment=t.name, process=name, container=contained,
                         options=options, command=argv)  # fmt: skip
     else:
+        if container.runtime == "pyxis":  # a Slurm job step in the image: the launch script runs inside
+            contained = pyxis_plan(container, deployment=t.name, process=name, workdir=work, mounts=mounts)
         script = render("launch.sh.j2", deployment=t.name, process=name, workdir=work, env=env, argv=argv)
     files.append(PlacedFile(path=launch, content=script, mode=0o755))
     return Process(

@@ -142,6 +142,36 @@ def container_plan(
     return plan, inside
 
 
+def pyxis_plan(
+    spec: Container, *, deployment: str, process: str, workdir: str, mounts: list[Mount]
+) -> ContainerPlan:
+    """A Slurm job step in the image (pyxis): the options its srun adds. The step runs the
+    process's launch script inside (it sets the environment); enroot shares the node's network,
+    IPC and process ids, so the process is found by its pidfile as a bare one is; Slurm's GRES
+    gives the step its cards."""
+    assert spec.runtime == "pyxis" and spec.image is not None
+    seen: set[str] = set()
+    options: list[str] = []
+    for m in [*mounts, *spec.mounts]:
+        if m.container not in seen:
+            seen.add(m.container)
+            options.append(m.option())
+    argv = [f"--container-image={spec.image}", "--container-mounts=" + ",".join(options),
+            f"--container-workdir={workdir}", "--no-container-mount-home"]  # fmt: skip
+    return ContainerPlan(
+        runtime="pyxis",
+        image=spec.image,
+        base_image=spec.image,
+        derived=False,
+        python=spec.python,
+        name=container_name(deployment, process),
+        labels={},
+        pull="missing",
+        devices=[],
+        argv=argv,
+    )
+
+
 def work_mounts(work: str, model: str | None, backends: list[str]) -> list[Mount]:
     """The node's folders a process needs at the same paths: its run folder, a server's model
     folder (read-only; a hub id is no folder), and the store's backends."""

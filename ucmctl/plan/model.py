@@ -58,7 +58,7 @@ class ContainerPlan(Frozen):
     """A process that runs in a container: the runtime's whole command line that starts it, and
     what finds it again (its name and labels; `down` also finds it by the deployment's label)."""
 
-    runtime: Literal["podman", "docker"]
+    runtime: Literal["podman", "docker", "pyxis"]
     image: str  # what runs: the derived image of `base_image` (ucmctl image build), or base_image
     base_image: str  # the topology's image
     derived: bool
@@ -67,7 +67,14 @@ class ContainerPlan(Frozen):
     labels: dict[str, str]
     pull: Literal["never", "missing", "always"]
     devices: list[str]  # device nodes of the node the container maps (preflight checks they exist)
-    argv: list[str]  # `podman run --detach ... IMAGE COMMAND...`: the process's argv inside
+    # podman/docker: `podman run --detach ... IMAGE COMMAND...` (the process's argv inside);
+    # pyxis: the options its job step's srun adds (the step runs the launch script in the image).
+    argv: list[str]
+
+    @property
+    def detached(self) -> bool:
+        """Started by a runtime on the node and found through it (pyxis steps are process groups)."""
+        return self.runtime in ("podman", "docker")
 
 
 class Process(Frozen):
@@ -95,6 +102,11 @@ class Process(Frozen):
     @property
     def is_server(self) -> bool:
         return self.role in SERVER_ROLES
+
+    @property
+    def detached(self) -> bool:
+        """Runs as a container the node's runtime started (nodes/containers.py), not a process group."""
+        return self.container is not None and self.container.detached
 
 
 class NodePlan(Frozen):

@@ -46,9 +46,11 @@ def print_plan(plan: Plan, console: Console) -> None:
             _print(console, f"  [bold]{escape(p.name)}[/] ({p.role}, stage {p.stage}) ports {ports}{extra}")
             for key, value in p.env.items():
                 _print(console, f"    env {key}={escape(shlex.quote(value))}", soft_wrap=True)
-            if p.container is not None:  # the env above is what it sees inside, set by the runtime
+            if p.container is not None and p.detached:  # the env above is what it sees inside
                 _print(console, f"    container {escape(shlex.join(p.container.argv))}", soft_wrap=True)
             else:
+                if p.container is not None:  # a Slurm job step in the image (pyxis)
+                    _print(console, f"    srun {escape(shlex.join(p.container.argv))}", soft_wrap=True)
                 _print(console, f"    cmd {escape(shlex.join(p.argv))}", soft_wrap=True)
             if p.health:
                 _print(console, f"    health {' then '.join(p.health)}")

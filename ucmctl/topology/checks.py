@@ -54,14 +54,20 @@ def check_topology(t: Topology, src: Source, base_dir: Path | None = None) -> li
 
 
 def _check_containers(t: Topology, bad) -> None:
-    """Containers run over SSH (or on this machine) for now: a Slurm job step would run bare."""
-    if not isinstance(t.cluster, SlurmCluster):
-        return
-    places: list[tuple[str, ...]] = [("nodes", n) for n, node in t.nodes.items() if node.container.contained]
-    places += [(role,) for role, side in t.sides() if side.container is not None and side.container.contained]
-    for path in places:
-        bad((*path, "container"), "containers do not run on Slurm yet (job steps would start bare)",
-            fix="remove container here, or use cluster kind ssh")  # fmt: skip
+    """podman and docker run over SSH (or on this machine); on Slurm each job step runs in its
+    image through pyxis."""
+    slurm = isinstance(t.cluster, SlurmCluster)
+    places: list[tuple[tuple[str, ...], str]] = [(("nodes", n), node.container.runtime)
+                                                 for n, node in t.nodes.items()]  # fmt: skip
+    places += [((role,), side.container.runtime) for role, side in t.sides() if side.container is not None]
+    for path, runtime in places:
+        if slurm and runtime in ("podman", "docker"):
+            bad((*path, "container", "runtime"),
+                f"on Slurm a job step runs in its image through pyxis, not {runtime}",
+                fix="set runtime pyxis (srun --container-image), or use cluster kind ssh")  # fmt: skip
+        elif not slurm and runtime == "pyxis":
+            bad((*path, "container", "runtime"), "pyxis runs Slurm job steps: it needs cluster kind slurm",
+                fix="set runtime podman or docker, or cluster: {kind: slurm}")  # fmt: skip
 
 
 def _check_nodes(t: Topology, bad) -> None:

@@ -13,7 +13,15 @@ import posixpath
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 
 def _env_text(v: Any) -> Any:
@@ -29,7 +37,7 @@ def _env_text(v: Any) -> Any:
 Env = Annotated[dict[str, str], BeforeValidator(_env_text)]
 
 
-Runtime = Literal["bare", "podman", "docker"]
+Runtime = Literal["bare", "podman", "docker", "pyxis"]
 
 # An image reference as the OCI distribution spec writes one: [registry[:port]/]repository
 # (lowercase components), then an optional :tag and an optional @digest.
@@ -99,12 +107,20 @@ def _device_path(v: object) -> object:
 DevicePath = Annotated[str, BeforeValidator(_device_path)]
 
 
+# What a pyxis job step cannot be given (it shares the node's network and IPC, pulls through enroot).
+_NOT_PYXIS = frozenset({"devices", "shm_size", "ipc", "network", "user", "pull", "options"})
+
+
 class Container(BaseModel):
     """`container:` of a node or a side."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    runtime: Runtime = Field("bare", description="bare (the node's Python), podman or docker")
+    runtime: Runtime = Field(
+        "bare",
+        description="bare (the node's Python), podman or docker (over SSH), or pyxis (Slurm: srun "
+        "--container-image)",
+    )
     image: str | None = Field(
         None,
         description="the engine's image (vllm/vllm-openai:..., quay.io/ascend/vllm-ascend:...); with "
@@ -145,7 +161,19 @@ class Container(BaseModel):
 
     @field_validator("image")
     @classmethod
-    def _image(cls, v: str | None) -> str | None:
+    def _image(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if v is not None and info.data.get("runtime") == "pyxis":
+            # enroot's forms: [REGISTRY#]IMAGE[:TAG], or a squashfs file on the node
+            if v.startswith("/"):
+                return _absolute_path(v, "the image file")
+            registry, _, rest = v.rpartition("#")
+            if (not registry or re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9.-]*(?::[0-9]{1,5})?", registry)) and \
+                    IMAGE_RE.fullmatch(rest):  # fmt: skip
+                return v
+            raise ValueError(
+                "is not a pyxis image: write [REGISTRY#]REPOSITORY[:TAG] or the absolute path of a "
+                "squashfs file, no spaces or shell characters"
+            )
         if v is not None and not IMAGE_RE.fullmatch(v):
             raise ValueError(
                 "is not an image reference: write [REGISTRY/]REPOSITORY[:TAG][@sha256:DIGEST], "
@@ -202,6 +230,18 @@ class Container(BaseModel):
             return self
         if self.image is None:
             raise ValueError(f"runtime {self.runtime} needs an image: set container.image")
+        if self.runtime == "pyxis":
+            refused = sorted(k for k in self.model_fields_set if k in _NOT_PYXIS)
+            if refused:
+                raise ValueError(
+                    f"pyxis runs a job step in the image with the node's network and IPC and takes no "
+                    f"{', '.join(refused)}: remove them"
+                )
+            if self.derived:
+                raise ValueError(
+                    "pyxis runs images from a registry or a squashfs file, and `ucmctl image build` makes "
+                    "none: push an image with ucmctl inside and set derived false"
+                )
         if self.runtime == "docker" and self.network != "host":
             raise ValueError(
                 f"docker cannot put a container into a given network namespace (network {self.network}): "
@@ -214,3 +254,8 @@ class Container(BaseModel):
     @property
     def contained(self) -> bool:
         return self.runtime != "bare"
+
+    @property
+    def detached(self) -> bool:
+        """Started by a container runtime on the node (podman, docker), not as a Slurm step."""
+        return self.runtime in ("podman", "docker")

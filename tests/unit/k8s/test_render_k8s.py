@@ -520,3 +520,18 @@ def test_cli_writes_then_rewrites_and_refuses_foreign_files(tmp_path: Path) -> N
     assert done.returncode == ExitStatus.BAD_INPUT
     assert done.stderr.startswith("error: --image gpu=x: unknown platform")
     assert done.stderr.count("\n") == 1
+
+
+def test_pods_run_the_image_the_plan_runs_each_process_in() -> None:
+    """The topology's container image reaches the pods from the Plan; --image still overrides."""
+    # the servers in docker, the proxy bare
+    plan = build_plan(load_topology(REPO / "topologies" / "2p2d-docker.yaml"))
+    manifests = render_manifests(plan)
+    server_image = plan.process("prefill-0").container.image  # type: ignore[union-attr]
+    assert {c["image"] for c in _containers(_lws(manifests, "prefill"))} == {server_image}
+    assert {c["image"] for c in _containers(_lws(manifests, "decode"))} == {server_image}
+    proxy = next(m.obj for m in manifests if m.obj["kind"] == "Deployment")
+    assert [c["image"] for c in _containers(proxy)] == [Options().image]  # runs bare: ucmctl's default
+    chosen = render_manifests(plan, Options(image="registry.example.com/team/vllm-ucmctl:1"))
+    assert {c["image"] for m in chosen if m.obj["kind"] in ("LeaderWorkerSet", "Deployment")
+            for c in _containers(m.obj)} == {"registry.example.com/team/vllm-ucmctl:1"}  # fmt: skip

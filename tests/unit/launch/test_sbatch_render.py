@@ -23,6 +23,7 @@ import pytest
 
 from ucmctl.core.errors import ExitStatus, UcmctlError
 from ucmctl.launch.sbatch import render_script, write_script
+from ucmctl.launch.slurm import pyxis_options
 from ucmctl.nodes import lifecycle
 from ucmctl.plan.build import build_plan
 from ucmctl.plan.model import Plan, SshClusterPlan
@@ -88,7 +89,7 @@ def test_every_example_renders_valid_bash_with_its_nodes_and_steps(path: Path, t
     for argv, p in zip(found, ordered, strict=True):
         spawn = lifecycle.spawn(p, foreground=True)
         assert argv == ["srun", "--overlap", f"--nodelist={p.node}", "--nodes=1", "--ntasks=1",
-                        f"--job-name={p.name}", "/bin/sh", "-c", spawn]  # fmt: skip
+                        f"--job-name={p.name}", *pyxis_options(p), "/bin/sh", "-c", spawn]  # fmt: skip
     # each stage is gated before the next one starts
     for first, second in zip(plan.stages(), plan.stages()[1:], strict=False):
         last_gate = max(script.index(f"\ngate {shlex.quote(p.name)} ") for p in first)
@@ -384,3 +385,22 @@ def test_cli_render_slurm_without_a_slurm_cluster_says_what_to_add(tmp_path: Pat
     assert done.stderr.count("\n") == 1 and "--slurm needs a Slurm cluster" in done.stderr
     assert "cluster: {kind: slurm" in done.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_a_pyxis_step_runs_in_its_image_with_the_nodes_folders() -> None:
+    """The pyxis options of a job step, exactly (the live launcher adds the same: launch/slurm.py)."""
+    plan = build_plan(load_topology(REPO / "topologies" / "slurm-pyxis.yaml"))
+    prefill = plan.process("prefill-0")
+    work = "/shared/ucmctl/slurm-pyxis/prefill-0"
+    step = next(s for s in steps(render_script(plan)) if "--job-name=prefill-0" in s)
+    model = "/shared/models/Qwen2.5-7B-Instruct"
+    assert step[:step.index("/bin/sh")] == [
+        "srun", "--overlap", "--gres=npu:2", "--nodelist=n1", "--nodes=1", "--ntasks=1",
+        "--job-name=prefill-0", "--container-image=registry.example.com#ascend/vllm-ascend-ucmctl:v0.11.0rc1",
+        f"--container-mounts={work}:{work},{model}:{model}:ro,"
+        "/shared/kv:/shared/kv,/usr/local/Ascend/driver:/usr/local/Ascend/driver:ro",
+        f"--container-workdir={work}", "--no-container-mount-home",
+    ]  # fmt: skip
+    # inside, the image's own engine and Python; the launch script sets the environment
+    assert prefill.argv[:2] == ["vllm", "serve"] and plan.process("proxy").argv[0] == "python3"
+    assert prefill.env["ASCEND_RT_VISIBLE_DEVICES"] == "0,1"
