@@ -97,11 +97,11 @@ def build_one(ex: Executor, c: ContainerPlan, wheel: Wheel, folder: str) -> Buil
     rt = shlex.quote(c.runtime)
     pull = f"--pull={c.pull}" if c.runtime == "podman" else ("--pull" if c.pull == "always" else "")
     tags = f"--tag {shlex.quote(c.image)} --tag {shlex.quote(wheel_tag_name(c.image, wheel))}"
-    done = ex.run(
-        f"cd {shlex.quote(context)} && {rt} build --quiet --network none {pull} {tags} "
-        f"--file Containerfile . && cd / && rm -rf {shlex.quote(context)}",
-        timeout=1800,
-    )
+    build = f"{rt} build --quiet --network none {pull} {tags} --file Containerfile ."
+    if c.runtime == "docker":  # a docker CLI without buildx builds with the classic builder
+        build = f"if {rt} buildx version >/dev/null 2>&1; then {build}; else DOCKER_BUILDKIT=0 {build}; fi"
+    done = ex.run(f"cd {shlex.quote(context)} && {{ {build}; }} && cd / && rm -rf {shlex.quote(context)}",
+                  timeout=1800)  # fmt: skip
     if not done.ok:
         said = (done.stderr.strip() or done.stdout.strip()).splitlines()[-4:]
         raise NodeError(

@@ -1,5 +1,5 @@
-"""A centralized 1P1D of the simulator with every process in a real podman container on this
-machine: `image build` derives the image (and reuses it), `up` gates on health and the KV probe,
+"""A centralized 1P1D of the simulator with every process in a real podman (then docker) container
+on this machine: `image build` derives the image (and reuses it), `up` gates on health and the KV probe,
 a request goes through the proxy, `status` reads a kill -9 as `exited (137)` from the runtime,
 `down` leaves no container and no process. The image stands in for a user's vLLM image (built
 from Debian and the venv's packages, without ucmctl: tests/support/containers.py)."""
@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -29,6 +30,7 @@ from tests.support.containers import (
     remove_images,
     write_podman_config,
 )
+from tests.support.docker import docker_daemon, load_from_podman, unmount_below
 from tests.support.processes import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
@@ -42,17 +44,53 @@ DERIVED = f"localhost/ucmctl/localhost/{BASE}"  # what `ucmctl image build` make
 
 
 @pytest.fixture(scope="module")
-def runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+def podman_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """A podman configuration of the tests' own, with the base image in it."""
     folder = tmp_path_factory.mktemp("podman")
     env = write_podman_config(folder)
     build_base_image(env, BASE, engine=False)
-    group = f"ucmctl-test-{os.getpid()}"
-    yield {**env, "CGROUP_PARENT": cgroup_parent(group)}
+    yield env
     remove_containers(env, f"io.ucmctl.deployment={NAME}")
     remove_images(env, [i for i in podman(env, "images", "--format", "{{.Repository}}:{{.Tag}}").split()])
-    remove_cgroup(group)
     subprocess.run(["podman", "system", "reset", "--force"], env={**os.environ, **env}, capture_output=True,
                    timeout=120, check=False)  # fmt: skip
+    unmount_below(folder)
+
+
+@pytest.fixture(params=["podman", "docker"])
+def runtime(request: pytest.FixtureRequest, podman_env: dict[str, str], tmp_path: Path) -> Iterator[Runtime]:
+    group = f"ucmctl-test-{os.getpid()}-{request.param}"
+    if request.param == "podman":
+        yield Runtime("podman", podman_env, cgroup_parent(group))
+    else:
+        if shutil.which("dockerd") is None:
+            pytest.fail("dockerd is installed by scripts/setup.sh (docker.io)")
+        with docker_daemon(tmp_path / "docker") as env:
+            load_from_podman(podman_env, env, f"localhost/{BASE}")
+            yield Runtime("docker", env, cgroup_parent(group))
+    remove_cgroup(group)
+
+
+@dataclass(frozen=True)
+class Runtime:
+    name: str
+    env: dict[str, str]  # how to reach it: podman's configuration, docker's socket
+    cgroup: str  # the containers' cgroup parent, under this test's own
+
+    def __call__(self, *args: str) -> str:
+        done = subprocess.run([self.name, *args], env={**os.environ, **self.env}, capture_output=True,
+                              text=True, timeout=120, check=False)  # fmt: skip
+        assert done.returncode == 0, f"{self.name} {' '.join(args)}: {done.stderr}"
+        return done.stdout
+
+    def containers(self) -> dict[str, tuple[str, str]]:
+        """The deployment's containers: process -> (name, state)."""
+        ids = self("ps", "-aq", "--filter", f"label=io.ucmctl.deployment={NAME}").split()
+        if not ids:
+            return {}
+        fmt = '{{index .Config.Labels "io.ucmctl.process"}} {{.Name}} {{.State.Status}}'
+        rows = [line.split() for line in self("inspect", "--format", fmt, *ids).splitlines()]
+        return {r[0]: (r[1].lstrip("/"), r[2]) for r in rows}
 
 
 def ucmctl(env: dict[str, str], home: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -63,7 +101,7 @@ def ucmctl(env: dict[str, str], home: Path, *args: str, timeout: float = 300) ->
     return done
 
 
-def topology(tmp: Path, cgroup: str) -> Path:
+def topology(tmp: Path, runtime: str, cgroup: str) -> Path:
     work = tmp / "work"
     path = tmp / "pod.yaml"
     path.write_text(f"""
@@ -78,7 +116,7 @@ nodes:
     platform: cpu
     workdir: {json.dumps(str(work))}
     container:
-      runtime: podman
+      runtime: {runtime}
       image: localhost/{BASE}
       pull: never
       options: [--cgroup-parent={cgroup}]
@@ -90,34 +128,27 @@ proxy: {{node: me, port: {free_port()}}}
     return path
 
 
-def containers(env: dict[str, str]) -> list[dict]:
-    out = podman(env, "ps", "-a", "--filter", f"label=io.ucmctl.deployment={NAME}", "--format", "json")
-    return json.loads(out or "[]")
-
-
-def test_a_containerized_1p1d_builds_runs_crashes_and_goes(runtime: dict[str, str], tmp_path: Path) -> None:
-    env = {k: v for k, v in runtime.items() if k != "CGROUP_PARENT"}
-    home = tmp_path / "home"
-    topo = topology(tmp_path, runtime["CGROUP_PARENT"])
+def test_a_containerized_1p1d_builds_runs_crashes_and_goes(runtime: Runtime, tmp_path: Path) -> None:
+    env, home = runtime.env, tmp_path / "home"
+    topo = topology(tmp_path, runtime.name, runtime.cgroup)
 
     up = ucmctl(env, home, "up", str(topo))  # no derived image yet: refused before anything starts
     assert up.returncode == 3, up.stderr
-    assert "is missing: run `ucmctl image build TOPOLOGY`" in up.stderr and containers(env) == []
+    assert "is missing: run `ucmctl image build TOPOLOGY`" in up.stderr and runtime.containers() == {}
 
     built = ucmctl(env, home, "image", "build", str(topo))
     assert built.returncode == 0, built.stderr
     assert re.fullmatch(rf"me: {re.escape(DERIVED)} built in [0-9.]+ s", built.stdout.strip())
     again = ucmctl(env, home, "image", "build", str(topo))  # the same wheel: nothing built
     assert again.stdout.strip() == f"me: {DERIVED} already holds this ucmctl"
-    tags = podman(env, "images", "--format", "{{.Repository}}:{{.Tag}}").split()
-    assert any(re.fullmatch(rf"{re.escape(DERIVED)}-w[0-9a-f]{{12}}", t) for t in tags)
+    tags = runtime("images", "--format", "{{.Repository}}:{{.Tag}}").split()
+    assert any(re.fullmatch(rf"{re.escape(DERIVED)}-w[0-9a-f]{{12}}", t) for t in tags), tags
 
     up = ucmctl(env, home, "up", str(topo))
     assert up.returncode == 0, up.stdout + up.stderr
-    running = {c["Labels"]["io.ucmctl.process"]: c for c in containers(env)}
-    assert sorted(running) == ["decode-0", "prefill-0", "proxy"]
-    assert {c["State"] for c in running.values()} == {"running"}
-    assert all(c["Names"] == [f"ucmctl-{NAME}-{p}"] for p, c in running.items())
+    assert runtime.containers() == {
+        p: (f"ucmctl-{NAME}-{p}", "running") for p in ("prefill-0", "decode-0", "proxy")
+    }
 
     record = json.loads((home / "deployments" / f"{NAME}.json").read_text())
     proxy = next(p for p in record["plan"]["processes"] if p["name"] == "proxy")
@@ -125,16 +156,15 @@ def test_a_containerized_1p1d_builds_runs_crashes_and_goes(runtime: dict[str, st
     assert answer["usage"]["completion_tokens"] == 4
 
     # the container's processes are inside the cgroup the topology gave it
-    inside = podman(env, "exec", f"ucmctl-{NAME}-decode-0", "cat", "/proc/self/cgroup")
-    assert runtime["CGROUP_PARENT"] in inside
+    assert runtime.cgroup in runtime("exec", f"ucmctl-{NAME}-decode-0", "cat", "/proc/self/cgroup")
 
     logs = ucmctl(env, home, "logs", NAME, "decode-0")
     assert logs.returncode == 0 and "decode-0@me | " in logs.stdout
 
-    pid = int(podman(env, "inspect", "--format", "{{.State.Pid}}", f"ucmctl-{NAME}-decode-0").strip())
+    pid = int(runtime("inspect", "--format", "{{.State.Pid}}", f"ucmctl-{NAME}-decode-0").strip())
     os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and running_state(env, "decode-0") == "running":
+    while time.monotonic() < deadline and runtime.containers()["decode-0"][1] == "running":
         time.sleep(0.2)
     status = ucmctl(env, home, "status", NAME)
     assert status.returncode == 0, status.stderr
@@ -145,10 +175,6 @@ def test_a_containerized_1p1d_builds_runs_crashes_and_goes(runtime: dict[str, st
 
     down = ucmctl(env, home, "down", NAME)
     assert down.returncode == 0, down.stderr
-    assert containers(env) == []
+    assert runtime.containers() == {}
     left = subprocess.run(["pgrep", "-f", f"{tmp_path}/work"], capture_output=True, text=True, check=False)
     assert left.stdout.strip() == ""
-
-
-def running_state(env: dict[str, str], process: str) -> str:
-    return podman(env, "inspect", "--format", "{{.State.Status}}", f"ucmctl-{NAME}-{process}").strip()
