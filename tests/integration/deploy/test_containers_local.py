@@ -178,3 +178,28 @@ def test_a_containerized_1p1d_builds_runs_crashes_and_goes(runtime: Runtime, tmp
     assert runtime.containers() == {}
     left = subprocess.run(["pgrep", "-f", f"{tmp_path}/work"], capture_output=True, text=True, check=False)
     assert left.stdout.strip() == ""
+
+
+@pytest.mark.parametrize(
+    "container, said",
+    [
+        ("{runtime: podman, image: localhost/not-here:1, derived: false, pull: never}",
+         "image localhost/not-here:1 is not on the node and container.pull is never: load it there"),
+        (f"{{runtime: podman, image: localhost/{BASE}, derived: false}}",  # the base image has no ucmctl
+         f"image localhost/{BASE} has no ucmctl (ModuleNotFoundError: No module named 'ucm_connector')"),
+        (f"{{runtime: podman, image: localhost/{BASE}, devices: [/dev/ucmctl-no-such-card]}}",
+         "device /dev/ucmctl-no-such-card does not exist on the node"),
+    ],
+)  # fmt: skip
+def test_preflight_refuses_what_the_node_lacks_and_starts_nothing(
+    podman_env: dict[str, str], tmp_path: Path, container: str, said: str
+) -> None:
+    text = topology(tmp_path, "podman", "/").read_text()
+    topo = tmp_path / "bad.yaml"
+    topo.write_text(re.sub(r"    container:\n(      .*\n)+", f"    container: {container}\n", text))
+    up = ucmctl(podman_env, tmp_path / "home", "up", str(topo))
+    assert up.returncode == 3, up.stdout + up.stderr
+    lines = [line for line in up.stderr.splitlines() if line.startswith("error:")]
+    assert any(f"node me (127.0.0.1): {said}" in line for line in lines), up.stderr
+    ids = podman(podman_env, "ps", "-aq", "--filter", f"label=io.ucmctl.deployment={NAME}").split()
+    assert ids == [] and not (tmp_path / "home" / "deployments" / f"{NAME}.json").exists()

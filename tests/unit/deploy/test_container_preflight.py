@@ -1,0 +1,59 @@
+"""Preflight of a containerized node, against a node that answers as one without the runtime and
+as one whose derived image holds another ucmctl (the real runtime's answers are tested in
+tests/integration/deploy/test_containers_local.py)."""
+
+from __future__ import annotations
+
+from ucmctl.deploy.preflight import _container_problems
+from ucmctl.deploy.wheel import installed_wheel
+from ucmctl.nodes.executor import Result
+from ucmctl.plan.build import build_plan
+from ucmctl.plan.model import NodePlan
+from ucmctl.topology.load import parse_topology
+
+TOPOLOGY = """
+name: pf
+mode: centralized
+engine: sim
+model: {path: sim-model}
+nodes:
+  a: {host: 10.0.0.1, platform: cpu, devices: 0, container: {runtime: docker, image: vllm/vllm-openai}}
+prefill: {nodes: [a], port: 8000}
+decode: {nodes: [a], port: 8001}
+proxy: {node: a, port: 8002}
+"""
+
+
+class Node:
+    """Answers each command with the first canned reply whose key it contains."""
+
+    def __init__(self, node: NodePlan, replies: dict[str, str]) -> None:
+        self.node, self.replies, self.asked = node, replies, []
+
+    def run(self, command: str, *, timeout: float = 60) -> Result:
+        self.asked.append(command)
+        for key, out in self.replies.items():
+            if key in command:
+                return Result(command, 0, out, "")
+        return Result(command, 1, "", "")
+
+
+def test_a_node_without_the_runtime_is_one_line_and_nothing_more_is_asked() -> None:
+    plan = build_plan(parse_topology(TOPOLOGY))
+    ex = Node(plan.nodes["a"], {"command -v docker": "docker=0\n"})
+    problems, running = _container_problems("node a (10.0.0.1)", ex, plan.on_node("a"))  # type: ignore[arg-type]
+    assert problems == ["node a (10.0.0.1): docker is not installed (container.runtime docker): "
+                        "install it, or set another runtime"]  # fmt: skip
+    assert running == [] and len(ex.asked) == 1
+
+
+def test_a_derived_image_with_another_wheel_is_stale() -> None:
+    plan = build_plan(parse_topology(TOPOLOGY))
+    ex = Node(plan.nodes["a"], {"command -v docker": "docker=1\n", "image inspect": "0123456789abcdef\n"})
+    problems, _ = _container_problems("node a (10.0.0.1)", ex, plan.on_node("a"))  # type: ignore[arg-type]
+    this = installed_wheel().sha256[:12]
+    assert problems == [
+        "node a (10.0.0.1): image localhost/ucmctl/vllm/vllm-openai:latest holds another ucmctl than this "
+        "one "
+        f"(wheel 0123456789ab, this {this}): run `ucmctl image build TOPOLOGY`"
+    ]
