@@ -99,6 +99,7 @@ class Engine:
     display_name: str  # in preflight's "... is not installed"
     bootstrap_port_variable: str  # a P2P prefill server's Mooncake bootstrap port
     host_ip_variable: str  # the address a P2P server announces to its peers
+    cache_root_variable: str | None = None  # where the engine keeps its caches (kept across starts)
 
     def platform_env(self, platform: str, run_dir: str) -> dict[str, str]:
         """The engine's own variables on a node of `platform` whose run directory is `run_dir`."""

@@ -76,6 +76,7 @@ class VllmEngine(Engine):
     version_probe = 'import importlib.metadata as m; print("engine=" + m.version("vllm"))'
     bootstrap_port_variable = "VLLM_MOONCAKE_BOOTSTRAP_PORT"
     host_ip_variable = "VLLM_HOST_IP"
+    cache_root_variable = "VLLM_CACHE_ROOT"
 
     def platform_env(self, platform: str, run_dir: str) -> dict[str, str]:
         if platform != "cpu":

@@ -26,7 +26,7 @@ from ucmctl.plan.model import (
     default_health_timeout,
 )
 from ucmctl.plan.render import render
-from ucmctl.topology.container import Container
+from ucmctl.topology.container import Container, Mount
 from ucmctl.topology.layout import Server, is_external_dp, servers
 from ucmctl.topology.model import Mode, Node, Side, SlurmCluster, Storage, Topology, Transport
 
@@ -167,6 +167,7 @@ def _process(
     env: dict[str, str],
     extra_files: dict[str, str],
     container: Container,
+    cache_dirs: list[str] | None = None,
     **fields: Any,
 ) -> Process:
     work = posixpath.join(nodes[node].run_dir, name)
@@ -176,6 +177,7 @@ def _process(
     uses_store = t.storage is not None and role in SERVER_ROLES and _uses_store(t, role)
     backends = _backends(t.storage) if t.storage is not None and uses_store else []
     mounts = work_mounts(work, t.model.path if role in SERVER_ROLES else None, backends)
+    mounts += [Mount(host=d, container=d) for d in cache_dirs or []]
     if container.detached:
         contained, env = container_plan(
             container, deployment=t.name, process=name, topology_digest=t.digest(),
@@ -184,7 +186,7 @@ def _process(
         )  # fmt: skip
         options = contained.argv[: len(contained.argv) - len(argv) - 1]
         script = render("container.sh.j2", deployment=t.name, process=name, container=contained,
-                        options=options, command=argv)  # fmt: skip
+                        options=options, command=argv, make_dirs=cache_dirs or [])  # fmt: skip
     else:
         if container.runtime == "pyxis":  # a Slurm job step in the image: the launch script runs inside
             contained = pyxis_plan(container, deployment=t.name, process=name, workdir=work, mounts=mounts)
@@ -271,6 +273,12 @@ def _server(t: Topology, nodes: dict[str, NodePlan], s: Server, deps: list[str])
         env[engine.host_ip_variable] = _address(node)
     env.update(node.env)
     env.update(side.env)
+    cache_dirs: list[str] = []
+    if container.detached and engine.cache_root_variable:
+        # A container's own files go with it: the engine's caches (a model's inspection, compiled
+        # graphs) stay on the node, as a bare server's do, or every start pays for them again.
+        default = posixpath.join(nodes[s.node].run_dir, "vllm-cache")
+        cache_dirs.append(env.setdefault(engine.cache_root_variable, default))
 
     dtype = side.dtype or t.model.dtype
     external = is_external_dp(side)  # one API server per DP rank: each is told its rank
@@ -302,7 +310,7 @@ def _server(t: Topology, nodes: dict[str, NodePlan], s: Server, deps: list[str])
         ports["dp_rpc"] = s.dp_rpc_port
     return _process(
         t, nodes, name=s.name, role=s.side, node=s.node, stage=Stage.servers, argv=argv, env=env,
-        extra_files=files, container=container, ports=ports, url=base,
+        extra_files=files, container=container, cache_dirs=cache_dirs, ports=ports, url=base,
         health=[f"{base}/health", f"{base}/v1/models"],
         depends_on=deps, devices=list(s.devices), device_variable=device_variable,
         dp_rank=s.dp_rank, server=spec,

@@ -92,6 +92,10 @@ def test_cpu_container_has_no_devices_and_its_folders_at_the_same_paths() -> Non
     assert "--volume=/srv/kv:/srv/kv" in argv
     assert "--volume=/models/tiny:/models/tiny:ro" not in proxy.container.argv  # the proxy reads no model
     assert _env(prefill)["VLLM_CPU_KVCACHE_SPACE"] == "2"
+    # vLLM's caches stay on the node across starts, as a bare server's do
+    cache = "/tmp/ucmctl-root/cpu-pod/vllm-cache"
+    assert _env(prefill)["VLLM_CACHE_ROOT"] == cache and f"--volume={cache}:{cache}" in argv
+    assert f"mkdir -p {cache}" in next(f.content for f in prefill.files if f.path == prefill.launch)
     # the image's own engine and Python, not the node's
     i = argv.index("localhost/vllm-cpu:0.32")
     assert argv[i + 1 : i + 3] == ["vllm", "serve"] and argv[i + 1 :] == prefill.argv
