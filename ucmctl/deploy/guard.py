@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import posixpath
+import re
 import shlex
 import socket
 import time
@@ -54,6 +55,20 @@ def _who() -> str:
     return f"`ucmctl up` from {socket.gethostname()} (pid {os.getpid()}, since {since})"
 
 
+def _ended_here(holder: list[str]) -> bool:
+    """Whether the holder's line (`_who`) names an `up` of this machine whose process is gone."""
+    found = re.search(r" from (\S+) \(pid (\d+), since ", " ".join(holder))
+    if found is None or found[1] != socket.gethostname():
+        return False
+    try:
+        os.kill(int(found[2]), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
 @contextlib.contextmanager
 def node_guard(plan: Plan, executors: dict[str, Executor]) -> Iterator[None]:
     """Hold every node's lock for this deployment; refuse (BUSY) when another `up` holds one."""
@@ -68,14 +83,27 @@ def node_guard(plan: Plan, executors: dict[str, Executor]) -> Iterator[None]:
         held.append(watch)
         return node, text.splitlines()
 
+    def take_once_gone(node: str) -> tuple[str, list[str] | NodeError]:
+        """`take`, and again for a few seconds while the holder is an `up` of this machine that
+        has ended: its node loop lets go at its next write, up to a second (more under load)
+        after that `up`'s channel closed."""
+        deadline = time.monotonic() + 5
+        while True:
+            node, answer = take(node)
+            if isinstance(answer, NodeError) or answer[:1] != ["busy"] or time.monotonic() > deadline:
+                return node, answer
+            if not _ended_here(answer[1:]):
+                return node, answer
+            time.sleep(0.2)
+
     try:
         # The first node in name order is taken alone, before the others: two `up`s from two
         # control machines meet there first, so one of them wins the whole set (taken all at
         # once, each could win some nodes and both would be refused).
         first, *rest = sorted(executors)
-        answers = [take(first)]
+        answers = [take_once_gone(first)]
         if isinstance(answers[0][1], NodeError) or answers[0][1][:1] != ["busy"]:
-            answers += parallel(rest, take)
+            answers += parallel(rest, take_once_gone)
         unreachable = [(node, err) for node, err in answers if isinstance(err, NodeError)]
         if unreachable:  # as preflight says it, every such node at once
             raise UcmctlError(

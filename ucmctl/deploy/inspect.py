@@ -45,19 +45,21 @@ def status_table(record: Record, width: int = 80) -> list[Table]:
     launcher = launcher_for(record.plan, record.allocation, connect_timeout=5)
 
     def look(p: Process) -> tuple[str, str]:
+        state = "running"
         try:
-            if p.detached:  # the runtime says how a container ended
+            if p.detached:  # the runtime says how a container ended, and how often it restarted
                 container = launcher.container_state(p)
                 if container is None or not container.running:
                     return (container.words() if container else "stopped (no container)"), "-"
+                state = container.words()
             elif launcher.alive(p) is None:
                 return "stopped", "-"
         except NodeError:
             return "node unreachable", "?"
         if not p.health:
-            return "running", "-"
+            return state, "-"
         reason = why_not(p.health[-1])
-        return "running", "healthy" if reason is None else f"unhealthy ({reason})"
+        return state, "healthy" if reason is None else f"unhealthy ({reason})"
 
     try:
         looks = parallel(record.plan.processes, look)
@@ -89,7 +91,7 @@ def render_status(
     for p, (state, health) in zip(record.plan.processes, looks, strict=True):
         ps = record.processes.get(p.name)
         started = ps.started_at if ps else None
-        uptime = _duration(now - started) if started and state == "running" else "-"
+        uptime = _duration(now - started) if started and state.startswith("running") else "-"
         color = "green" if health == "healthy" else "red" if health.startswith("unhealthy") else "dim"
         ports = " ".join(f"{k}:{v}" for k, v in p.ports.items()) or "-"
         said = state if health in ("-", "?") else f"{state}, [{color}]{escape(health)}[/]"

@@ -40,10 +40,12 @@ class ContainerState:
 
     def words(self) -> str:
         """How `status` says it: running, or exited with its code."""
+        restarted = f", restarted {self.restarts}x" if self.restarts else ""  # by the runtime's policy
         if self.running:
-            return "running"
+            return "running" + restarted
         # podman says `stopped` for a container whose main process ended until its cleanup ran
-        return f"exited ({self.exit_code})" if self.state in ("exited", "stopped") else self.state
+        ended = f"exited ({self.exit_code})" if self.state in ("exited", "stopped") else self.state
+        return ended + restarted
 
 
 def _container(process: Process) -> ContainerPlan:

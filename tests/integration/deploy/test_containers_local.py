@@ -173,9 +173,21 @@ def test_a_containerized_1p1d_builds_runs_crashes_and_goes(runtime: Runtime, tmp
     prefill_line = next(line for line in status.stdout.splitlines() if "prefill-0" in line)
     assert "healthy" in prefill_line, status.stdout
 
-    down = ucmctl(env, home, "down", NAME)
+    # another plan's container of this deployment (found by its label), and someone else's
+    sleeper = ["--init", f"localhost/{BASE}", "python3", "-c", "import time; time.sleep(600)"]
+    runtime("run", "-d", "--name", "stray", "--label", f"io.ucmctl.deployment={NAME}",
+            "--label", "io.ucmctl.process=decode-7", *sleeper)  # fmt: skip
+    runtime("run", "-d", "--name", "not-ours", "--label", "io.ucmctl.deployment=other", *sleeper)
+    if runtime.name == "docker":  # the record is lost: `down TOPOLOGY` finds them all the same
+        (home / "deployments" / f"{NAME}.json").unlink()
+        down = ucmctl(env, home, "down", str(topo))
+    else:
+        down = ucmctl(env, home, "down", NAME)
     assert down.returncode == 0, down.stderr
+    assert f"removed a container of {NAME} not in its plan: decode-7 on me" in down.stderr
     assert runtime.containers() == {}
+    assert runtime("ps", "-a", "--format", "{{.Names}}").split() == ["not-ours"]
+    runtime("rm", "-f", "not-ours")
     left = subprocess.run(["pgrep", "-f", f"{tmp_path}/work"], capture_output=True, text=True, check=False)
     assert left.stdout.strip() == ""
 

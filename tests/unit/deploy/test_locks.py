@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -20,6 +22,7 @@ from ucmctl.plan.model import NodePlan, Plan
 
 HOLDER = """
 import sys
+import threading
 from pathlib import Path
 from ucmctl.deploy.state import StateStore
 with StateStore(Path(sys.argv[1])).lock("t-lock", "up"):
@@ -127,3 +130,25 @@ def test_a_node_where_the_lock_cannot_be_made_says_why(tmp_path: Path) -> None:
         pass
     assert caught.value.status is ExitStatus.NOT_READY
     assert "node n1: cannot lock" in str(caught.value) and "Not a directory" in str(caught.value)
+
+
+def test_an_up_right_after_an_ended_one_waits_for_its_node_loop_to_let_go(tmp_path: Path) -> None:
+    """The node loop of an ended `up` of this machine holds the lock until its next write (up to a
+    second, more under load): the next `up` waits for it rather than saying the node is busy. A
+    holder that still runs is refused at once, as before."""
+    p = plan(tmp_path / "run")
+    ex = LocalExecutor(p.nodes["n1"])
+    ended = f"`ucmctl up` from {socket.gethostname()} (pid 999999999, since 2026-12-02 10:00:00)"
+    _, watch = ex.hold(hold_script(str(tmp_path / "run"), "n1", ended))
+    threading.Timer(1.5, watch.close).start()  # its loop lets go 1.5 s from now
+    started = time.monotonic()
+    with node_guard(p, {"n1": ex}):
+        waited = time.monotonic() - started
+    assert 1.0 < waited < 5.0
+    alive = f"`ucmctl up` from {socket.gethostname()} (pid {os.getpid()}, since 2026-12-02 10:00:00)"
+    _, watch = ex.hold(hold_script(str(tmp_path / "run"), "n1", alive))
+    started = time.monotonic()
+    with pytest.raises(UcmctlError) as caught, node_guard(p, {"n1": ex}):
+        pass
+    watch.close()
+    assert caught.value.status is ExitStatus.BUSY and time.monotonic() - started < 4.0  # not the 5 s wait
