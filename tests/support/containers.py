@@ -271,3 +271,27 @@ def build_base_image(env: dict[str, str], name: str, *, engine: bool) -> str:
             errors.seek(0)
             raise RuntimeError(f"podman import {image}: exit {importer.returncode}: {errors.read().decode()}")
     return image
+
+
+def build_base_bundle(folder: Path, *, engine: bool = False) -> Path:
+    """An OCI bundle standing in for a user's (`umoci unpack` of a vLLM image): the files of
+    `build_base_image(...)` in `folder`/rootfs, and runc's default config.json with a writable root
+    and no terminal (a job step's output is a file). The folder."""
+    skip = UCMCTL | _files({"ucmctl"} | (set() if engine else engine_only()))
+    rootfs = folder / "rootfs"
+    rootfs.mkdir(parents=True)
+    tar = subprocess.Popen(["tar", "-C", str(rootfs), "-xf", "-"], stdin=subprocess.PIPE,
+                           stderr=subprocess.PIPE)  # fmt: skip
+    assert tar.stdin is not None and tar.stderr is not None
+    with contextlib.suppress(BrokenPipeError):
+        _write_image(tar.stdin, skip, engine=engine)
+        tar.stdin.close()
+    if tar.wait(timeout=600):
+        raise RuntimeError(f"tar -x into {rootfs}: exit {tar.returncode}: {tar.stderr.read().decode()}")
+    subprocess.run(["runc", "spec", "--bundle", str(folder)], check=True, capture_output=True)
+    config = json.loads((folder / "config.json").read_text())
+    config["process"]["terminal"] = False
+    config["root"]["readonly"] = False
+    config.get("linux", {}).pop("cgroupsPath", None)
+    (folder / "config.json").write_text(json.dumps(config, indent=1))
+    return folder

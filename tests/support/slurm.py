@@ -252,6 +252,24 @@ ConstrainDevices=no
 """
 
 
+def _oci_conf(base: Path) -> str:
+    """oci.conf (beside slurm.conf) for runc as root: one container per task, named by Slurm's
+    pattern (node, user, job, step, task), its state under the cluster's folder."""
+    runc, name = f"runc --root={base}/runc", "%n.%u.%j.%s.%t"
+    commands = {"Query": f"state {name}", "Kill": f"kill -a {name}", "Delete": f"delete --force {name}",
+                "Run": f"run {name} -b %b"}  # fmt: skip
+    return "".join(f'RunTime{key}="{runc} {what}"\n' for key, what in commands.items())
+
+
+def runc_containers(s: Slurm) -> list[str]:
+    """The runc containers of the cluster's OCI steps that still exist (running or stopped)."""
+    if not (s.base / "runc").exists():
+        return []
+    argv = ["runc", f"--root={s.base}/runc", "list", "--quiet"]
+    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    return done.stdout.split()
+
+
 def _daemon(s: Slurm, name: str, argv: list[str]) -> None:
     """In the foreground, as a child of this process, so that it is reaped here."""
     log = (s.base / "log" / f"{name}.out").open("ab")
@@ -269,8 +287,12 @@ def _wait_for(path: Path, proc: subprocess.Popen[bytes], timeout: float = 15) ->
 
 
 @contextlib.contextmanager
-def slurm_cluster(hosts: netns.Cluster, nodes: list[str] | None = None, gpus: int = 0) -> Iterator[Slurm]:
-    """slurmd on `nodes` (default: every host), ready when every node is idle."""
+def slurm_cluster(
+    hosts: netns.Cluster, nodes: list[str] | None = None, gpus: int = 0, oci: bool = False
+) -> Iterator[Slurm]:
+    """slurmd on `nodes` (default: every host), ready when every node is idle. With `oci`, Slurm's
+    own container support (`srun --container BUNDLE`) runs steps with runc (its state in the
+    cluster's folder; a container's cgroups are made inside the step's)."""
     chosen = [hosts.host(n) for n in nodes] if nodes is not None else list(hosts.hosts)
     base = hosts.base / f"slurm-{uuid.uuid4().hex[:6]}"
     for sub in ("ctld", "log", "run", "work", *(f"spool/{h.name}" for h in chosen)):
@@ -281,6 +303,8 @@ def slurm_cluster(hosts: netns.Cluster, nodes: list[str] | None = None, gpus: in
     if gpus:  # a stand-in for GPUs (there are none here): Slurm counts and binds these devices
         (base / "gres.conf").write_text(f"Name=gpu File=/dev/tty[{FAKE_GPU_TTY}-{FAKE_GPU_TTY + gpus - 1}]\n")
     (base / "cgroup.conf").write_text(CGROUP_CONF)
+    if oci:
+        (base / "oci.conf").write_text(_oci_conf(base))
     key = base / "munge.key"
     key.write_bytes(os.urandom(1024))
     key.chmod(0o400)
@@ -318,6 +342,9 @@ def _teardown(s: Slurm) -> None:
         if proc is not None:
             _stop(proc, signal.SIGTERM if name == "munged" else signal.SIGKILL)
     _kill(s._node_processes())  # started by a slurmd in its last moments
+    for container in runc_containers(s):  # of a step that was killed before Slurm deleted it
+        subprocess.run(["runc", f"--root={s.base}/runc", "delete", "--force", container], capture_output=True,
+                       check=False)  # fmt: skip
     _remove_cgroups(s)
     shutil.rmtree(s.base, ignore_errors=True)
 
@@ -350,12 +377,14 @@ def _remove_cgroups(s: Slurm) -> None:
 
 
 @contextlib.contextmanager
-def slurm_or_skip(hosts: netns.Cluster, nodes: list[str] | None = None, gpus: int = 0) -> Iterator[Slurm]:
-    """`slurm_cluster(...)` for a test, which is skipped where Slurm cannot run."""
+def slurm_or_skip(
+    hosts: netns.Cluster, nodes: list[str] | None = None, gpus: int = 0, oci: bool = False
+) -> Iterator[Slurm]:
+    """`slurm_cluster(...)` for a test, which is skipped where Slurm (or, with `oci`, runc) cannot run."""
     import pytest
 
-    reason = available()
+    reason = available() or (None if not oci or shutil.which("runc") else "runc is missing")
     if reason:
         pytest.skip(f"needs a Slurm cluster: {reason}")
-    with slurm_cluster(hosts, nodes, gpus) as s:
+    with slurm_cluster(hosts, nodes, gpus, oci) as s:
         yield s

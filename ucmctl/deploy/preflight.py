@@ -124,6 +124,9 @@ def _node_checks(plan: Plan, ex: Executor, shared: _SharedCheck) -> NodeFacts:
         problems, running = _container_problems(where, ex, contained)
         out.problems += problems
         out.running += running
+    bundled = [p for p in processes if p.container is not None and p.container.runtime == "oci"]
+    if bundled:
+        out.problems += _bundle_problems(where, ex, bundled)
     bare = [p for p in processes if p.container is None]  # a pyxis step's image: enroot's to fetch
     out.problems += _bare_problems(plan, node, where, bare, f)
     out.problems += _bind_problems(where, node, f)
@@ -175,6 +178,36 @@ def _bare_problems(
             "(needs libibverbs1, librdmacm1, libnuma1)"
         )
     return out.problems
+
+
+def _bundle_problems(where: str, ex: Executor, processes: list[Process]) -> list[str]:
+    """Each OCI bundle the node's steps run: made by `ucmctl image build` from the topology's
+    bundle as it is now, holding this ucmctl's wheel when derived."""
+    from ucmctl.deploy.images import bundle_record, bundle_state, read_base_config
+    from ucmctl.deploy.wheel import installed_wheel
+
+    problems: list[str] = []
+    seen: set[str] = set()
+    for p in processes:
+        c = p.container
+        assert c is not None
+        if c.image in seen:
+            continue
+        seen.add(c.image)
+        try:
+            want = bundle_record(read_base_config(ex, c), c, installed_wheel())
+        except NodeError as exc:
+            problems.append(f"{where}: {exc.reason}")
+            continue
+        have = bundle_state(ex, c)
+        if have is None:
+            problems.append(f"{where}: OCI bundle {c.image} (from {c.base_image}) is missing: "
+                            "run `ucmctl image build TOPOLOGY`")  # fmt: skip
+        elif have != want:
+            changed = have.get("wheel") != want["wheel"]
+            why = "another ucmctl" if changed else f"{c.base_image} as it was before"
+            problems.append(f"{where}: OCI bundle {c.image} holds {why}: run `ucmctl image build TOPOLOGY`")
+    return problems
 
 
 def _container_problems(where: str, ex: Executor, processes: list[Process]) -> tuple[list[str], list[str]]:

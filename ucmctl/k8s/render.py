@@ -76,10 +76,12 @@ class Options:
 
     def image_for(self, platform: str, process: Process | None = None) -> str:
         """`--image PLATFORM=...`, else `--image ...`, else the image the Plan runs the process in
-        (its topology's container), else ucmctl's default."""
+        (its topology's container; an OCI bundle's folder is no image), else ucmctl's default."""
         if platform in self.platform_images:
             return self.platform_images[platform]
         if self.image != DEFAULT_IMAGE or process is None or process.container is None:
+            return self.image
+        if process.container.runtime == "oci":
             return self.image
         return process.container.image
 

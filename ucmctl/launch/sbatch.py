@@ -28,7 +28,7 @@ from pathlib import Path
 
 from ucmctl.core.errors import UcmctlError
 from ucmctl.core.words import counted
-from ucmctl.launch.slurm import allocation_flags, pyxis_options, slurm_spec
+from ucmctl.launch.slurm import allocation_flags, container_options, slurm_spec
 from ucmctl.nodes import lifecycle
 from ucmctl.plan.model import Plan, Process, SlurmPlan
 
@@ -175,7 +175,7 @@ def _step(process: Process, gres: str | None) -> str:
     """The job step whose task is the process, as the live launcher starts it (launch/slurm.py)."""
     argv = ["srun", "--overlap", *([f"--gres={gres}"] if gres else []), f"--nodelist={process.node}",
             "--nodes=1", "--ntasks=1", f"--job-name={process.name}",
-            *pyxis_options(process), "/bin/sh", "-c"]  # fmt: skip
+            *container_options(process), "/bin/sh", "-c"]  # fmt: skip
     spawn = lifecycle.spawn(process, foreground=True)
     return " ".join(shlex.quote(a) for a in [*argv, spawn]) + " </dev/null &"
 

@@ -102,10 +102,10 @@ def allocation_flags(plan: Plan) -> list[tuple[str, str | bool]]:
     return flags + list(_where(spec))
 
 
-def pyxis_options(process: Process) -> list[str]:
-    """What a job step's srun adds to run the process in its image (pyxis), if it has one."""
+def container_options(process: Process) -> list[str]:
+    """What a job step's srun adds to run the process in its image (pyxis) or OCI bundle, if any."""
     c = process.container
-    return list(c.argv) if c is not None and c.runtime == "pyxis" else []
+    return list(c.argv) if c is not None and c.runtime in ("pyxis", "oci") else []
 
 
 class StepExecutor(LocalExecutor):
@@ -124,8 +124,8 @@ class StepExecutor(LocalExecutor):
         self.gres = [f"--gres={gres}"] if gres and job_id else []
 
     def argv(self, command: str, *, name: str = "ucmctl-command", container: Sequence[str] = ()) -> list[str]:
-        """srun of one task on the node running `command`; `container`: pyxis's options (the
-        step runs in the image)."""
+        """srun of one task on the node running `command`; `container`: pyxis's or Slurm's
+        container options (the step runs in the image)."""
         within = [f"--jobid={self.job_id}", "--overlap", *self.gres] if self.job_id else self.alone
         # Only these of this machine's environment reach the node (Slurm would pass all of it, the
         # secrets of whoever runs ucmctl included); the launch script sets the process's own.
@@ -133,6 +133,16 @@ class StepExecutor(LocalExecutor):
         return ["srun", *within, f"--nodelist={where}", "--nodes=1", "--ntasks=1", "--quiet",
                 f"--export={STEP_ENVIRONMENT}", f"--job-name={name}", *container,
                 "/bin/sh", "-c", command]  # fmt: skip
+
+    def run_in(self, command: str, container: Sequence[str], *, timeout: float = 60) -> Result:
+        """`command` on the node in a container: a step with srun's container options."""
+        argv = self.argv(command, container=container)
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=NEUTRAL_DIR,
+                                  stdin=subprocess.DEVNULL)  # fmt: skip
+        except subprocess.TimeoutExpired:
+            raise NodeError(self.node.name, f"command timed out after {timeout:.0f} s") from None
+        return Result(command, done.returncode, done.stdout, done.stderr)
 
     def run(self, command: str, *, timeout: float = 60) -> Result:
         try:
@@ -358,7 +368,7 @@ class SlurmLauncher(Launcher):
         ex = self[process.node]
         assert isinstance(ex, StepExecutor)
         argv = ex.argv(lifecycle.spawn(process, foreground=True), name=process.name,
-                       container=pyxis_options(process))  # fmt: skip
+                       container=container_options(process))  # fmt: skip
         pidfile = shlex.quote(process.pidfile)
         # srun's own errors go to a file: srun outlives this command, a pipe would break under it.
         with tempfile.TemporaryFile() as said:

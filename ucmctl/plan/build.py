@@ -11,7 +11,7 @@ from ucmctl.core.platforms import DEVICE_VARIABLE, NIC_VARIABLES, Platform
 from ucmctl.core.ucm_config import CONNECTOR_NAMES, ConnectorEntry, StoreConfig, UcmConfig
 from ucmctl.engines import KvTransfer, MooncakeLeg, ServerSpec, engine_for
 from ucmctl.engines.mooncake import ASCEND_MOONCAKE, MooncakeConnectorFacts, connector_for, protocol_for
-from ucmctl.plan.containers import container_plan, pyxis_plan, work_mounts
+from ucmctl.plan.containers import container_plan, oci_plan, pyxis_plan, work_mounts
 from ucmctl.plan.model import (
     UCM_CONFIG_FILE,
     NodePlan,
@@ -190,6 +190,10 @@ def _process(
     else:
         if container.runtime == "pyxis":  # a Slurm job step in the image: the launch script runs inside
             contained = pyxis_plan(container, deployment=t.name, process=name, workdir=work, mounts=mounts)
+        elif container.runtime == "oci":  # ... or in an OCI bundle: one a node's processes share
+            every = _backends(t.storage) if t.storage else []
+            contained = oci_plan(container, deployment=t.name, process=name, run_dir=nodes[node].run_dir,
+                                 model=t.model.path, backends=every)  # fmt: skip
         script = render("launch.sh.j2", deployment=t.name, process=name, workdir=work, env=env, argv=argv)
     files.append(PlacedFile(path=launch, content=script, mode=0o755))
     return Process(

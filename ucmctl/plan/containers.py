@@ -10,8 +10,12 @@ them.
 
 from __future__ import annotations
 
+import copy
+import hashlib
+import json
 import posixpath
 import re
+from typing import Any
 
 from ucmctl.core.platforms import Platform
 from ucmctl.plan.model import ContainerPlan
@@ -142,6 +146,17 @@ def container_plan(
     return plan, inside
 
 
+def step_mounts(mounts: list[Mount]) -> list[str]:
+    """A job step's mount options, the first of each container path (the plan's before the user's)."""
+    seen: set[str] = set()
+    options: list[str] = []
+    for m in mounts:
+        if m.container not in seen:
+            seen.add(m.container)
+            options.append(m.option())
+    return options
+
+
 def pyxis_plan(
     spec: Container, *, deployment: str, process: str, workdir: str, mounts: list[Mount]
 ) -> ContainerPlan:
@@ -150,12 +165,7 @@ def pyxis_plan(
     IPC and process ids, so the process is found by its pidfile as a bare one is; Slurm's GRES
     gives the step its cards."""
     assert spec.runtime == "pyxis" and spec.image is not None
-    seen: set[str] = set()
-    options: list[str] = []
-    for m in [*mounts, *spec.mounts]:
-        if m.container not in seen:
-            seen.add(m.container)
-            options.append(m.option())
+    options = step_mounts([*mounts, *spec.mounts])
     argv = [f"--container-image={spec.image}", "--container-mounts=" + ",".join(options),
             f"--container-workdir={workdir}", "--no-container-mount-home"]  # fmt: skip
     return ContainerPlan(
@@ -170,6 +180,77 @@ def pyxis_plan(
         devices=[],
         argv=argv,
     )
+
+
+# ucmctl's wheel in a derived OCI bundle: a folder of its own in the bundle's rootfs, on PYTHONPATH.
+BUNDLE_SITE = "/opt/ucmctl/site-packages"
+# The namespaces a bundle's job step shares with the node, as pyxis's do: its network (the servers
+# answer on the node's addresses), process ids (ucmctl finds and stops a process by its pidfile),
+# IPC (the Cache tier's shared memory) and host name.
+SHARED_NAMESPACES = ("network", "pid", "ipc", "uts")
+
+
+def oci_bundle(base: str, mounts: list[str], derived: bool) -> str:
+    """The bundle `ucmctl image build` makes beside `base` for a node: its rootfs (hard links of
+    the base's, plus ucmctl's wheel when `derived`) and a config.json with the plan's mounts. Its
+    name carries a digest of those, so two plans that need the same bundle share it."""
+    key = json.dumps({"mounts": mounts, "derived": derived}, sort_keys=True).encode()
+    return f"{base.rstrip('/')}.ucmctl-{hashlib.sha256(key).hexdigest()[:12]}"
+
+
+def oci_plan(
+    spec: Container, *, deployment: str, process: str, run_dir: str, model: str | None, backends: list[str]
+) -> ContainerPlan:
+    """A Slurm job step in an OCI bundle (`srun --container`, Slurm's own container support).
+    Slurm reads the mounts from the bundle's config.json only (and 22.05 takes the bundle's own
+    rootfs/), so a node's processes share one bundle ucmctl derives from the topology's: it mounts
+    the node's run folder (every process's own), the model, the store's backends and the
+    topology's mounts, and shares the node's network, process ids and IPC, so the step runs the
+    launch script inside and the process is found by its pidfile as a bare one is."""
+    assert spec.runtime == "oci" and spec.image is not None
+    mounts = [Mount(host=run_dir, container=run_dir)]
+    if model is not None and posixpath.isabs(model):
+        mounts.append(Mount(host=model, container=model, read_only=True))
+    mounts += [Mount(host=b, container=b) for b in backends]
+    options = step_mounts([*mounts, *spec.mounts])
+    bundle = oci_bundle(spec.image, options, spec.derived)
+    return ContainerPlan(
+        runtime="oci",
+        image=bundle,
+        base_image=spec.image,
+        derived=spec.derived,
+        python=spec.python,
+        name=container_name(deployment, process),
+        labels={},
+        pull="never",
+        devices=[],
+        argv=[f"--container={bundle}"],
+        mounts=options,
+    )
+
+
+def bundle_config(base: dict[str, Any], mounts: list[str], derived: bool) -> dict[str, Any]:
+    """The config.json of a derived OCI bundle from its base's: the rootfs beside it, the node's
+    network, process ids, IPC and host name, the plan's bind mounts over the base's (a base mount of
+    the same path gives way), ucmctl's wheel on PYTHONPATH when `derived`."""
+    config = copy.deepcopy(base)
+    config["root"] = {**config.get("root", {}), "path": "rootfs"}
+    linux = config.setdefault("linux", {})
+    linux["namespaces"] = [n for n in linux.get("namespaces", []) if n.get("type") not in SHARED_NAMESPACES]
+    config.pop("hostname", None)  # a host name needs a UTS namespace of its own
+    ours = []
+    for option in mounts:
+        parts = option.split(":")
+        mode = parts.pop() if len(parts) == 3 else "rw"
+        ours.append({"destination": parts[1], "type": "bind", "source": parts[0], "options": ["rbind", mode]})
+    taken = {m["destination"] for m in ours}
+    config["mounts"] = [m for m in config.get("mounts", []) if m.get("destination") not in taken] + ours
+    if derived:
+        process = config.setdefault("process", {})
+        env = [e for e in process.get("env", []) if not e.startswith("PYTHONPATH=")]
+        old = next((e.split("=", 1)[1] for e in process.get("env", []) if e.startswith("PYTHONPATH=")), "")
+        process["env"] = [*env, f"PYTHONPATH={BUNDLE_SITE}" + (f":{old}" if old else "")]
+    return config
 
 
 def work_mounts(work: str, model: str | None, backends: list[str]) -> list[Mount]:

@@ -58,9 +58,9 @@ class ContainerPlan(Frozen):
     """A process that runs in a container: the runtime's whole command line that starts it, and
     what finds it again (its name and labels; `down` also finds it by the deployment's label)."""
 
-    runtime: Literal["podman", "docker", "pyxis"]
-    image: str  # what runs: the derived image of `base_image` (ucmctl image build), or base_image
-    base_image: str  # the topology's image
+    runtime: Literal["podman", "docker", "pyxis", "oci"]
+    image: str  # what runs: the derived image or bundle of `base_image` (ucmctl image build), or base_image
+    base_image: str  # the topology's image (oci: the OCI bundle's folder)
     derived: bool
     python: str  # the image's Python
     name: str
@@ -68,8 +68,10 @@ class ContainerPlan(Frozen):
     pull: Literal["never", "missing", "always"]
     devices: list[str]  # device nodes of the node the container maps (preflight checks they exist)
     # podman/docker: `podman run --detach ... IMAGE COMMAND...` (the process's argv inside);
-    # pyxis: the options its job step's srun adds (the step runs the launch script in the image).
+    # pyxis, oci: the options its job step's srun adds (the step runs the launch script in the image).
     argv: list[str]
+    # oci: the bind mounts (HOST:CONTAINER[:ro]) of the bundle `ucmctl image build` makes for it
+    mounts: list[str] = Field(default_factory=list)
 
     @property
     def detached(self) -> bool:

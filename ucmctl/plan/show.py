@@ -49,8 +49,10 @@ def print_plan(plan: Plan, console: Console) -> None:
             if p.container is not None and p.detached:  # the env above is what it sees inside
                 _print(console, f"    container {escape(shlex.join(p.container.argv))}", soft_wrap=True)
             else:
-                if p.container is not None:  # a Slurm job step in the image (pyxis)
+                if p.container is not None:  # a Slurm job step in the image (pyxis, oci)
                     _print(console, f"    srun {escape(shlex.join(p.container.argv))}", soft_wrap=True)
+                if p.container is not None and p.container.mounts:  # the OCI bundle's
+                    _print(console, f"    mounts {escape(' '.join(p.container.mounts))}", soft_wrap=True)
                 _print(console, f"    cmd {escape(shlex.join(p.argv))}", soft_wrap=True)
             if p.health:
                 _print(console, f"    health {' then '.join(p.health)}")

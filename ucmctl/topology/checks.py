@@ -55,7 +55,7 @@ def check_topology(t: Topology, src: Source, base_dir: Path | None = None) -> li
 
 def _check_containers(t: Topology, bad) -> None:
     """podman and docker run over SSH (or on this machine); on Slurm each job step runs in its
-    image through pyxis."""
+    image through pyxis, or in an OCI bundle through Slurm's own container support."""
     slurm = isinstance(t.cluster, SlurmCluster)
     places: list[tuple[tuple[str, ...], str]] = [(("nodes", n), node.container.runtime)
                                                  for n, node in t.nodes.items()]  # fmt: skip
@@ -63,11 +63,12 @@ def _check_containers(t: Topology, bad) -> None:
     for path, runtime in places:
         if slurm and runtime in ("podman", "docker"):
             bad((*path, "container", "runtime"),
-                f"on Slurm a job step runs in its image through pyxis, not {runtime}",
-                fix="set runtime pyxis (srun --container-image), or use cluster kind ssh")  # fmt: skip
-        elif not slurm and runtime == "pyxis":
-            bad((*path, "container", "runtime"), "pyxis runs Slurm job steps: it needs cluster kind slurm",
-                fix="set runtime podman or docker, or cluster: {kind: slurm}")  # fmt: skip
+                f"on Slurm a job step runs in its image through pyxis or oci, not {runtime}",
+                fix="set runtime pyxis (srun --container-image) or oci (srun --container), or use "
+                    "cluster kind ssh")  # fmt: skip
+        elif not slurm and runtime in ("pyxis", "oci"):
+            bad((*path, "container", "runtime"), f"{runtime} runs Slurm job steps: it needs cluster kind "
+                "slurm", fix="set runtime podman or docker, or cluster: {kind: slurm}")  # fmt: skip
 
 
 def _check_nodes(t: Topology, bad) -> None:

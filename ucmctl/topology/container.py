@@ -1,7 +1,8 @@
 """Where a node's or a side's processes run: on the node's own Python (`bare`), or in a container
-image under podman or docker. The engine in the image is used as it is; ucmctl's own pieces (the
-connector, the native store, the proxy) come from a derived image (`ucmctl image build`) or are
-already inside the image the user names.
+image under podman or docker, or as a Slurm job step in an image (pyxis) or in an OCI bundle
+(Slurm's own `srun --container`). The engine in the image is used as it is; ucmctl's own pieces
+(the connector, the native store, the proxy) come from a derived image or bundle (`ucmctl image
+build`) or are already inside the image the user names.
 
 Everything here reaches a command line, so every value is checked to be one plain word of its
 kind: an image reference, an absolute path, a size, a user.
@@ -37,7 +38,7 @@ def _env_text(v: Any) -> Any:
 Env = Annotated[dict[str, str], BeforeValidator(_env_text)]
 
 
-Runtime = Literal["bare", "podman", "docker", "pyxis"]
+Runtime = Literal["bare", "podman", "docker", "pyxis", "oci"]
 
 # An image reference as the OCI distribution spec writes one: [registry[:port]/]repository
 # (lowercase components), then an optional :tag and an optional @digest.
@@ -107,8 +108,9 @@ def _device_path(v: object) -> object:
 DevicePath = Annotated[str, BeforeValidator(_device_path)]
 
 
-# What a pyxis job step cannot be given (it shares the node's network and IPC, pulls through enroot).
-_NOT_PYXIS = frozenset({"devices", "shm_size", "ipc", "network", "user", "pull", "options"})
+# What a Slurm job step in an image cannot be given: pyxis and ucmctl's OCI bundles share the node's
+# network, IPC and process ids; pyxis pulls through enroot; a bundle's user is its config.json's.
+_NOT_A_STEP = frozenset({"devices", "shm_size", "ipc", "network", "user", "pull", "options"})
 
 
 class Container(BaseModel):
@@ -118,8 +120,8 @@ class Container(BaseModel):
 
     runtime: Runtime = Field(
         "bare",
-        description="bare (the node's Python), podman or docker (over SSH), or pyxis (Slurm: srun "
-        "--container-image)",
+        description="bare (the node's Python), podman or docker (over SSH), pyxis (Slurm: srun "
+        "--container-image) or oci (Slurm: srun --container, an OCI bundle)",
     )
     image: str | None = Field(
         None,
@@ -162,6 +164,8 @@ class Container(BaseModel):
     @field_validator("image")
     @classmethod
     def _image(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if v is not None and info.data.get("runtime") == "oci":  # an OCI bundle: config.json, rootfs/
+            return _absolute_path(v, "the OCI bundle")
         if v is not None and info.data.get("runtime") == "pyxis":
             # enroot's forms: [REGISTRY#]IMAGE[:TAG], or a squashfs file on the node
             if v.startswith("/"):
@@ -230,18 +234,18 @@ class Container(BaseModel):
             return self
         if self.image is None:
             raise ValueError(f"runtime {self.runtime} needs an image: set container.image")
-        if self.runtime == "pyxis":
-            refused = sorted(k for k in self.model_fields_set if k in _NOT_PYXIS)
+        if self.runtime in ("pyxis", "oci"):
+            refused = sorted(k for k in self.model_fields_set if k in _NOT_A_STEP)
             if refused:
                 raise ValueError(
-                    f"pyxis runs a job step in the image with the node's network and IPC and takes no "
-                    f"{', '.join(refused)}: remove them"
+                    f"{self.runtime} runs a job step in the image with the node's network and IPC and takes "
+                    f"no {', '.join(refused)}: remove them"
                 )
-            if self.derived:
-                raise ValueError(
-                    "pyxis runs images from a registry or a squashfs file, and `ucmctl image build` makes "
-                    "none: push an image with ucmctl inside and set derived false"
-                )
+        if self.runtime == "pyxis" and self.derived:
+            raise ValueError(
+                "pyxis runs images from a registry or a squashfs file, and `ucmctl image build` makes "
+                "none: push an image with ucmctl inside and set derived false"
+            )
         if self.runtime == "docker" and self.network != "host":
             raise ValueError(
                 f"docker cannot put a container into a given network namespace (network {self.network}): "

@@ -23,7 +23,7 @@ import pytest
 
 from ucmctl.core.errors import ExitStatus, UcmctlError
 from ucmctl.launch.sbatch import render_script, write_script
-from ucmctl.launch.slurm import pyxis_options
+from ucmctl.launch.slurm import container_options
 from ucmctl.nodes import lifecycle
 from ucmctl.plan.build import build_plan
 from ucmctl.plan.model import Plan, SshClusterPlan
@@ -89,7 +89,7 @@ def test_every_example_renders_valid_bash_with_its_nodes_and_steps(path: Path, t
     for argv, p in zip(found, ordered, strict=True):
         spawn = lifecycle.spawn(p, foreground=True)
         assert argv == ["srun", "--overlap", f"--nodelist={p.node}", "--nodes=1", "--ntasks=1",
-                        f"--job-name={p.name}", *pyxis_options(p), "/bin/sh", "-c", spawn]  # fmt: skip
+                        f"--job-name={p.name}", *container_options(p), "/bin/sh", "-c", spawn]  # fmt: skip
     # each stage is gated before the next one starts
     for first, second in zip(plan.stages(), plan.stages()[1:], strict=False):
         last_gate = max(script.index(f"\ngate {shlex.quote(p.name)} ") for p in first)
@@ -404,3 +404,26 @@ def test_a_pyxis_step_runs_in_its_image_with_the_nodes_folders() -> None:
     # inside, the image's own engine and Python; the launch script sets the environment
     assert prefill.argv[:2] == ["vllm", "serve"] and plan.process("proxy").argv[0] == "python3"
     assert prefill.env["ASCEND_RT_VISIBLE_DEVICES"] == "0,1"
+
+
+def test_an_oci_step_runs_in_the_bundle_ucmctl_derives_with_the_nodes_folders() -> None:
+    """Slurm's own container support: the step names the bundle `ucmctl image build` makes beside
+    the topology's, whose config.json carries the node's folders (Slurm takes mounts from it only)."""
+    plan = build_plan(load_topology(REPO / "topologies" / "slurm-oci.yaml"))
+    prefill, decode = plan.process("prefill-0"), plan.process("decode-0")
+    assert prefill.container is not None and decode.container is not None
+    bundle = prefill.container.image
+    base, _, digest = bundle.rpartition(".ucmctl-")
+    assert base == "/shared/bundles/vllm-openai-v0.11.0" and len(digest) == 12
+    step = next(s for s in steps(render_script(plan)) if "--job-name=prefill-0" in s)
+    assert step[:step.index("/bin/sh")] == [
+        "srun", "--overlap", "--gres=gpu:2", "--nodelist=n1", "--nodes=1", "--ntasks=1",
+        "--job-name=prefill-0", f"--container={bundle}",
+    ]  # fmt: skip
+    run, model = "/shared/ucmctl/slurm-oci", "/shared/models/Qwen2.5-7B-Instruct"
+    assert prefill.container.mounts == [f"{run}:{run}", f"{model}:{model}:ro", "/shared/kv:/shared/kv",
+                                        "/shared/hf-cache:/root/.cache/huggingface"]  # fmt: skip
+    # the same folders on both nodes: one bundle (on the shared folder, made once)
+    proxy = plan.process("proxy").container
+    assert decode.container.image == bundle and proxy is not None and proxy.image == bundle
+    assert prefill.argv[:2] == ["vllm", "serve"] and prefill.env["CUDA_VISIBLE_DEVICES"] == "0,1"

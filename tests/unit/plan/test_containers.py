@@ -135,3 +135,39 @@ def test_the_launch_script_runs_exactly_the_plans_command_line(tmp_path: Path) -
     recorded = (tmp_path / "podman.args").read_bytes().decode().split("\0")[:-1]
     assert ["podman", *recorded] == p.container.argv
     assert '--env=ODD=it\'s $HOME `x` "q" ;|&' in recorded
+
+
+def test_a_derived_oci_bundle_shares_the_nodes_namespaces_and_mounts_the_plans_folders() -> None:
+    """`bundle_config`: what Slurm's job step sees comes from the bundle's config.json alone."""
+    from ucmctl.plan.containers import BUNDLE_SITE, bundle_config, oci_bundle
+
+    base = {
+        "ociVersion": "1.0.2",
+        "process": {"terminal": False, "args": ["sh"], "env": ["PATH=/usr/bin", "PYTHONPATH=/opt/app"]},
+        "root": {"path": "/elsewhere/rootfs", "readonly": True},
+        "hostname": "runc",
+        "mounts": [{"destination": "/proc", "type": "proc", "source": "proc"},
+                   {"destination": "/data", "type": "tmpfs", "source": "tmpfs"}],
+        "linux": {"namespaces": [{"type": t} for t in ("pid", "network", "ipc", "uts", "mount", "cgroup")]},
+    }  # fmt: skip
+    mounts = ["/run/x:/run/x", "/models/m:/models/m:ro", "/srv/kv:/data"]
+    got = bundle_config(base, mounts, derived=True)
+    assert got["root"] == {"path": "rootfs", "readonly": True}  # Slurm 22.05 takes the bundle's rootfs/ only
+    assert [n["type"] for n in got["linux"]["namespaces"]] == ["mount", "cgroup"] and "hostname" not in got
+    assert got["mounts"] == [
+        {"destination": "/proc", "type": "proc", "source": "proc"},  # the base's /data gives way to ours
+        {"destination": "/run/x", "type": "bind", "source": "/run/x", "options": ["rbind", "rw"]},
+        {"destination": "/models/m", "type": "bind", "source": "/models/m", "options": ["rbind", "ro"]},
+        {"destination": "/data", "type": "bind", "source": "/srv/kv", "options": ["rbind", "rw"]},
+    ]
+    assert got["process"]["env"] == ["PATH=/usr/bin", f"PYTHONPATH={BUNDLE_SITE}:/opt/app"]
+    assert base["root"]["path"] == "/elsewhere/rootfs"  # the base's own config is left as it was
+    plain = bundle_config(base, mounts, derived=False)
+    assert plain["process"]["env"] == base["process"]["env"]
+    # the bundle's name: beside its base, a digest of what goes into it
+    assert (
+        oci_bundle("/b/vllm/", mounts, True)
+        == oci_bundle("/b/vllm", mounts, True)
+        != oci_bundle("/b/vllm", mounts, False)
+    )
+    assert oci_bundle("/b/vllm", mounts, True) != oci_bundle("/b/vllm", mounts[:2], True)
