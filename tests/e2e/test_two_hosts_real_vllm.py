@@ -1,5 +1,6 @@
 """1P1D with the real vLLM (tiny model) over SSH on two network-namespace hosts sharing one
-storage folder: requests through the proxy, decode loads the prefix that prefill stored, and
+storage folder, a GlusterFS volume served from a third host (each of the two mounts it with its
+own FUSE client): requests through the proxy, decode loads the prefix that prefill stored, and
 its greedy tokens equal those of an instance holding the same prefix in its own cache."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import gluster
 from tests.support.netns import Cluster, cluster_or_skip
 from tests.support.openai_checks import counter, greedy_with_logprobs
 
@@ -22,11 +24,19 @@ BLOCK = 128
 
 @pytest.fixture(scope="module")
 def hosts() -> Iterator[Cluster]:
-    with cluster_or_skip(2) as c:
+    with cluster_or_skip(3) as c:
         yield c
 
 
-def topology(c: Cluster, model: Path) -> str:
+@pytest.fixture(scope="module")
+def volume(hosts: Cluster) -> Iterator[gluster.Volume]:
+    if reason := gluster.available():
+        pytest.skip(reason)
+    with gluster.gluster_volume(hosts, "e2e", server="h3", clients=["h1", "h2"]) as vol:
+        yield vol
+
+
+def topology(c: Cluster, model: Path, store: Path) -> str:
     env = (
         'VLLM_CPU_KVCACHE_SPACE: "1", HF_HUB_OFFLINE: "1", TRANSFORMERS_OFFLINE: "1", '
         'TORCHDYNAMO_DISABLE: "1"'
@@ -43,19 +53,21 @@ mode: centralized
 model: {{path: {model}, served_name: m, dtype: bfloat16, hash_seed: 0}}
 nodes:
 {nodes}
-storage: {{storage_backends: {c.shared / "store"}, cache_buffer_capacity_gb: 0.25}}
+storage: {{storage_backends: {store}, cache_buffer_capacity_gb: 0.25}}
 prefill: {{nodes: [h1], port: 8100, env: {{{env}, VLLM_CPU_OMP_THREADS_BIND: "0"}}, flags: {flags}}}
 decode: {{nodes: [h2], port: 8200, env: {{{env}, VLLM_CPU_OMP_THREADS_BIND: "1"}}, flags: {flags}}}
 proxy: {{node: h1, port: 8000}}
 """
 
 
-def test_1p1d_over_ssh_decode_hits_what_prefill_stored(hosts: Cluster, tmp_path: Path) -> None:
+def test_1p1d_over_ssh_decode_hits_what_prefill_stored(
+    hosts: Cluster, volume: gluster.Volume, tmp_path: Path
+) -> None:
     from ucmctl.tinymodel import make_model
 
     model = make_model(hosts.shared / "tiny", size="tiny", seed=0)
     topo = tmp_path / "topology.yaml"
-    topo.write_text(topology(hosts, model))
+    topo.write_text(topology(hosts, model, volume.mount / "store"))
     env = {**os.environ, "UCMCTL_HOME": str(tmp_path / "home"), "UCMCTL_SSH_CONFIG": str(hosts.ssh_config)}
 
     def ucmctl(*args: str) -> subprocess.CompletedProcess[str]:
@@ -68,6 +80,7 @@ def test_1p1d_over_ssh_decode_hits_what_prefill_stored(hosts: Cluster, tmp_path:
     assert up.returncode == 0, up.stderr[-3000:]
     # the KV probe (1100 tokens: 8 whole blocks) proved the path before `up` said so
     assert "KV probe: centralized: decode's external prefix hits grew by 1024" in up.stderr
+    assert f"storage {volume.mount / 'store'}: fuse.glusterfs on h1, h2" in up.stderr
     try:
         prefill = f"http://{hosts.host('h1').address}:8100"
         decode = f"http://{hosts.host('h2').address}:8200"
@@ -95,3 +108,5 @@ def test_1p1d_over_ssh_decode_hits_what_prefill_stored(hosts: Cluster, tmp_path:
     assert down.returncode == 0, down.stderr
     assert "3 processes stopped" in down.stdout
     assert hosts.processes_of("e2e-two-hosts") == []
+    blocks = [f for f in (volume.brick / "store").rglob("*") if f.is_file()]
+    assert len(blocks) >= 8, blocks  # the blocks went to the server's brick, over the network

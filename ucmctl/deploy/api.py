@@ -138,6 +138,10 @@ def _preflight(plan: Plan, launcher: Launcher, options: Options, console: Consol
         return {}
     console.print(f"preflight on {counted(len(launcher.all()), 'node')} ...")
     checked = preflight(plan, launcher.all())
+    for line in checked.notes:
+        console.print(f"  {line}", markup=False, soft_wrap=True)
+    for line in checked.warnings:
+        console.print(f"warning: {line}", markup=False, soft_wrap=True)
     if checked.problems:
         _run_each(launcher, checked.cleanup)
         raise UcmctlError([Problem(p) for p in checked.problems], status=ExitStatus.NOT_READY)

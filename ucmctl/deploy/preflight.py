@@ -8,6 +8,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from ucmctl.core.platforms import DEVICE_COUNTER, Platform
+from ucmctl.deploy import filesystems
 from ucmctl.engines import engine_for
 from ucmctl.nodes import lifecycle
 from ucmctl.nodes.executor import Executor, HostKeyError, NodeError
@@ -57,6 +58,8 @@ class Preflight:
     problems: list[str]
     # Per node, shell commands for the staging round trip: the shared-storage markers to remove.
     cleanup: dict[str, list[str]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)  # what was found: each backend's filesystem
+    warnings: list[str] = field(default_factory=list)  # what only costs speed
 
 
 def preflight(plan: Plan, executors: dict[str, Executor]) -> Preflight:
@@ -81,7 +84,8 @@ def preflight(plan: Plan, executors: dict[str, Executor]) -> Preflight:
     if running:  # the one thing to say: its ports are in use by itself, the rest is moot
         problems = [f"deployment '{plan.deployment}' already runs on the nodes ({', '.join(running)}): "
                     f"run `ucmctl down {plan.deployment}` first"]  # fmt: skip
-    return Preflight(problems, shared.cleanup)
+    notes, warnings = shared.filesystems(results)
+    return Preflight(problems, shared.cleanup, notes, warnings)
 
 
 def node_problem(node: NodePlan, err: NodeError) -> str:
@@ -104,6 +108,8 @@ def _node_checks(plan: Plan, ex: Executor, shared: _SharedCheck) -> NodeFacts:
     )
     if node.name == shared.writer:
         script += shared.write_lines()
+    if node.name in (shared.writer, *shared.readers):
+        script += filesystems.probe_lines(shared.backends)
     bare_processes = [p for p in plan.on_node(node.name) if not p.detached]
     script += "\n" + lifecycle.running_lines(bare_processes) + "\n"
     try:
@@ -328,6 +334,18 @@ class _SharedCheck:
                 f"else printf 'shared{i}=%s\\n' \"{one_line}\"; fi"
             )
         return "\n".join(lines) + "\n"
+
+    def filesystems(self, results: list[NodeFacts]) -> tuple[list[str], list[str]]:
+        """Each backend's filesystem on the storage nodes (one line each), and what its mounts cost."""
+        notes: list[str] = []
+        warnings: list[str] = []
+        for i, backend in enumerate(self.backends):
+            seen = {r.node: m for r in results if (m := filesystems.parse(r.facts, i)) is not None}
+            if seen:
+                notes.append(filesystems.summary(backend, seen))
+            for node, m in seen.items():
+                warnings += filesystems.warnings(node, backend, m)
+        return notes, warnings
 
     def judge(self, writer: NodeFacts, executors: dict[str, Executor], *, all_reachable: bool) -> list[str]:
         assert self.writer is not None

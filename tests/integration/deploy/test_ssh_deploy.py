@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.deploy.conftest import Cli, completion, metrics, mixed_sim, node_lines, write
+from tests.support import gluster
 from tests.support.netns import Cluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
@@ -43,6 +44,21 @@ proxy: {{node: h1, port: 8000}}
 """
 
 
+def decode_hits_after_a_prefix(hosts: Cluster) -> float:
+    """A 160-token prompt (10 blocks of 16) through the proxy of `centralized(...)`, then three that
+    extend it: the decode servers' external prefix hits (their prefix came from the shared store,
+    written by the prefill side)."""
+    proxy = f"http://{hosts.host('h1').address}:8000"
+    prompt = list(range(1, 161))
+    first = completion(proxy, prompt)
+    assert first["usage"]["prompt_tokens"] == 160 and first["usage"]["completion_tokens"] == 4
+    for _ in range(3):
+        completion(proxy, [*prompt, 9, 9])
+    decoders = [f"http://{hosts.host('h2').address}:{p}" for p in (8200, 8201)]
+    return sum(float(line.rsplit(" ", 1)[1]) for d in decoders for line in metrics(d).splitlines()
+               if line.startswith("vllm:external_prefix_cache_hits_total"))  # fmt: skip
+
+
 def test_2p2d_centralized_end_to_end(tmp_path: Path, hosts: Cluster, cli: Cli) -> None:
     topo = write(tmp_path, centralized(hosts, "t-2p2d"))
     up = cli("up", str(topo))
@@ -58,17 +74,7 @@ def test_2p2d_centralized_end_to_end(tmp_path: Path, hosts: Cluster, cli: Cli) -
     while watch_loops() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert watch_loops() == []
-    proxy = f"http://{hosts.host('h1').address}:8000"
-    prompt = list(range(1, 161))  # 10 blocks of 16
-    first = completion(proxy, prompt)
-    assert first["usage"]["prompt_tokens"] == 160 and first["usage"]["completion_tokens"] == 4
-    # The decode side got its prefix from the shared store, written by the prefill side.
-    for _ in range(3):
-        completion(proxy, [*prompt, 9, 9])
-    decoders = [f"http://{hosts.host('h2').address}:{p}" for p in (8200, 8201)]
-    external = sum(float(line.rsplit(" ", 1)[1]) for d in decoders for line in metrics(d).splitlines()
-                   if line.startswith("vllm:external_prefix_cache_hits_total"))  # fmt: skip
-    assert external > 0
+    assert decode_hits_after_a_prefix(hosts) > 0
     status = cli("status", "t-2p2d")
     assert status.returncode == 0 and len(re.findall(r"\bhealthy\b", status.stdout)) == 5
     assert "unhealthy" not in status.stdout
@@ -80,6 +86,37 @@ def test_2p2d_centralized_end_to_end(tmp_path: Path, hosts: Cluster, cli: Cli) -
     down = cli("down", "t-2p2d")
     assert down.returncode == 0 and "5 processes stopped" in down.stdout
     assert hosts.processes_of("t-2p2d") == []
+
+
+def test_2p2d_centralized_over_a_glusterfs_volume(tmp_path: Path, hosts: Cluster, cli: Cli) -> None:
+    """The store's backend a real network filesystem: served from h3, mounted by h1's and h2's
+    own clients; the decode side reads through h2's client what the prefill side wrote through h1's."""
+    if reason := gluster.available():
+        pytest.skip(reason)
+    with gluster.gluster_volume(hosts, "t2p2d", server="h3", clients=["h1", "h2"]) as vol:
+        topo = write(tmp_path, centralized(hosts, "t-gluster", backend=vol.mount / "kv"))
+        up = cli("up", str(topo))
+        assert up.returncode == 0, up.stderr
+        # preflight names the filesystem on each node; coherent mounts: no warning
+        assert f"storage {vol.mount / 'kv'}: fuse.glusterfs on h1, h2" in up.stderr, up.stderr
+        assert "warning" not in up.stderr
+        assert decode_hits_after_a_prefix(hosts) > 0
+        blocks = [f for f in (vol.brick / "kv").rglob("*") if f.is_file() and ".ucmctl-shared" not in f.name]
+        assert len(blocks) >= 10, blocks  # on the server's brick, through the network
+        assert not (vol.mount / "kv").exists()  # nothing on this machine's own disk at that path
+        down = cli("down", "t-gluster")
+        assert down.returncode == 0, down.stderr
+        assert hosts.processes_of("t-gluster") == []
+        # h2's client with GlusterFS's default caching: up warns, in one line naming it and the fix
+        vol.unmount_on("h2")
+        vol.coherent = False
+        vol.mount_on("h2")
+        cached = cli("up", str(topo))
+        assert cached.returncode == 0, cached.stderr
+        warned = [line for line in cached.stderr.splitlines() if line.startswith("warning")]
+        assert len(warned) == 1 and "node h2:" in warned[0] and "entry-timeout 1 s" in warned[0], warned
+        assert "entry-timeout=0,attribute-timeout=0,negative-timeout=0" in warned[0]
+        assert cli("down", "t-gluster").returncode == 0
 
 
 def test_xpyd_across_four_hosts(tmp_path: Path, hosts: Cluster, cli: Cli) -> None:

@@ -1,0 +1,213 @@
+"""A real network filesystem between the test hosts: a GlusterFS volume (one brick) served from
+one host's network namespace and FUSE-mounted on every host, at the same path, in each host's own
+mount namespace (the one its sshd and everything started over SSH run in). What a process on h2
+reads there went through h2's glusterfs client and the bridge to the brick on the server.
+
+GlusterFS 10 on Debian 12 (shared/docs/containers-and-network-fs.md): glusterd runs under
+`nsenter --net` (not `ip netns exec`, which gives it a mount table of its own) with a volfile of
+the test's (its state, sockets and logs in the test's folder); the brick process it spawns is in
+the same namespace. With `coherent` (the default), the volume and the mounts use the settings that
+make a rename on one host seen at once on another (quick-read, open-behind, stat-prefetch off;
+entry, attribute and negative timeouts 0); without, GlusterFS's defaults, stale for ~1 s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.support.netns import Cluster
+
+COHERENT_OPTIONS = {"performance.quick-read": "off", "performance.open-behind": "off",
+                    "performance.stat-prefetch": "off"}  # fmt: skip
+COHERENT_MOUNT = ["--entry-timeout=0", "--attribute-timeout=0", "--negative-timeout=0"]
+
+
+def available() -> str | None:
+    """Why a volume cannot be served here, or None."""
+    if os.geteuid() != 0:
+        return "glusterd and FUSE mounts need root"
+    for tool in ("glusterd", "gluster", "glusterfs", "nsenter"):
+        if shutil.which(tool) is None:
+            return f"{tool} is missing (scripts/setup.sh installs GlusterFS)"
+    if not Path("/dev/fuse").exists():
+        return "/dev/fuse is missing"
+    return None
+
+
+@dataclass
+class Volume:
+    hosts: Cluster
+    name: str
+    server: str  # the host whose network namespace serves it
+    base: Path  # glusterd's state, sockets, logs
+    brick: Path  # the brick's folder (the server's local filesystem)
+    mount: Path  # where every host sees the volume (in its own mount namespace)
+    coherent: bool
+    glusterd: subprocess.Popen[bytes] | None = None
+    mounted: list[str] = field(default_factory=list)
+
+    @property
+    def address(self) -> str:
+        return self.hosts.host(self.server).address
+
+    @property
+    def sock(self) -> Path:
+        return self.base / "run" / "glusterd.socket"
+
+    def gluster(
+        self, *args: str, check: bool = True, timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]:
+        """The gluster CLI against this volume's glusterd."""
+        argv = ["gluster", f"--glusterd-sock={self.sock}", "--mode=script", *args]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+        if check and done.returncode:
+            raise RuntimeError(f"{' '.join(args)}: {done.stdout}{done.stderr}")
+        return done
+
+    def on(self, host: str, *argv: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        """`argv` in the host's network and mount namespaces (where its SSH sessions run)."""
+        h = self.hosts.host(host)
+        assert h.sshd is not None, f"{host} has no sshd"
+        enter = ["nsenter", f"--target={h.sshd.pid}", "--mount", "--net"]
+        return subprocess.run([*enter, *argv], capture_output=True, text=True, timeout=timeout, check=False)
+
+    def mount_on(self, host: str, timeout: float = 30) -> None:
+        """The FUSE client on `host`, ready when the mount answers a stat as GlusterFS."""
+        log, pid = self.base / f"client-{host}.log", self.base / "run" / f"client-{host}.pid"
+        self._wait_gone(pid)  # an earlier client with this pidfile must be gone first
+        options = COHERENT_MOUNT if self.coherent else []
+        done = self.on(host, "glusterfs", f"--volfile-server={self.address}", f"--volfile-id={self.name}",
+                       *options, f"--log-file={log}", f"--pid-file={pid}", str(self.mount))  # fmt: skip
+        if done.returncode:
+            raise RuntimeError(f"glusterfs mount on {host}: {done.stderr or log.read_text()[-2000:]}")
+        self.mounted.append(host)
+        deadline = time.monotonic() + timeout
+        while self.fs_type(host) != "fuseblk" and self.fs_type(host) != "fuse":
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.mount} on {host} is not mounted; see {log}")
+            time.sleep(0.1)
+
+    def unmount_on(self, host: str) -> None:
+        self.on(host, "umount", "-l", str(self.mount))
+        self._wait_gone(self.base / "run" / f"client-{host}.pid")
+        if host in self.mounted:
+            self.mounted.remove(host)
+
+    def fs_type(self, host: str) -> str:
+        return self.on(host, "stat", "-f", "-c", "%T", str(self.mount)).stdout.strip()
+
+    def brick_pids(self) -> list[int]:
+        """The brick processes (glusterfsd) serving the volume."""
+        return [pid for pid in _pids_with(f"--volfile-id {self.name}.") if "glusterfsd" in _cmdline(pid)]
+
+    @staticmethod
+    def _wait_gone(pidfile: Path, timeout: float = 10) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            pid = int(pidfile.read_text())
+            deadline = time.monotonic() + timeout
+            while _alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def _pids_with(text: str) -> list[int]:
+    pids = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
+    return [pid for pid in pids if text in _cmdline(pid)]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def _volfile(base: Path) -> str:
+    return f"""volume management
+    type mgmt/glusterd
+    option working-directory {base}/state
+    option run-directory {base}/run
+    option glusterd-sockfile {base}/run/glusterd.socket
+    option transport-type socket
+    option transport.socket.listen-port 24007
+    option ping-timeout 0
+    option event-threads 1
+end-volume
+"""
+
+
+@contextlib.contextmanager
+def gluster_volume(
+    hosts: Cluster, name: str = "kv", server: str = "h1", clients: list[str] | None = None,
+    coherent: bool = True,
+) -> Iterator[Volume]:  # fmt: skip
+    """Volume `name` served from `server`, mounted on `clients` (default: every host) at
+    `<hosts.base>/gluster-<name>`; stopped, unmounted and its processes gone afterwards."""
+    base = hosts.base / f"glusterd-{name}"
+    for sub in ("state", "run", "brick"):
+        (base / sub).mkdir(parents=True)
+    mount = hosts.base / f"gluster-{name}"
+    mount.mkdir()
+    (base / "glusterd.vol").write_text(_volfile(base))
+    vol = Volume(hosts, name, server, base, base / "brick", mount, coherent)
+    ns = hosts.host(server).netns
+    try:
+        log = (base / "glusterd.out").open("wb")
+        vol.glusterd = subprocess.Popen(
+            ["nsenter", f"--net=/run/netns/{ns}", "glusterd", "-N", f"--volfile={base}/glusterd.vol",
+             f"--pid-file={base}/run/glusterd.pid", f"--log-file={base}/glusterd.log"],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+        )  # fmt: skip
+        log.close()
+        deadline = time.monotonic() + 20
+        while vol.gluster("volume", "list", check=False).returncode:
+            if vol.glusterd.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"glusterd did not answer; see {base}/glusterd.log")
+            time.sleep(0.1)
+        vol.gluster("volume", "create", name, f"{vol.address}:{vol.brick}", "force")
+        if coherent:
+            for key, value in COHERENT_OPTIONS.items():
+                vol.gluster("volume", "set", name, key, value)
+        vol.gluster("volume", "start", name)
+        for host in clients if clients is not None else [h.name for h in hosts.hosts]:
+            vol.mount_on(host)
+        yield vol
+    finally:
+        _teardown(vol)
+
+
+def _teardown(vol: Volume) -> None:
+    """Unmount everywhere, stop the volume, then no glusterd, brick or client process is left."""
+    for host in list(vol.mounted):
+        with contextlib.suppress(Exception):
+            vol.unmount_on(host)
+    if vol.glusterd is not None and vol.glusterd.poll() is None:
+        with contextlib.suppress(Exception):
+            vol.gluster("volume", "stop", vol.name, "force", check=False, timeout=30)
+    for pid in [*vol.brick_pids(), *_pids_with(f"--volfile-id={vol.name} "), *_pids_with(str(vol.base))]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    if vol.glusterd is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(vol.glusterd.pid, signal.SIGKILL)
+        vol.glusterd.wait(timeout=10)
+    shutil.rmtree(vol.base, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        vol.mount.rmdir()
