@@ -248,7 +248,8 @@ std::string PosixTier::write(const Key& key, const std::vector<ConstSpan>& parts
 }
 
 PosixTier::Read PosixTier::read(const Key& key, const std::function<void(const uint8_t*)>& deliver,
-                                std::string* reason) {
+                                std::string* reason, int* err) {
+    *err = 0;
     Backend& b = *backends_[pick(key)];
     const std::string hex = key.hex();
     const std::string path = dir_of(b, hex) + "/" + hex;
@@ -266,11 +267,13 @@ PosixTier::Read PosixTier::read(const Key& key, const std::function<void(const u
             return Read::Missing;
         }
         *reason = io_error("cannot open", path, e);
+        *err = e;
         return Read::Error;
     }
     struct stat st;
     if (fstat(fd, &st) != 0) {
-        *reason = io_error("cannot stat", path, errno);
+        *err = errno;
+        *reason = io_error("cannot stat", path, *err);
         close(fd);
         return Read::Error;
     }
@@ -286,6 +289,7 @@ PosixTier::Read PosixTier::read(const Key& key, const std::function<void(const u
     }
     if (rc) {
         *reason = io_error("cannot read", path, rc);
+        *err = rc;
         close(fd);
         return Read::Error;
     }

@@ -49,9 +49,10 @@ public:
     std::string write(const Key& key, const std::vector<ConstSpan>& parts);
 
     enum class Read { Ok, Missing, Corrupt, Error };
-    // Reads and verifies the block; only a verified payload is handed to `deliver`.
+    // Reads and verifies the block; only a verified payload is handed to `deliver`. On Error,
+    // `*err` is the errno of the call that failed (0 when the file was wrong, not the I/O).
     Read read(const Key& key, const std::function<void(const uint8_t*)>& deliver,
-              std::string* reason);
+              std::string* reason, int* err);
 
     bool exists(const Key& key) const;
 

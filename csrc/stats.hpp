@@ -24,7 +24,8 @@ struct Counter {
     X(cache_hits) X(cache_misses) X(cache_full)                                            \
     X(posix_bytes_written) X(posix_blocks_written) X(posix_bytes_read) X(posix_blocks_read) \
     X(posix_hits) X(posix_misses) X(posix_write_skipped) X(posix_write_errors)              \
-    X(posix_read_errors) X(corrupt_blocks) X(quarantined_blocks)                           \
+    X(posix_read_errors) X(posix_read_estale) X(posix_read_enotconn) X(posix_read_eio)     \
+    X(corrupt_blocks) X(quarantined_blocks)                                                \
     X(gc_runs) X(gc_removed_blocks) X(gc_removed_bytes) X(temps_reclaimed)                 \
     X(posix_used_bytes) X(lookup_keys) X(lookup_hits) X(dump_blocks) X(load_blocks)        \
     X(load_errors) X(dump_errors) X(persist_errors) X(job_errors) X(tasks_live)

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cstring>
 #include <exception>
 #include <stdexcept>
@@ -357,7 +358,8 @@ void Store::load_from_posix(const std::shared_ptr<Task>& t, size_t i, const Key&
             c_.cache_blocks_written.add();
         }
     };
-    switch (posix_->read(key, deliver, &reason)) {
+    int err = 0;
+    switch (posix_->read(key, deliver, &reason, &err)) {
     case PosixTier::Read::Ok:
         c_.posix_hits.add();
         t->finish(i, "");
@@ -371,6 +373,10 @@ void Store::load_from_posix(const std::shared_ptr<Task>& t, size_t i, const Key&
         break;
     case PosixTier::Read::Error:
         c_.posix_read_errors.add();
+        // the kinds a network filesystem gives: a handle gone stale, the server gone, an I/O error
+        if (err == ESTALE) c_.posix_read_estale.add();
+        else if (err == ENOTCONN) c_.posix_read_enotconn.add();
+        else if (err == EIO) c_.posix_read_eio.add();
         break;
     }
     c_.load_errors.add();

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +20,27 @@ _FIELDS = (
     "save_s",
     "save_blocks",
     "save_errors",
+    # load errors by kind: what a network filesystem gives (a handle gone stale, the server gone,
+    # an I/O error), a load not finished in time, a block that failed its checksum
+    "load_errors_estale",
+    "load_errors_enotconn",
+    "load_errors_eio",
+    "load_errors_timeout",
+    "load_errors_corrupt",
 )
+
+_ERRNO = re.compile(r"\(errno (\d+)\)")
+_KIND_OF_ERRNO = {errno.ESTALE: "estale", errno.ENOTCONN: "enotconn", errno.EIO: "eio"}
+
+
+def error_kind(reason: str) -> str | None:
+    """The kind of a store's per-block error text (`load_errors_<kind>`), None for another kind."""
+    if "TimeoutError" in reason or "timed out" in reason:
+        return "timeout"
+    if "corrupt" in reason or "checksum" in reason:
+        return "corrupt"
+    found = _ERRNO.search(reason)
+    return _KIND_OF_ERRNO.get(int(found[1])) if found else None
 
 
 @dataclass
@@ -48,6 +70,10 @@ class UCMConnectorStats(KVConnectorStats):
         return {
             "Blocks loaded": d["load_blocks"],
             "Load errors": d["load_errors"],
+            "Load errors (storage)": d["load_errors_estale"]
+            + d["load_errors_enotconn"]
+            + d["load_errors_eio"],
+            "Load timeouts": d["load_errors_timeout"],
             "GB loaded": round(d["load_bytes"] / 1e9, 4),
             "Load GB/s": gbps(d["load_bytes"], d["load_s"]),
             "Blocks saved": d["save_blocks"],
@@ -81,6 +107,15 @@ class UCMPromMetrics(CounterMetrics):
         ("save_bytes", "vllm:ucm_save_bytes", "Bytes saved to the UCM store"),
         ("save_s", "vllm:ucm_save_seconds", "Seconds spent saving to the UCM store"),
         ("save_errors", "vllm:ucm_save_errors", "Blocks the UCM store failed to save"),
+        ("load_errors_estale", "vllm:ucm_load_errors_estale", "Load errors: stale file handle (ESTALE)"),
+        (
+            "load_errors_enotconn",
+            "vllm:ucm_load_errors_enotconn",
+            "Load errors: storage not connected (ENOTCONN)",
+        ),
+        ("load_errors_eio", "vllm:ucm_load_errors_eio", "Load errors: I/O error (EIO)"),
+        ("load_errors_timeout", "vllm:ucm_load_errors_timeout", "Load errors: not finished in time"),
+        ("load_errors_corrupt", "vllm:ucm_load_errors_corrupt", "Load errors: block failed its checksum"),
     )
 
     def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:

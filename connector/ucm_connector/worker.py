@@ -20,7 +20,7 @@ from ucm_connector.compat import blocks_first
 from ucm_connector.copy_path import CopyBackend, KVLayout, make_copy_backend
 from ucm_connector.keys import KeyMaker
 from ucm_connector.metadata import BlockTransfer, UCMConnectorMetadata
-from ucm_connector.stats import UCMConnectorStats
+from ucm_connector.stats import UCMConnectorStats, error_kind
 from ucm_connector.store import StoreLike
 
 logger = logging.getLogger(LOGGER_NAME)
@@ -232,6 +232,8 @@ class WorkerSide:
         if op == "load":
             self._load_errors.update(block_ids)
             self.stats.add(load_errors=len(block_ids))
+            for kind in filter(None, map(error_kind, errors)):
+                self.stats.add(**{f"load_errors_{kind}": 1})
             for b, err in zip(block_ids, errors, strict=True):
                 logger.warning(
                     "UCM load error: request_id: %s, block %d: %s; the block will be recomputed",

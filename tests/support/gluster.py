@@ -34,7 +34,7 @@ def available() -> str | None:
     """Why a volume cannot be served here, or None."""
     if os.geteuid() != 0:
         return "glusterd and FUSE mounts need root"
-    for tool in ("glusterd", "gluster", "glusterfs", "nsenter"):
+    for tool in ("glusterd", "gluster", "glusterfs", "nsenter", "catatonit"):
         if shutil.which(tool) is None:
             return f"{tool} is missing (scripts/setup.sh installs GlusterFS)"
     if not Path("/dev/fuse").exists():
@@ -171,8 +171,11 @@ def gluster_volume(
     try:
         log = (base / "glusterd.out").open("wb")
         vol.glusterd = subprocess.Popen(
-            ["nsenter", f"--net=/run/netns/{ns}", "glusterd", "-N", f"--volfile={base}/glusterd.vol",
-             f"--pid-file={base}/run/glusterd.pid", f"--log-file={base}/glusterd.log"],
+            # under catatonit, the reaper of the brick processes glusterd spawns (they leave it):
+            # a killed brick must not stay a zombie that glusterd takes for a running one
+            ["nsenter", f"--net=/run/netns/{ns}", "catatonit", "--", "glusterd", "-N",
+             f"--volfile={base}/glusterd.vol", f"--pid-file={base}/run/glusterd.pid",
+             f"--log-file={base}/glusterd.log"],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
         )  # fmt: skip
         log.close()

@@ -34,6 +34,9 @@ def test_ucm_stats_become_counters_per_engine() -> None:
     assert value(reg, "vllm:ucm_save_blocks_total", "1") == 9
     assert value(reg, "vllm:ucm_save_bytes_total", "1") == 917504
     assert value(reg, "vllm:ucm_load_errors_total", "1") == 1
+    metrics.observe({"load_errors": 2, "load_errors_enotconn": 2}, engine_idx=0)
+    assert value(reg, "vllm:ucm_load_errors_enotconn_total", "0") == 2
+    assert value(reg, "vllm:ucm_load_errors_estale_total", "0") == 0
     assert value(reg, "vllm:ucm_save_blocks_total", "0") == 0  # the other engine saw nothing
 
 

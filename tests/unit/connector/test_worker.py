@@ -91,6 +91,21 @@ def test_corrupt_and_missing_blocks_are_load_errors_and_logged(caplog) -> None:
     assert torch.equal(storage[:, 5], storage[:, 1])
     msgs = [r.getMessage() for r in caplog.records]
     assert any("UCM load error: request_id: b, block 6: checksum mismatch" in m for m in msgs)
+    stats = w.take_stats()
+    assert stats is not None and stats.data["load_errors"] == 2 and stats.data["load_errors_corrupt"] == 1
+
+
+def test_load_errors_are_counted_by_the_kind_a_network_filesystem_gives() -> None:
+    from ucm_connector.stats import error_kind
+
+    path = "/mnt/kv/244/244b"
+    assert error_kind(f"cannot open {path}: Transport endpoint is not connected (errno 107)") == "enotconn"
+    assert error_kind(f"cannot open {path}: Stale file handle (errno 116)") == "estale"
+    assert error_kind(f"cannot read {path}: Input/output error (errno 5)") == "eio"
+    assert error_kind("load wait failed: TimeoutError('task 3 not done')") == "timeout"
+    assert error_kind(f"corrupt block, moved aside: {path}: payload checksum mismatch") == "corrupt"
+    assert error_kind(f"cannot open {path}: Permission denied (errno 13)") is None
+    assert error_kind("not found") is None
 
 
 def test_store_exceptions_never_escape() -> None:

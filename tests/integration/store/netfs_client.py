@@ -1,0 +1,48 @@
+"""A store client on one test host, for the network filesystem tests (not a test module).
+
+usage: netfs_client.py dump|load BACKEND COUNT
+dump stores blocks key(0..COUNT) and flushes; load reads them into buffers filled with 0xAB
+first, then prints one JSON line: how many loaded, how many delivered the right bytes, how many
+buffers of a failed load are still untouched, the reasons, and the store's read counters.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "unit" / "store"))
+
+import ucm_store
+from blocks import block, empty, key, same
+
+SHARDS = [16384, 16384]
+
+
+def main() -> int:
+    op, backend, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    cfg = {"store_pipeline": "Posix", "storage_backends": backend, "io_direct": True}
+    keys = [key(i, "netfs") for i in range(count)]
+    with ucm_store.Store.from_config(cfg, shard_sizes=SHARDS) as store:
+        if op == "dump":
+            res = store.wait(store.dump(keys, [block(k, SHARDS) for k in keys]), timeout=120)
+            assert store.flush(timeout=120)
+            print(json.dumps({"stored": res.ok.count(True)}))
+            return 0
+        buffers = [empty(SHARDS, fill=0xAB) for _ in keys]
+        res = store.wait(store.load(keys, buffers), timeout=120)
+        ok = list(res.ok)
+        right = sum(same(b, block(k, SHARDS)) for k, b, good in zip(keys, buffers, ok, strict=True) if good)
+        untouched = sum(
+            all((s == 0xAB).all() for s in b) for b, good in zip(buffers, ok, strict=True) if not good
+        )
+        stats = {k: v for k, v in store.stats().items() if k.startswith("posix_read") or k == "load_errors"}
+        reasons = sorted({e for e in res.errors if e})[:3]
+        print(json.dumps({"loaded": ok.count(True), "right": right, "untouched": untouched,
+                          "reasons": reasons, "stats": stats}))  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
