@@ -26,11 +26,15 @@ ucm_gluster_client() { me=$(readlink /proc/self/ns/mnt)
     c=$(tr '\0' ' ' < "$p/cmdline" 2>/dev/null)
     case "$c" in *glusterfs*" $1 ") echo "$c"; return;; esac
   done; }
+ucm_gluster_graph() { ls "$1/.meta/graphs/active" 2>/dev/null | tr '\n' ' '; }
 """
 
 # GlusterFS's FUSE client defaults (glusterfs(8)) and NFS's (nfs(5)), in seconds.
 GLUSTER_DEFAULTS = {"entry-timeout": 1.0, "attribute-timeout": 1.0, "negative-timeout": 0.0}
 GLUSTER_COHERENT = "entry-timeout=0,attribute-timeout=0,negative-timeout=0"
+# The volume's client-side caches (translators in the client's graph) and the options that load them.
+GLUSTER_VOLUME_CACHES = {"quick-read": "performance.quick-read", "open-behind": "performance.open-behind",
+                         "md-cache": "performance.stat-prefetch"}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,7 @@ class Mounted:
     target: str
     options: tuple[str, ...]
     client: str = ""  # a FUSE mount's client command line, where known
+    xlators: tuple[str, ...] = ()  # GlusterFS: the client's translators (its .meta/graphs/active)
 
     @property
     def shared_kind(self) -> str | None:
@@ -61,7 +66,8 @@ def probe_lines(backends: list[str]) -> str:
         q = shlex.quote(b)
         lines.append(f'm=$(ucm_fs {q}); echo "fs{i}=$m"')
         lines.append(f'case "$m" in fuse.glusterfs*) t=${{m#* }}; t=${{t%% *}}; '
-                     f'echo "client{i}=$(ucm_gluster_client "$t")";; esac')  # fmt: skip
+                     f'echo "client{i}=$(ucm_gluster_client "$t")"; '
+                     f'echo "xlators{i}=$(ucm_gluster_graph "$t")";; esac')  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -72,7 +78,8 @@ def parse(facts: dict[str, str], i: int) -> Mounted | None:
         return None
     target = words[1] if len(words) > 1 else "-"
     options = tuple(words[2].split(",")) if len(words) > 2 and words[2] != "-" else ()
-    return Mounted(words[0], target, options, facts.get(f"client{i}", "").strip())
+    xlators = tuple(facts.get(f"xlators{i}", "").split())
+    return Mounted(words[0], target, options, facts.get(f"client{i}", "").strip(), xlators)
 
 
 def client_timeouts(client: str) -> dict[str, float]:
@@ -88,27 +95,44 @@ def client_timeouts(client: str) -> dict[str, float]:
     return out
 
 
+def _volume_caches(xlators: tuple[str, ...]) -> tuple[str, list[str]]:
+    """The volume's name and the options of the client caches its graph loads (`VOL-quick-read`...)."""
+    volume, options = "", []
+    for x in xlators:
+        for suffix, option in GLUSTER_VOLUME_CACHES.items():
+            if x.endswith(f"-{suffix}"):
+                volume = x.removesuffix(f"-{suffix}")
+                options.append(option)
+    return volume, sorted(options)
+
+
 def warnings(node: str, backend: str, m: Mounted) -> list[str]:
     """What the mount costs: settings that make another node's blocks seen late (misses)."""
     where = f"node {node}: storage backend {backend}"
+    out: list[str] = []
     if m.type == "fuse.glusterfs":
+        volume, options = _volume_caches(m.xlators)
+        if options:
+            fix = "; ".join(f"gluster volume set {volume} {o} off" for o in options)
+            out.append(f"{where} is on GlusterFS volume {volume} with {', '.join(options)} on: a block "
+                       f"replaced on another node is read stale for about a second; {fix} "
+                       "(docs/storage.md)")  # fmt: skip
         if not m.client:
-            return [
-                f"{where} is on GlusterFS, but its client's options could not be read (another "
-                f"mount namespace?): mount with {GLUSTER_COHERENT}"
-            ]
+            out.append(f"{where} is on GlusterFS, but its client's options could not be read (another "
+                       f"mount namespace?): mount with {GLUSTER_COHERENT}")  # fmt: skip
+            return out
         cached = {k: v for k, v in client_timeouts(m.client).items() if v > 0}
         if cached:
             said = ", ".join(f"{k} {v:g} s" for k, v in cached.items())
-            return [f"{where} is on GlusterFS with {said}: a block another node stored is missed for up "
-                    f"to that long; mount with {GLUSTER_COHERENT} (docs/storage.md)"]  # fmt: skip
+            out.append(f"{where} is on GlusterFS with {said}: a block another node stored is missed for up "
+                       f"to that long; mount with {GLUSTER_COHERENT} (docs/storage.md)")  # fmt: skip
     if m.shared_kind == "NFS":
         opts = dict(o.partition("=")[::2] for o in m.options)
         if opts.get("lookupcache") not in ("none", "pos", "positive"):
-            return [f"{where} is on NFS with lookupcache={opts.get('lookupcache') or 'all'}: a block another "
-                    "node stored is missed until the client's cache expires; mount with lookupcache=positive "
-                    "(docs/storage.md)"]  # fmt: skip
-    return []
+            out.append(f"{where} is on NFS with lookupcache={opts.get('lookupcache') or 'all'}: a block "
+                       "another node stored is missed until the client's cache expires; mount with "
+                       "lookupcache=positive (docs/storage.md)")  # fmt: skip
+    return out
 
 
 def summary(backend: str, seen: dict[str, Mounted]) -> str:

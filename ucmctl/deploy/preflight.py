@@ -333,6 +333,10 @@ class _SharedCheck:
                 f"if err=$( {{ {made}; }} 2>&1 ); then echo shared{i}=ok; "
                 f"else printf 'shared{i}=%s\\n' \"{one_line}\"; fi"
             )
+            # O_DIRECT with the store's alignment (4 KiB pages): one page written, then removed
+            probe = shlex.quote(f"{marker}.direct")
+            lines.append(f"if dd if=/dev/zero of={probe} bs=4096 count=1 oflag=direct 2>/dev/null; "
+                         f"then echo direct{i}=1; else echo direct{i}=0; fi; rm -f {probe}")  # fmt: skip
         return "\n".join(lines) + "\n"
 
     def filesystems(self, results: list[NodeFacts]) -> tuple[list[str], list[str]]:
@@ -341,8 +345,11 @@ class _SharedCheck:
         warnings: list[str] = []
         for i, backend in enumerate(self.backends):
             seen = {r.node: m for r in results if (m := filesystems.parse(r.facts, i)) is not None}
+            writer = next((r for r in results if r.node == self.writer), None)
+            direct = writer.facts.get(f"direct{i}") if writer is not None else None
             if seen:
-                notes.append(filesystems.summary(backend, seen))
+                said = {"1": "yes", "0": "no (the store uses buffered I/O there)"}.get(direct or "")
+                notes.append(filesystems.summary(backend, seen) + (f"; O_DIRECT: {said}" if said else ""))
             for node, m in seen.items():
                 warnings += filesystems.warnings(node, backend, m)
         return notes, warnings

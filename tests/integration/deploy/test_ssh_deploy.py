@@ -44,6 +44,15 @@ proxy: {{node: h1, port: 8000}}
 """
 
 
+def wait_until(check, timeout: float = 15) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
 def decode_hits_after_a_prefix(hosts: Cluster) -> float:
     """A 160-token prompt (10 blocks of 16) through the proxy of `centralized(...)`, then three that
     extend it: the decode servers' external prefix hits (their prefix came from the shared store,
@@ -98,7 +107,7 @@ def test_2p2d_centralized_over_a_glusterfs_volume(tmp_path: Path, hosts: Cluster
         up = cli("up", str(topo))
         assert up.returncode == 0, up.stderr
         # preflight names the filesystem on each node; coherent mounts: no warning
-        assert f"storage {vol.mount / 'kv'}: fuse.glusterfs on h1, h2" in up.stderr, up.stderr
+        assert f"storage {vol.mount / 'kv'}: fuse.glusterfs on h1, h2; O_DIRECT: yes" in up.stderr, up.stderr
         assert "warning" not in up.stderr
         assert decode_hits_after_a_prefix(hosts) > 0
         blocks = [f for f in (vol.brick / "kv").rglob("*") if f.is_file() and ".ucmctl-shared" not in f.name]
@@ -116,6 +125,17 @@ def test_2p2d_centralized_over_a_glusterfs_volume(tmp_path: Path, hosts: Cluster
         warned = [line for line in cached.stderr.splitlines() if line.startswith("warning")]
         assert len(warned) == 1 and "node h2:" in warned[0] and "entry-timeout 1 s" in warned[0], warned
         assert "entry-timeout=0,attribute-timeout=0,negative-timeout=0" in warned[0]
+        assert cli("down", "t-gluster").returncode == 0
+        # the volume's quick-read cache turned on: read from the clients' own graphs, both warned
+        vol.gluster("volume", "set", vol.name, "performance.quick-read", "on")
+        quick = "with performance.quick-read on"
+        graphs = f"{vol.mount}/.meta/graphs/active"
+        assert wait_until(lambda: all("quick-read" in vol.on(h, "ls", graphs).stdout for h in ("h1", "h2")))
+        again = cli("up", str(topo))
+        assert again.returncode == 0, again.stderr
+        warned = [line for line in again.stderr.splitlines() if line.startswith("warning") and quick in line]
+        assert [w.split(":")[1] for w in warned] == [" node h1", " node h2"], again.stderr
+        assert f"gluster volume set {vol.name} performance.quick-read off" in warned[0]
         assert cli("down", "t-gluster").returncode == 0
 
 

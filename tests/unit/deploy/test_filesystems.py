@@ -47,3 +47,12 @@ def test_nfs_lookup_caching_and_local_filesystems() -> None:
     seen = {"h1": Mounted("fuse.glusterfs", "/m", ()), "h2": Mounted("fuse.glusterfs", "/m", ()),
             "h3": Mounted("ext4", "/", ())}  # fmt: skip
     assert summary("/m/kv", seen) == "storage /m/kv: fuse.glusterfs on h1, h2; ext4 on h3"
+
+
+def test_the_volumes_client_caches_are_read_from_the_clients_graph() -> None:
+    graph = ("t2p2d", "t2p2d-client-0", "t2p2d-dht", "t2p2d-md-cache", "t2p2d-quick-read", "meta-autoload")
+    timeouts = "glusterfs --entry-timeout=0 --attribute-timeout=0 --negative-timeout=0 /m "
+    (line,) = warnings("h1", "/m/kv", Mounted("fuse.glusterfs", "/m", (), timeouts, graph))
+    assert "volume t2p2d with performance.quick-read, performance.stat-prefetch on" in line
+    assert "gluster volume set t2p2d performance.quick-read off; gluster volume set t2p2d " in line
+    assert warnings("h1", "/m/kv", Mounted("fuse.glusterfs", "/m", (), timeouts, graph[:3])) == []
