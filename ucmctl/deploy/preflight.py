@@ -346,7 +346,9 @@ class _SharedCheck:
         for i, backend in enumerate(self.backends):
             seen = {r.node: m for r in results if (m := filesystems.parse(r.facts, i)) is not None}
             writer = next((r for r in results if r.node == self.writer), None)
-            direct = writer.facts.get(f"direct{i}") if writer is not None else None
+            # the O_DIRECT probe says something only where the marker could be written
+            wrote = writer is not None and writer.facts.get(f"shared{i}") == "ok"
+            direct = writer.facts.get(f"direct{i}") if writer is not None and wrote else None
             if seen:
                 said = {"1": "yes", "0": "no (the store uses buffered I/O there)"}.get(direct or "")
                 notes.append(filesystems.summary(backend, seen) + (f"; O_DIRECT: {said}" if said else ""))
