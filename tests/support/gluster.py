@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.support.netns import Cluster
+from tests.support.processes import alive as _alive
 
 COHERENT_OPTIONS = {"performance.quick-read": "off", "performance.open-behind": "off",
                     "performance.stat-prefetch": "off"}  # fmt: skip
@@ -90,7 +91,7 @@ class Volume:
             raise RuntimeError(f"glusterfs mount on {host}: {done.stderr or log.read_text()[-2000:]}")
         self.mounted.append(host)
         deadline = time.monotonic() + timeout
-        while self.fs_type(host) != "fuseblk" and self.fs_type(host) != "fuse":
+        while self.fs_type(host) not in ("fuseblk", "fuse"):
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{self.mount} on {host} is not mounted; see {log}")
             time.sleep(0.1)
@@ -129,14 +130,6 @@ def _cmdline(pid: int) -> str:
 def _pids_with(text: str) -> list[int]:
     pids = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
     return [pid for pid in pids if text in _cmdline(pid)]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
 
 
 def _volfile(base: Path) -> str:

@@ -10,9 +10,29 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+def alive(pid: int) -> bool:
+    """A zombie counts as gone: PID 1 here does not reap orphans."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def wait_for(check: Callable[[], T], timeout: float = 15) -> T:
+    """`check()` again every 0.1 s until it is true or `timeout` passes; its last value."""
+    deadline = time.monotonic() + timeout
+    while not (value := check()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return value
 
 
 def carries_marker(pid: int, text: bytes) -> bool:

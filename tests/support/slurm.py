@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.support import netns
+from tests.support.processes import alive as _alive
 
 TOOLS = ("slurmctld", "slurmd", "munged", "sbatch", "srun", "scancel", "squeue", "sinfo", "nsenter")
 FREEZER = Path("/sys/fs/cgroup/freezer")
@@ -40,15 +41,6 @@ def available() -> str | None:
     if not FREEZER.is_dir():
         return f"{FREEZER} is missing: proctrack/cgroup needs the cgroup v1 freezer hierarchy"
     return None
-
-
-def _alive(pid: int) -> bool:
-    """A zombie counts as gone: PID 1 here does not reap orphans."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def _netns_inode(path: Path | str) -> int | None:

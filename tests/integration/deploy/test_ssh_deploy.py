@@ -16,6 +16,7 @@ import pytest
 from tests.integration.deploy.conftest import Cli, completion, metrics, mixed_sim, node_lines, write
 from tests.support import gluster
 from tests.support.netns import Cluster
+from tests.support.processes import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 
@@ -42,15 +43,6 @@ decode:
   flags: {{block-size: 16, kv-bytes-per-token: 2048}}
 proxy: {{node: h1, port: 8000}}
 """
-
-
-def wait_until(check, timeout: float = 15) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.2)
-    return True
 
 
 def decode_hits_after_a_prefix(hosts: Cluster) -> float:
@@ -130,7 +122,7 @@ def test_2p2d_centralized_over_a_glusterfs_volume(tmp_path: Path, hosts: Cluster
         vol.gluster("volume", "set", vol.name, "performance.quick-read", "on")
         quick = "with performance.quick-read on"
         graphs = f"{vol.mount}/.meta/graphs/active"
-        assert wait_until(lambda: all("quick-read" in vol.on(h, "ls", graphs).stdout for h in ("h1", "h2")))
+        assert wait_for(lambda: all("quick-read" in vol.on(h, "ls", graphs).stdout for h in ("h1", "h2")))
         again = cli("up", str(topo))
         assert again.returncode == 0, again.stderr
         warned = [line for line in again.stderr.splitlines() if line.startswith("warning") and quick in line]

@@ -10,13 +10,13 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.integration.deploy.conftest import completion, metrics, write
 from tests.integration.launch.conftest import Cli, Site, centralized, queued
+from tests.support.processes import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 
@@ -30,13 +30,6 @@ def external_hits(url: str) -> float:
 def left(site: Site, name: str) -> tuple[list[tuple[str, int]], list[str]]:
     """What is left of deployment `name`: its marked processes on the hosts, and Slurm's jobs."""
     return site.hosts.processes_of(name), queued(site)
-
-
-def wait_for(check, timeout: float = 15):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not (value := check()) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return value
 
 
 def test_2p2d_as_job_steps_of_one_allocation(tmp_path: Path, site: Site, cli: Cli) -> None:

@@ -17,9 +17,10 @@ import pytest
 
 from tests.integration.deploy.conftest import completion, write
 from tests.integration.launch.conftest import Cli, Site, centralized, queued
-from tests.integration.launch.test_slurm_deploy import external_hits, left, wait_for
+from tests.integration.launch.test_slurm_deploy import external_hits, left
 from tests.support.containers import build_base_bundle
 from tests.support.netns import cluster_or_skip
+from tests.support.processes import wait_for
 from tests.support.slurm import runc_containers, slurm_or_skip
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
