@@ -179,6 +179,17 @@ public:
         return to_result(*o);
     }
 
+    std::optional<TaskResult> cancel(uint64_t tid, const std::string& reason) {
+        Store& s = live();
+        std::optional<Outcomes> o;
+        {
+            nb::gil_scoped_release nogil;
+            o = s.cancel(tid, reason);
+        }
+        holds_.erase(tid);  // no worker touches the caller's buffers any more
+        return to_result(*o);
+    }
+
     std::vector<bool> lookup(nb::handle keys_obj, int tier) {
         Store& s = live();
         auto keys = parse_keys(keys_obj);
@@ -303,6 +314,7 @@ NB_MODULE(_native, m) {
         .def("load", [](PyStore& s, nb::handle k, nb::handle b) { return s.submit(k, b, false); })
         .def("wait", &PyStore::wait, nb::arg("tid"), nb::arg("timeout_ms"))
         .def("wait_persisted", &PyStore::wait_persisted, nb::arg("tid"), nb::arg("timeout_ms"))
+        .def("cancel", &PyStore::cancel, nb::arg("tid"), nb::arg("reason"))
         .def("lookup", &PyStore::lookup, nb::arg("keys"), nb::arg("tier"))
         .def("lookup_prefix", &PyStore::lookup_prefix)
         .def("flush", &PyStore::flush, nb::arg("timeout_ms"))
@@ -336,4 +348,14 @@ NB_MODULE(_native, m) {
             else throw std::invalid_argument("unknown fault site " + site);
         },
         nb::arg("site"), nb::arg("times"));
+    // Tests only: the next `times` passes through `site` sleep `ms` first (a stalled mount).
+    m.def(
+        "_inject_stall",
+        [](const std::string& site, int times, int ms) {
+            if (site == "posix_write") fault::arm_stall(fault::Site::PosixWrite, times, ms);
+            else if (site == "posix_read") fault::arm_stall(fault::Site::PosixRead, times, ms);
+            else if (site == "posix_stat") fault::arm_stall(fault::Site::PosixStat, times, ms);
+            else throw std::invalid_argument("unknown fault site " + site);
+        },
+        nb::arg("site"), nb::arg("times"), nb::arg("ms"));
 }

@@ -134,6 +134,7 @@ std::vector<bool> PosixTier::direct_per_backend() const {
 }
 
 bool PosixTier::exists(const Key& key) const {
+    fault::stall(fault::Site::PosixStat);
     const Backend& b = *backends_[pick(key)];
     std::string hex = key.hex();
     struct stat st;
@@ -152,6 +153,7 @@ std::string PosixTier::write(const Key& key, const std::vector<ConstSpan>& parts
         return "";
     }
     fault::point(fault::Site::PosixWrite, "posix write");
+    fault::stall(fault::Site::PosixWrite);
     const std::string tmp = final_path + ".tmp." + unique_suffix();
     bool direct = b.direct.load(std::memory_order_relaxed);
     auto create = [&] {
@@ -254,6 +256,7 @@ PosixTier::Read PosixTier::read(const Key& key, const std::function<void(const u
     const std::string hex = key.hex();
     const std::string path = dir_of(b, hex) + "/" + hex;
     fault::point(fault::Site::PosixRead, "posix read");
+    fault::stall(fault::Site::PosixRead);
     bool direct = b.direct.load(std::memory_order_relaxed);
     int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | (direct ? O_DIRECT : 0));
     if (fd < 0 && direct && errno == EINVAL) {

@@ -7,10 +7,19 @@
 #include <exception>
 #include <stdexcept>
 
+#include "aligned_buffer.hpp"
+
 namespace ucm {
 namespace {
 
 constexpr size_t kMaxPersistRecords = 65536;
+// Counts a queued write out however it ends (an exception included).
+struct PendingWrite {
+    std::atomic<size_t>& n;
+    ~PendingWrite() { n.fetch_sub(1); }
+};
+
+const std::string kGivenUp = "given up before it was stored (the caller's wait timed out)";
 constexpr size_t kLookupChunk = 64;   // keys per unit of parallel lookup work
 constexpr size_t kInlineLookup = 256;  // smaller batches are not worth a thread hop
 
@@ -79,6 +88,9 @@ Store::Store(StoreConfig cfg) : cfg_(std::move(cfg)) {
         io_pool_ = std::make_unique<ThreadPool>(cfg_.io_threads, "ucm-io");
     }
     if (cfg_.cache) copy_pool_ = std::make_unique<ThreadPool>(cfg_.copy_threads, "ucm-copy");
+    // Writes waiting for the storage, past which a dump that finds the cache full is dropped:
+    // as many as the cache has slots (they pin them), and room for a burst on a small cache.
+    max_pending_writes_ = std::max<size_t>(cache_ ? cache_->slots() : 0, 64);
     lookup_pool_ = std::make_unique<ThreadPool>(cfg_.lookup_threads, "ucm-lookup");
 }
 
@@ -154,6 +166,9 @@ void Store::submit_block(ThreadPool& pool, const std::shared_ptr<Task>& t, size_
 
 void Store::fail_block(const std::shared_ptr<Task>& t, size_t i, const std::string& what) {
     c_.job_errors.add();
+    // A job that threw while it held the caller's memory lets go of it (it will not touch it
+    // again), or a cancel would wait for it forever.
+    if (t->copying(i)) t->end_copy(i, std::nullopt);
     const std::string err = "internal error: " + what;
     if (t->open(i)) {
         (t->tracks_persist() ? c_.dump_errors : c_.load_errors).add();
@@ -176,8 +191,9 @@ uint64_t Store::dump(const std::vector<Key>& keys, const Blocks& blocks_in) {
             submit_block(*copy_pool_, t, i, true,
                          [this, t, i, key, blocks] { dump_to_cache(t, i, key, (*blocks)[i]); });
         else
-            submit_block(*io_pool_, t, i, true,
-                         [this, t, i, key, blocks] { dump_to_posix(t, i, key, (*blocks)[i]); });
+            submit_block(*io_pool_, t, i, true, [this, t, i, key, blocks] {
+                dump_to_posix(t, i, key, (*blocks)[i], false);
+            });
     }
     return t->id();
 }
@@ -192,6 +208,12 @@ void Store::persist_done(const std::shared_ptr<Task>& t, size_t i, const std::st
 
 void Store::dump_to_cache(const std::shared_ptr<Task>& t, size_t i, const Key& key,
                           const std::vector<Span>& shards) {
+    // The caller's memory is read only under the claim; a dump given up (cancel) before its
+    // turn reads nothing and is never persisted.
+    if (!t->begin_copy(i)) {
+        persist_done(t, i, kGivenUp);
+        return;
+    }
     uint32_t slot = 0;
     for (;;) {
         switch (cache_->reserve(key, &slot)) {
@@ -218,28 +240,53 @@ void Store::dump_cached_copy(const std::shared_ptr<Task>& t, size_t i, const Key
     // own, though: the other dump's write-through may still be running, or may fail (disk
     // full, backend gone). So write the slot through again; the Posix tier skips it with one
     // stat() if the file is already there.
-    t->finish(i, "");
+    t->end_copy(i, std::string());
     if (!posix_) {
         cache_->unpin(slot);
         persist_done(t, i, "pipeline has no persistent tier");
         return;
     }
+    pending_writes_.fetch_add(1);
     submit_block(*io_pool_, t, i, false,
                  [this, t, i, key, slot] { write_through(t, i, key, slot); });
 }
 
 void Store::dump_around_full_cache(const std::shared_ptr<Task>& t, size_t i, const Key& key,
                                    const std::vector<Span>& shards) {
-    // Every slot is pinned by reads or pending write-throughs: go straight to disk rather
-    // than fail or block the caller behind the backlog.
+    // Every slot is pinned by reads or pending write-throughs: write around the cache rather
+    // than fail the block, from a copy the store owns, on the I/O pool. A copy thread never
+    // sits in a write (the mount may stall), and the caller's memory is free once copied.
     c_.cache_full.add();
+    std::string why = "cache full: every slot is in use";
     if (posix_) {
-        dump_to_posix(t, i, key, shards);
-    } else {
-        c_.dump_errors.add();
-        t->finish(i, "cache full: every slot is in use");
-        persist_done(t, i, "cache full: every slot is in use");
+        size_t pending = pending_writes_.fetch_add(1);
+        if (pending < max_pending_writes_) {
+            auto owned = std::make_shared<AlignedBuffer>();
+            uint8_t* dst = owned->reserve(block_bytes_);
+            for (const auto& s : shards) {
+                std::memcpy(dst, s.p, s.n);
+                dst += s.n;
+            }
+            t->end_copy(i, std::nullopt);  // still open: stored once written
+            submit_block(*io_pool_, t, i, false, [this, t, i, key, owned] {
+                PendingWrite done{pending_writes_};
+                std::string err = posix_->write(key, {{owned->reserve(block_bytes_), block_bytes_}});
+                if (!err.empty()) c_.posix_write_errors.add();
+                if (t->finish(i, err) && !err.empty()) c_.dump_errors.add();
+                persist_done(t, i, err);
+            });
+            return;
+        }
+        // As many writes wait for the storage as the cache has slots: it is stalled or far
+        // behind. Drop the block (a miss later) rather than queue without bound.
+        pending_writes_.fetch_sub(1);
+        c_.dump_dropped.add();
+        why += " and " + std::to_string(pending) +
+               " writes wait for the storage: block dropped, not stored";
     }
+    c_.dump_errors.add();
+    t->end_copy(i, why);
+    persist_done(t, i, why);
 }
 
 void Store::fill_slot(const std::shared_ptr<Task>& t, size_t i, const Key& key,
@@ -254,11 +301,12 @@ void Store::fill_slot(const std::shared_ptr<Task>& t, size_t i, const Key& key,
     cache_->commit(slot, posix_ != nullptr);  // pinned until written through
     c_.cache_bytes_written.add(block_bytes_);
     c_.cache_blocks_written.add();
-    t->finish(i, "");
+    t->end_copy(i, std::string());
     if (!posix_) {
         persist_done(t, i, "pipeline has no persistent tier");
         return;
     }
+    pending_writes_.fetch_add(1);
     submit_block(*io_pool_, t, i, false,
                  [this, t, i, key, slot] { write_through(t, i, key, slot); });
 }
@@ -273,6 +321,7 @@ void Store::write_through(const std::shared_ptr<Task>& t, size_t i, const Key& k
         uint32_t slot;
         ~Unpin() { cache.unpin(slot); }
     };
+    PendingWrite done{pending_writes_};
     std::string err;
     {
         Unpin unpin{*cache_, slot};
@@ -283,7 +332,13 @@ void Store::write_through(const std::shared_ptr<Task>& t, size_t i, const Key& k
 }
 
 void Store::dump_to_posix(const std::shared_ptr<Task>& t, size_t i, const Key& key,
-                          const std::vector<Span>& shards) {
+                          const std::vector<Span>& shards, bool claimed) {
+    // Without a cache the write reads the caller's memory itself, so the claim spans it: a
+    // cancel waits for writes in flight (at most one per I/O thread) and skips the rest.
+    if (!claimed && !t->begin_copy(i)) {
+        persist_done(t, i, kGivenUp);
+        return;
+    }
     std::vector<ConstSpan> parts;
     parts.reserve(shards.size());
     for (const auto& s : shards) parts.push_back({s.p, s.n});
@@ -292,7 +347,7 @@ void Store::dump_to_posix(const std::shared_ptr<Task>& t, size_t i, const Key& k
         c_.posix_write_errors.add();
         c_.dump_errors.add();
     }
-    t->finish(i, err);
+    t->end_copy(i, err);
     persist_done(t, i, err);
 }
 
@@ -314,24 +369,26 @@ uint64_t Store::load(const std::vector<Key>& keys, const Blocks& blocks_in) {
 
 void Store::load_one(const std::shared_ptr<Task>& t, size_t i, const Key& key,
                      const std::vector<Span>& shards) {
+    if (!t->open(i)) return;  // given up before its turn: nothing to read, nowhere to put it
     uint32_t slot = 0;
     if (cache_->pin(key, &slot)) {
-        const uint8_t* src = cache_->data(slot);
-        for (const auto& s : shards) {
-            std::memcpy(s.p, src, s.n);
-            src += s.n;
+        if (t->begin_copy(i)) {
+            const uint8_t* src = cache_->data(slot);
+            for (const auto& s : shards) {
+                std::memcpy(s.p, src, s.n);
+                src += s.n;
+            }
+            c_.cache_hits.add();
+            c_.cache_bytes_read.add(block_bytes_);
+            c_.cache_blocks_read.add();
+            t->end_copy(i, std::string());
         }
         cache_->unpin(slot);
-        c_.cache_hits.add();
-        c_.cache_bytes_read.add(block_bytes_);
-        c_.cache_blocks_read.add();
-        t->finish(i, "");
         return;
     }
     c_.cache_misses.add();
     if (!posix_) {
-        c_.load_errors.add();
-        t->finish(i, "not found");
+        if (t->finish(i, "not found")) c_.load_errors.add();
         return;
     }
     // Hand over to the I/O pool: a copy thread must never sit in a disk read.
@@ -342,12 +399,19 @@ void Store::load_one(const std::shared_ptr<Task>& t, size_t i, const Key& key,
 
 void Store::load_from_posix(const std::shared_ptr<Task>& t, size_t i, const Key& key,
                             const std::vector<Span>& shards) {
+    if (!t->open(i)) return;  // given up while queued (a stalled mount): do not add a read to it
     std::string reason;
+    bool copied = false;
+    // The read lands in the I/O thread's own buffer; the caller's memory is written only if
+    // the block is still wanted (a read that returns after a cancel leaves it alone).
     auto deliver = [&](const uint8_t* payload) {
-        const uint8_t* src = payload;
-        for (const auto& s : shards) {
-            std::memcpy(s.p, src, s.n);
-            src += s.n;
+        if (t->begin_copy(i)) {
+            copied = true;
+            const uint8_t* src = payload;
+            for (const auto& s : shards) {
+                std::memcpy(s.p, src, s.n);
+                src += s.n;
+            }
         }
         uint32_t slot = 0;
         if (cache_ && cfg_.cache_on_load &&
@@ -362,7 +426,8 @@ void Store::load_from_posix(const std::shared_ptr<Task>& t, size_t i, const Key&
     switch (posix_->read(key, deliver, &reason, &err)) {
     case PosixTier::Read::Ok:
         c_.posix_hits.add();
-        t->finish(i, "");
+        if (copied) t->end_copy(i, std::string());
+        else c_.load_late.add();  // came back after the caller gave up: the cache has it now
         return;
     case PosixTier::Read::Missing:
         c_.posix_misses.add();
@@ -379,8 +444,7 @@ void Store::load_from_posix(const std::shared_ptr<Task>& t, size_t i, const Key&
         else if (err == EIO) c_.posix_read_eio.add();
         break;
     }
-    c_.load_errors.add();
-    t->finish(i, reason);
+    if (t->finish(i, reason)) c_.load_errors.add();
 }
 
 std::vector<bool> Store::lookup(const std::vector<Key>& keys, int tier) {
@@ -447,6 +511,18 @@ std::optional<Outcomes> Store::wait_persisted(uint64_t tid, long long timeout_ms
         if (persist_.erase(tid) + tasks_.erase(tid) > 0) forgotten_locked(tid);
     }
     return t->persist_result();
+}
+
+std::optional<Outcomes> Store::cancel(uint64_t tid, const std::string& reason) {
+    auto t = find(tid, false);
+    size_t n = t->cancel(reason);
+    (t->tracks_persist() ? c_.dump_timeouts : c_.load_timeouts).add(n);
+    (t->tracks_persist() ? c_.dump_errors : c_.load_errors).add(n);
+    {
+        std::lock_guard<std::mutex> lk(tasks_mu_);
+        if (tasks_.erase(tid)) forgotten_locked(tid);
+    }
+    return t->result();
 }
 
 bool Store::flush(long long timeout_ms) {

@@ -2,6 +2,7 @@
 // `Posix`, or `Cache` alone. Every operation is a batch that returns a task id at once.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <map>
@@ -58,6 +59,10 @@ public:
     // block is persisted only after it was stored, so nothing is left to wait for).
     std::optional<Outcomes> wait(uint64_t tid, long long timeout_ms, bool consume = true);
     std::optional<Outcomes> wait_persisted(uint64_t tid, long long timeout_ms);
+    // Gives up on every block of `tid` not finished yet (each fails with `reason`) and returns
+    // the task's outcome, as wait() would. When it returns, no worker reads or writes the
+    // caller's memory of that task again: a read that completes later goes to the cache only.
+    std::optional<Outcomes> cancel(uint64_t tid, const std::string& reason);
     bool flush(long long timeout_ms);
     GcReport collect_garbage();
 
@@ -84,7 +89,7 @@ private:
     void dump_to_cache(const std::shared_ptr<Task>& t, size_t i, const Key& key,
                        const std::vector<Span>& shards);
     void dump_to_posix(const std::shared_ptr<Task>& t, size_t i, const Key& key,
-                       const std::vector<Span>& shards);
+                       const std::vector<Span>& shards, bool claimed);
     void dump_cached_copy(const std::shared_ptr<Task>& t, size_t i, const Key& key,
                           uint32_t slot);
     void dump_around_full_cache(const std::shared_ptr<Task>& t, size_t i, const Key& key,
@@ -115,6 +120,8 @@ private:
     std::mutex flush_mu_;
     std::condition_variable flush_cv_;
     uint64_t pending_persist_ = 0;
+    std::atomic<size_t> pending_writes_{0};  // write-throughs and write-arounds queued or running
+    size_t max_pending_writes_ = 64;
     bool closed_ = false;
 };
 

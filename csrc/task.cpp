@@ -38,6 +38,49 @@ bool Task::finish_persist(size_t i, const std::string& error) {
     return track_persist_ && record(i, kPersisted, persist_, persist_remaining_, error);
 }
 
+bool Task::begin_copy(size_t i) {
+    uint8_t cur = phases_[i].load(std::memory_order_acquire);
+    for (;;) {
+        if (cur & (kDone | kCopying)) return false;
+        if (phases_[i].compare_exchange_weak(cur, cur | kCopying, std::memory_order_acq_rel)) {
+            copying_.fetch_add(1, std::memory_order_acq_rel);
+            return true;
+        }
+    }
+}
+
+void Task::end_copy(size_t i, const std::optional<std::string>& error) {
+    if (error) record(i, kDone, result_, remaining_, *error);
+    phases_[i].fetch_and(uint8_t(~kCopying), std::memory_order_acq_rel);
+    if (copying_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+        std::lock_guard<std::mutex> lk(mu_);
+        cv_.notify_all();
+    }
+}
+
+size_t Task::cancel(const std::string& reason) {
+    size_t given_up = 0;
+    for (size_t i = 0; i < n_; ++i) {
+        uint8_t cur = phases_[i].load(std::memory_order_acquire);
+        for (;;) {
+            if (cur & (kDone | kCopying)) break;  // finished, or finishing a memory copy now
+            // Marked done before its outcome is written, like record(): nobody else writes it.
+            if (phases_[i].compare_exchange_weak(cur, cur | kDone, std::memory_order_acq_rel)) {
+                result_.ok[i] = 0;
+                result_.errors[i] = reason;
+                remaining_.fetch_sub(1, std::memory_order_acq_rel);
+                ++given_up;
+                break;
+            }
+        }
+    }
+    std::unique_lock<std::mutex> lk(mu_);
+    cv_.notify_all();
+    // A copy in progress is a memcpy of one block: it ends (and finishes its block) shortly.
+    cv_.wait(lk, [&] { return copying_.load(std::memory_order_acquire) == 0; });
+    return given_up;
+}
+
 bool Task::wait_on(const std::atomic<size_t>& counter, long long timeout_ms) {
     std::unique_lock<std::mutex> lk(mu_);
     auto pred = [&] { return counter.load(std::memory_order_acquire) == 0; };

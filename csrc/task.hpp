@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,8 +35,22 @@ public:
     bool finish(size_t i, const std::string& error);
     bool finish_persist(size_t i, const std::string& error);
 
+    // The caller's memory of block i may be touched only between begin_copy (true) and
+    // end_copy. begin_copy is false once the block is finished or cancelled: a worker that
+    // comes late (its read returned after the caller gave up) must leave that memory alone,
+    // because the caller may have handed it to someone else. end_copy(i, err) finishes the
+    // block with err; end_copy(i, std::nullopt) only ends the copy (the block stays open).
+    bool begin_copy(size_t i);
+    void end_copy(size_t i, const std::optional<std::string>& error);
+
+    // Gives up on every block not finished yet, with `reason` as its error; waits only for
+    // copies already in progress (memory to memory, never I/O), so that when it returns no
+    // worker touches the caller's memory again. Returns how many blocks it gave up.
+    size_t cancel(const std::string& reason);
+
     // Whether block i's outcome of that phase is still to be reported.
     bool open(size_t i) const { return !(phases_[i].load() & kDone); }
+    bool copying(size_t i) const { return phases_[i].load() & kCopying; }
     bool persist_open(size_t i) const {
         return track_persist_ && !(phases_[i].load() & kPersisted);
     }
@@ -51,7 +66,7 @@ public:
     Outcomes persist_result() const { return persist_; }
 
 private:
-    enum : uint8_t { kDone = 1, kPersisted = 2 };
+    enum : uint8_t { kDone = 1, kPersisted = 2, kCopying = 4 };
     bool record(size_t i, uint8_t phase, Outcomes& out, std::atomic<size_t>& remaining,
                 const std::string& error);
     bool wait_on(const std::atomic<size_t>& counter, long long timeout_ms);
@@ -62,6 +77,7 @@ private:
     Outcomes result_, persist_;
     std::unique_ptr<std::atomic<uint8_t>[]> phases_;  // kDone | kPersisted bits per block
     std::atomic<size_t> remaining_, persist_remaining_;
+    std::atomic<size_t> copying_{0};  // blocks between begin_copy and end_copy
     std::mutex mu_;
     std::condition_variable cv_;
 };

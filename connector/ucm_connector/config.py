@@ -13,7 +13,14 @@ from typing import Any
 
 import yaml
 
-from ucmctl.core.ucm_config import CONNECTOR_NAMES, TIERS, UcmConfigError, parse_ucm_config
+from ucmctl.core.ucm_config import (
+    CONNECTOR_NAMES,
+    DEFAULT_DUMP_TIMEOUT_S,
+    DEFAULT_LOAD_TIMEOUT_S,
+    TIERS,
+    UcmConfigError,
+    parse_ucm_config,
+)
 
 CONFIG_FILE_KEY = "UCM_CONFIG_FILE"
 
@@ -38,6 +45,8 @@ class UCMConfig:
     # Finish a step's dumps only once they are in the last (shared) tier: in disaggregated PD
     # the prefill instance must not answer before the decode instance can find its blocks.
     wait_persisted: bool = False
+    load_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S
+    dump_timeout_s: float = DEFAULT_DUMP_TIMEOUT_S
     source: str = "<inline>"
 
 
@@ -54,6 +63,8 @@ def parse_config(raw: Any, source: str = "<inline>") -> UCMConfig:
         enable_event_sync=checked.enable_event_sync,
         use_layerwise=checked.use_layerwise,
         wait_persisted=checked.wait_persisted,
+        load_timeout_s=checked.load_timeout_s,
+        dump_timeout_s=checked.dump_timeout_s,
         source=source,
     )
 

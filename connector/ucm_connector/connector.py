@@ -129,7 +129,9 @@ class UcmctlConnector(KVConnectorBase_V1):
         if role == KVConnectorRole.SCHEDULER:
             store = open_store(self._config, shard_sizes, lookup_only=True)
             self._scheduler_store = store
-            self._scheduler = SchedulerSide(store, self._keys, ns.block_size)
+            self._scheduler = SchedulerSide(
+                store, self._keys, ns.block_size, lookup_timeout_s=self._config.load_timeout_s
+            )
             logger.info(
                 "UCMConnector scheduler: config %s, pipeline %s, namespace %s",
                 self._config.source,
@@ -144,6 +146,8 @@ class UcmctlConnector(KVConnectorBase_V1):
                 tp_rank=_tp_rank(),
                 event_sync=config.enable_event_sync,
                 wait_persisted=config.wait_persisted,
+                load_timeout_s=config.load_timeout_s,
+                dump_timeout_s=config.dump_timeout_s,
             )
 
     @staticmethod

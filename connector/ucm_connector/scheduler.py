@@ -38,8 +38,18 @@ class _RequestState:
 class SchedulerSide:
     """The scheduler-role half of UCMConnector."""
 
-    def __init__(self, store: StoreLike, keys: KeyMaker, block_size: int, writes: bool = True) -> None:
+    def __init__(
+        self,
+        store: StoreLike,
+        keys: KeyMaker,
+        block_size: int,
+        writes: bool = True,
+        lookup_timeout_s: float | None = None,
+    ) -> None:
         self._store = store
+        # The lookup runs in vLLM's scheduler loop: a stalled mount must cost one bounded wait
+        # (then misses at once, see ucm_store), not a frozen server.
+        self._lookup_timeout_s = lookup_timeout_s
         self._keys = keys
         self._block_size = block_size
         self._writes = writes
@@ -87,7 +97,7 @@ class SchedulerSide:
             return []
         per = self._keys.keys_per_block
         try:
-            flags = self._store.lookup(self._keys.presence_keys(block_keys))
+            flags = self._store.lookup(self._keys.presence_keys(block_keys), timeout=self._lookup_timeout_s)
         except Exception as exc:  # a store failure is a miss, never a failed request
             logger.warning("request_id: %s: store lookup failed, treating as miss: %s", req_id, exc)
             return [False] * len(block_keys)

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import errno
-import re
 from dataclasses import dataclass
 from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
 from ucm_connector.prom import CounterMetrics
+from ucmctl.core.store_errors import LOAD_KINDS, SAVE_KINDS, error_kind
+
+__all__ = ["UCMConnectorStats", "UCMPromMetrics", "error_kind"]
 
 _FIELDS = (
     "load_bytes",
@@ -20,27 +21,10 @@ _FIELDS = (
     "save_s",
     "save_blocks",
     "save_errors",
-    # load errors by kind: what a network filesystem gives (a handle gone stale, the server gone,
-    # an I/O error), a load not finished in time, a block that failed its checksum
-    "load_errors_estale",
-    "load_errors_enotconn",
-    "load_errors_eio",
-    "load_errors_timeout",
-    "load_errors_corrupt",
+    # errors by kind (ucmctl.core.store_errors): load_errors_estale, ..., save_errors_dropped
+    *(f"load_errors_{kind}" for kind in LOAD_KINDS),
+    *(f"save_errors_{kind}" for kind in SAVE_KINDS),
 )
-
-_ERRNO = re.compile(r"\(errno (\d+)\)")
-_KIND_OF_ERRNO = {errno.ESTALE: "estale", errno.ENOTCONN: "enotconn", errno.EIO: "eio"}
-
-
-def error_kind(reason: str) -> str | None:
-    """The kind of a store's per-block error text (`load_errors_<kind>`), None for another kind."""
-    if "TimeoutError" in reason or "timed out" in reason:
-        return "timeout"
-    if "corrupt" in reason or "checksum" in reason:
-        return "corrupt"
-    found = _ERRNO.search(reason)
-    return _KIND_OF_ERRNO.get(int(found[1])) if found else None
 
 
 @dataclass
@@ -78,6 +62,8 @@ class UCMConnectorStats(KVConnectorStats):
             "Load GB/s": gbps(d["load_bytes"], d["load_s"]),
             "Blocks saved": d["save_blocks"],
             "Save errors": d["save_errors"],
+            "Save timeouts": d["save_errors_timeout"],
+            "Saves dropped": d["save_errors_dropped"],
             "GB saved": round(d["save_bytes"] / 1e9, 4),
             "Save GB/s": gbps(d["save_bytes"], d["save_s"]),
         }
@@ -116,6 +102,12 @@ class UCMPromMetrics(CounterMetrics):
         ("load_errors_eio", "vllm:ucm_load_errors_eio", "Load errors: I/O error (EIO)"),
         ("load_errors_timeout", "vllm:ucm_load_errors_timeout", "Load errors: not finished in time"),
         ("load_errors_corrupt", "vllm:ucm_load_errors_corrupt", "Load errors: block failed its checksum"),
+        ("save_errors_timeout", "vllm:ucm_save_errors_timeout", "Save errors: not stored in time"),
+        (
+            "save_errors_dropped",
+            "vllm:ucm_save_errors_dropped",
+            "Save errors: dropped, the storage is far behind",
+        ),
     )
 
     def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:

@@ -4,6 +4,12 @@ Runs in the worker process. Loads finish before the forward that reads them; dum
 (the store holds the bytes in its DRAM tier, or on disk without one) before `wait_for_save`
 returns, so vLLM never reuses a block whose bytes are still being copied out. Any store
 failure becomes a load error that vLLM recomputes, never a failed request.
+
+Both waits are bounded (`load_timeout_s`, `dump_timeout_s` of the UCM config): what is not
+done by then is given up with `Store.cancel`, after which the store never touches those KV
+blocks again, even when a read stuck in a stalled filesystem returns later. So a storage
+outage costs a recompute per request, never a frozen server or a block overwritten after
+vLLM gave it to another request.
 """
 
 from __future__ import annotations
@@ -22,13 +28,10 @@ from ucm_connector.keys import KeyMaker
 from ucm_connector.metadata import BlockTransfer, UCMConnectorMetadata
 from ucm_connector.stats import UCMConnectorStats, error_kind
 from ucm_connector.store import StoreLike
+from ucmctl.core.store_errors import LOAD_KINDS, SAVE_KINDS
+from ucmctl.core.ucm_config import DEFAULT_DUMP_TIMEOUT_S, DEFAULT_LOAD_TIMEOUT_S
 
 logger = logging.getLogger(LOGGER_NAME)
-
-# A load that has not finished by then is given up and recomputed; generous, because a
-# timed-out load costs a full recompute of the prefix.
-LOAD_TIMEOUT_S = 60.0
-SAVE_TIMEOUT_S = 120.0
 
 
 @dataclass
@@ -51,9 +54,13 @@ class WorkerSide:
         tp_rank: int = 0,
         event_sync: bool = True,
         wait_persisted: bool = False,
+        load_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S,
+        dump_timeout_s: float = DEFAULT_DUMP_TIMEOUT_S,
     ) -> None:
         self._open_store = open_store
         self._wait_persisted = wait_persisted
+        self._load_timeout_s = load_timeout_s
+        self._dump_timeout_s = dump_timeout_s
         self._keys = keys
         self._tp_rank = tp_rank
         self._layerwise = keys.namespace.layerwise
@@ -109,7 +116,7 @@ class WorkerSide:
             return
         task = self._submit(meta.loads, "load", None)
         if task is not None:
-            self._finish(task, "load", LOAD_TIMEOUT_S)
+            self._finish(task, "load", self._load_timeout_s)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         if not self._layer_loads or self._layout is None:
@@ -120,7 +127,7 @@ class WorkerSide:
             return
         task = self._layer_loads.pop(li, None)
         if task is not None:
-            self._finish(task, "load", LOAD_TIMEOUT_S)
+            self._finish(task, "load", self._load_timeout_s)
 
     # ---- saves ------------------------------------------------------------------------
     def save_layer(self, layer_name: str, meta: UCMConnectorMetadata) -> None:
@@ -139,17 +146,17 @@ class WorkerSide:
         # Layer loads nobody waited for (a layer the model skipped) must still finish before
         # their blocks are used again; their failures are reported like any other.
         for li in list(self._layer_loads):
-            self._finish(self._layer_loads.pop(li), "load", LOAD_TIMEOUT_S)
+            self._finish(self._layer_loads.pop(li), "load", self._load_timeout_s)
         if self._layerwise:
             saves, self._layer_saves = self._layer_saves, []
             for task in saves:
-                self._finish(task, "dump", SAVE_TIMEOUT_S)
+                self._finish(task, "dump", self._dump_timeout_s)
             return
         if meta is None or not meta.saves or self._store is None or not self._writes:
             return
         task = self._submit(meta.saves, "dump", None)
         if task is not None:
-            self._finish(task, "dump", SAVE_TIMEOUT_S)
+            self._finish(task, "dump", self._dump_timeout_s)
 
     def take_load_errors(self) -> set[int]:
         errors, self._load_errors = self._load_errors, set()
@@ -190,17 +197,39 @@ class WorkerSide:
             return None
         return _Task(tid, transfers, block_ids, layers, nbytes, started)
 
+    def _outcome(self, task: _Task, op: str, timeout: float) -> tuple[list[bool], list[str]]:
+        """Per-block outcome of a task, within `timeout` s of its start; what is not done by
+        then is given up (the store lets go of the KV blocks before this returns)."""
+        assert self._store is not None
+        deadline = task.started + timeout
+        try:
+            res = self._store.wait(task.tid, timeout=max(deadline - time.perf_counter(), 0.0))
+        except TimeoutError:
+            why = f"{op} timed out after {timeout:g} s (the storage is stalled or slow)"
+            res = self._store.cancel(task.tid, why)
+        ok, errors = list(res.ok), list(res.errors)
+        if op == "dump" and self._wait_persisted and any(ok):
+            # The bytes are in the store's own memory now; the step still waits (within the
+            # same bound) until they are in the shared tier, where the decode side looks.
+            try:
+                persisted = self._store.wait_persisted(
+                    task.tid, timeout=max(deadline - time.perf_counter(), 0.0)
+                )
+                ok = [a and b for a, b in zip(ok, persisted.ok, strict=False)]
+                errors = [e or p for e, p in zip(errors, persisted.errors, strict=False)]
+            except TimeoutError:
+                why = f"dump not persisted within {timeout:g} s (the storage is stalled or slow)"
+                errors = [e or why for e in errors]
+                ok = [False] * len(ok)
+        return ok, errors
+
     def _finish(self, task: _Task, op: str, timeout: float) -> None:
         assert self._store is not None and self._backend is not None
         try:
-            if op == "dump" and self._wait_persisted:
-                res = self._store.wait_persisted(task.tid, timeout=timeout)
-            else:
-                res = self._store.wait(task.tid, timeout=timeout)
-            ok, errors = list(res.ok), list(res.errors)
+            ok, errors = self._outcome(task, op, timeout)
             # A result of the wrong length is a store bug: count what is missing as failed.
             ok = (ok + [False] * len(task.block_ids))[: len(task.block_ids)]
-        except Exception as exc:  # TimeoutError included: give up on the whole task
+        except Exception as exc:  # the store failed: give up on the whole task
             ok, errors = [False] * len(task.block_ids), [f"{op} wait failed: {exc!r}"] * len(task.block_ids)
         elapsed = time.perf_counter() - task.started
         if op == "load":
@@ -233,7 +262,8 @@ class WorkerSide:
             self._load_errors.update(block_ids)
             self.stats.add(load_errors=len(block_ids))
             for kind in filter(None, map(error_kind, errors)):
-                self.stats.add(**{f"load_errors_{kind}": 1})
+                if kind in LOAD_KINDS:
+                    self.stats.add(**{f"load_errors_{kind}": 1})
             for b, err in zip(block_ids, errors, strict=True):
                 logger.warning(
                     "UCM load error: request_id: %s, block %d: %s; the block will be recomputed",
@@ -243,6 +273,9 @@ class WorkerSide:
                 )
         else:
             self.stats.add(save_errors=len(block_ids))
+            for kind in filter(None, map(error_kind, errors)):
+                if kind in SAVE_KINDS:
+                    self.stats.add(**{f"save_errors_{kind}": 1})
             logger.warning(
                 "UCM save error: %d block(s) not stored (first: request_id %s: %s); "
                 "they will be misses later",

@@ -25,8 +25,13 @@ result is fetched.
 
 Operations (all batched; dump and load return a task id at once):
 
-- ``lookup(keys, tier=None) -> list[bool]``; ``tier`` ``"Cache"``/``"Posix"`` asks one tier.
-- ``lookup_prefix(keys) -> int``: leading present blocks, stopping at the first miss.
+- ``lookup(keys, tier=None, timeout=None) -> list[bool]``; ``tier`` ``"Cache"``/``"Posix"``
+  asks one tier.
+- ``lookup_prefix(keys, timeout=None) -> int``: leading present blocks, stopping at the first
+  miss. With a ``timeout`` (s) a lookup that has not answered by then raises ``TimeoutError``
+  (a stalled mount hangs ``stat()``); while it stays stuck, later bounded lookups raise at
+  once instead of queueing behind it.
+- ``cancel(tid, reason) -> TaskResult``: gives up on a task's unfinished blocks (see there).
 - ``dump(keys, blocks) -> int``, ``load(keys, blocks) -> int``.
 - ``wait(tid, timeout=None) -> TaskResult`` (``TimeoutError`` on timeout) and
   ``check(tid) -> TaskResult | None``. A result is handed out once: fetching it forgets the
@@ -54,6 +59,9 @@ Operations (all batched; dump and load return a task id at once):
 
 from __future__ import annotations
 
+import queue
+import threading
+import time
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -86,11 +94,56 @@ def _ms(timeout: float | None, default_ms: int) -> int:
     return int(timeout * 1000)
 
 
+class _BoundedCalls:
+    """Runs calls that may hang in the filesystem on one daemon thread, waiting at most a
+    timeout for each. A call that times out keeps that thread (nothing can cancel a thread
+    stuck in a FUSE request); until it returns, every bounded call fails at once."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[tuple[Any, tuple[Any, ...], dict[str, Any]]] = queue.SimpleQueue()
+        self._stuck_since: float | None = None
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def _run(self) -> None:
+        while True:
+            fn, args, box = self._jobs.get()
+            try:
+                box["value"] = fn(*args)
+            except BaseException as exc:  # handed to the caller
+                box["error"] = exc
+            with self._lock:  # with call()'s check of done: a stuck mark never outlives its call
+                self._stuck_since = None
+                box["done"].set()
+            del fn, args, box  # hold nothing of the store between calls (it may be closed)
+
+    def call(self, fn: Any, args: tuple[Any, ...], timeout: float) -> Any:
+        with self._lock:
+            if self._stuck_since is not None:
+                stuck = time.monotonic() - self._stuck_since
+                raise TimeoutError(f"an earlier lookup has been stuck in the storage for {stuck:.1f} s")
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="ucm-bounded", daemon=True)
+                self._thread.start()
+        box: dict[str, Any] = {"done": threading.Event()}
+        self._jobs.put((fn, args, box))
+        if not box["done"].wait(timeout):
+            with self._lock:
+                if not box["done"].is_set():
+                    self._stuck_since = time.monotonic() - timeout
+            if not box["done"].is_set():
+                raise TimeoutError(f"lookup not answered within {timeout:g} s")
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
+
+
 class Store:
     """A block store over a tier pipeline; see the module docstring."""
 
     def __init__(self, settings: StoreSettings, shard_sizes: Sequence[int]) -> None:
         self.settings = settings
+        self._bounded = _BoundedCalls()
         self._native = _native.Store(
             cache=settings.cache,
             posix=settings.posix,
@@ -123,15 +176,21 @@ class Store:
     def block_bytes(self) -> int:
         return sum(self._native.shard_sizes)
 
-    def lookup(self, keys: Sequence[bytes], tier: str | None = None) -> list[bool]:
-        """Presence of each key (in any tier, or in `tier` alone)."""
+    def lookup(
+        self, keys: Sequence[bytes], tier: str | None = None, timeout: float | None = None
+    ) -> list[bool]:
+        """Presence of each key (in any tier, or in `tier` alone); see `timeout` above."""
         if tier not in _TIER_CODES:
             raise ValueError(f"tier must be None, 'Cache' or 'Posix', got {tier!r}")
-        return self._native.lookup(keys, _TIER_CODES[tier])
+        if timeout is None:
+            return self._native.lookup(keys, _TIER_CODES[tier])
+        return self._bounded.call(self._native.lookup, (list(keys), _TIER_CODES[tier]), timeout)
 
-    def lookup_prefix(self, keys: Sequence[bytes]) -> int:
+    def lookup_prefix(self, keys: Sequence[bytes], timeout: float | None = None) -> int:
         """Number of leading keys present, stopping at the first miss."""
-        return self._native.lookup_prefix(keys)
+        if timeout is None:
+            return self._native.lookup_prefix(keys)
+        return self._bounded.call(self._native.lookup_prefix, (list(keys),), timeout)
 
     def dump(self, keys: Sequence[bytes], blocks: Sequence[Sequence[Any]]) -> int:
         """Starts writing `blocks[i]` under `keys[i]`; returns a task id."""
@@ -147,6 +206,18 @@ class Store:
         if res is None:
             raise TimeoutError(f"task {tid} still running after {timeout} s")
         return res
+
+    def cancel(self, tid: int, reason: str = "timed out") -> TaskResult:
+        """Gives up on the blocks of task `tid` still running; returns its outcome, as `wait`.
+
+        Blocks given up fail with `reason`. Once it returns, no worker touches the task's
+        buffers again: a read still stuck in the filesystem that returns later fills the
+        DRAM cache at most, never the caller's memory (which may belong to someone else by
+        then). Waits only for memory copies in progress, never for I/O; with the `Posix`
+        pipeline alone a dump writes straight from the caller's memory, so a cancel of a
+        dump waits for the writes already running.
+        """
+        return self._call(self._native.cancel, tid, reason)
 
     def check(self, tid: int) -> TaskResult | None:
         """Result of a finished task, or None while it runs (never blocks)."""

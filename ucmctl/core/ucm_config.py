@@ -24,6 +24,10 @@ TIERS = ("Cache", "Posix")  # what the native store implements
 PIPELINES = ("Cache|Posix", "Posix", "Cache")  # tiers in the order a block passes them
 CONNECTOR_NAMES = ("UcmPipelineStore",)  # `ucm_connector_name`s the connector provides
 GIB = 1 << 30
+# How long a step waits for its KV loads and dumps before it gives them up (the blocks are
+# recomputed, or missed later): see docs/storage.md for the measurement behind the defaults.
+DEFAULT_LOAD_TIMEOUT_S = 5.0
+DEFAULT_DUMP_TIMEOUT_S = 10.0
 
 
 class UcmConfigError(UcmctlError, ValueError):
@@ -177,6 +181,12 @@ class UcmConfig(_Strict):
     # Finish a step's dumps only once they are in the last (shared) tier: in disaggregated PD the
     # prefill instance must not answer before the decode instance can find its blocks.
     wait_persisted: bool = False
+    # A load not finished by then is given up and the request recomputes those blocks (vLLM's
+    # kv_load_failure_policy "recompute"); a dump not stored (or, with wait_persisted, not
+    # persisted) by then is given up and counted as a save error: one stalled mount must not
+    # freeze a server.
+    load_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S
+    dump_timeout_s: float = DEFAULT_DUMP_TIMEOUT_S
 
     @field_validator("ucm_connectors", mode="before")
     @classmethod
@@ -193,6 +203,13 @@ class UcmConfig(_Strict):
         if not isinstance(value, bool):
             raise ValueError(f"must be true or false, got {value!r}")
         return value
+
+    @field_validator("load_timeout_s", "dump_timeout_s", mode="before")
+    @classmethod
+    def _timeout_s(cls, value: Any) -> float:
+        if not _number(value) or not 0 < value < 86400:
+            raise ValueError(f"must be a number of seconds > 0 (and < 86400), got {value!r}")
+        return float(value)
 
     @property
     def store(self) -> StoreConfig:

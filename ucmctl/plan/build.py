@@ -329,6 +329,8 @@ def _ucm_config(storage: Storage, *, wait_persisted: bool) -> UcmConfig:
         enable_event_sync=storage.enable_event_sync,
         use_layerwise=storage.use_layerwise,
         wait_persisted=wait_persisted,
+        load_timeout_s=storage.load_timeout_s,
+        dump_timeout_s=storage.dump_timeout_s,
     )
 
 

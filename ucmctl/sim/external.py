@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from ucmctl.core.ucm_config import UcmConfigError, parse_ucm_config
+from ucmctl.core.store_errors import LOAD_KINDS, SAVE_KINDS, error_kind
+from ucmctl.core.ucm_config import UcmConfig, UcmConfigError, parse_ucm_config
 
 log = logging.getLogger("ucmctl.sim")
 
@@ -18,32 +20,70 @@ class ExternalTier:
     """Reads and writes whole blocks through `ucm_store`, as the connector does in vLLM.
 
     A block's bytes are derived from its key, so a load proves the right block came back.
+    Lookups, loads and dumps are bounded as the connector's (`load_timeout_s`,
+    `dump_timeout_s` of the UCM config): past the bound a lookup is a miss and a task is
+    given up (`Store.cancel`), so a stalled mount costs recomputes, never a frozen server.
+    Failures are counted by kind under the connector's metric names.
     """
 
     def __init__(self, ucm_config_file: str, block_bytes: int, shards: int = 4) -> None:
         import ucm_store  # the native store is only needed when the connector is configured
 
-        cfg, self.wait_persisted = load_ucm_config(ucm_config_file)
+        cfg, checked = load_ucm_config(ucm_config_file)
+        self.wait_persisted = checked.wait_persisted
+        self.load_timeout_s = checked.load_timeout_s
+        self.dump_timeout_s = checked.dump_timeout_s
         shard = max(1, block_bytes // shards)
         self.shard_sizes = [shard] * shards
         self.store = ucm_store.Store.from_config(cfg, shard_sizes=self.shard_sizes)
         self.loaded_blocks = 0
         self.load_failures = 0
         self.saved_blocks = 0
+        # The connector's counters (ucm_connector.stats): load_errors, load_errors_<kind>, ...
+        self.counts: dict[str, int] = dict.fromkeys(
+            ["load_errors", "save_errors", "lookup_timeouts"]
+            + [f"load_errors_{k}" for k in LOAD_KINDS]
+            + [f"save_errors_{k}" for k in SAVE_KINDS],
+            0,
+        )
 
     def lookup_prefix(self, keys: Sequence[bytes]) -> int:
-        return self.store.lookup_prefix(list(keys)) if keys else 0
+        if not keys:
+            return 0
+        try:
+            return self.store.lookup_prefix(list(keys), timeout=self.load_timeout_s)
+        except TimeoutError as exc:
+            self.counts["lookup_timeouts"] += 1
+            log.warning("sim: store lookup treated as a miss: %s", exc)
+            return 0
+
+    def _outcome(self, tid: int, op: str, timeout: float) -> Any:
+        try:
+            return self.store.wait(tid, timeout=timeout)
+        except TimeoutError:
+            why = f"{op} timed out after {timeout:g} s (the storage is stalled or slow)"
+            return self.store.cancel(tid, why)
+
+    def _count(self, op: str, errors: Sequence[str]) -> None:
+        kinds = LOAD_KINDS if op == "load" else SAVE_KINDS
+        self.counts[f"{op}_errors"] += len(errors)
+        for kind in filter(None, map(error_kind, errors)):
+            if kind in kinds:
+                self.counts[f"{op}_errors_{kind}"] += 1
 
     def load(self, keys: Sequence[bytes]) -> int:
         """Load blocks into fresh buffers and verify them; returns how many leading blocks are good."""
         if not keys:
             return 0
         buffers = [[bytearray(size) for size in self.shard_sizes] for _ in keys]
-        result = self.store.wait(self.store.load(list(keys), buffers))
+        result = self._outcome(self.store.load(list(keys), buffers), "load", self.load_timeout_s)
+        self._count("load", [e or "failed" for ok, e in zip(result.ok, result.errors, strict=True) if not ok])
         good = 0
         for key, ok, block in zip(keys, result.ok, buffers, strict=True):
             if not ok or bytes(block[0][:16]) != _pattern(key, 16):
                 self.load_failures += 1
+                if ok:  # delivered, but not this key's bytes: never expected, always counted
+                    self._count("load", ["wrong bytes (corrupt)"])
                 break
             good += 1
         self.loaded_blocks += good
@@ -52,13 +92,26 @@ class ExternalTier:
     def save(self, keys: Sequence[bytes]) -> None:
         if not keys:
             return
+        started = time.perf_counter()
         blocks = [[_pattern(key, size) for size in self.shard_sizes] for key in keys]
         task = self.store.dump(list(keys), blocks)
-        # As the connector: with wait_persisted the step ends once the blocks are on disk.
-        result = self.store.wait_persisted(task) if self.wait_persisted else self.store.wait(task)
-        self.saved_blocks += sum(result.ok)
-        if not result.all_ok:
-            log.warning("sim: %d block dumps failed: %s", len(keys) - sum(result.ok), result.errors[0])
+        result = self._outcome(task, "dump", self.dump_timeout_s)
+        ok, errors = list(result.ok), list(result.errors)
+        if self.wait_persisted and any(ok):
+            # As the connector: with wait_persisted the step ends once the blocks are on disk.
+            left = max(self.dump_timeout_s - (time.perf_counter() - started), 0.0)
+            try:
+                persisted = self.store.wait_persisted(task, timeout=left)
+                ok = [a and b for a, b in zip(ok, persisted.ok, strict=True)]
+                errors = [e or p for e, p in zip(errors, persisted.errors, strict=True)]
+            except TimeoutError:
+                why = f"dump not persisted within {self.dump_timeout_s:g} s"
+                ok, errors = [False] * len(ok), [e or why for e in errors]
+        self.saved_blocks += sum(ok)
+        failed = [e or "failed" for flag, e in zip(ok, errors, strict=True) if not flag]
+        if failed:
+            self._count("save", failed)
+            log.warning("sim: %d block dumps failed: %s", len(failed), failed[0])
 
     def close(self) -> None:
         self.store.close()
@@ -68,12 +121,12 @@ def _pattern(key: bytes, size: int) -> bytes:
     return (key * (size // len(key) + 1))[:size]
 
 
-def load_ucm_config(path: str) -> tuple[dict[str, Any], bool]:
+def load_ucm_config(path: str) -> tuple[dict[str, Any], UcmConfig]:
     """The `ucm_connector_config` of a UCM config file (checked against the file's one schema,
-    as the real connector checks it), and whether dumps wait until persisted."""
+    as the real connector checks it), and the whole file checked."""
     data = yaml.safe_load(Path(path).read_text())
     try:
         checked = parse_ucm_config(data)
     except UcmConfigError as exc:
         raise ValueError(f"UCM config {path}: {exc}") from None
-    return dict(data["ucm_connectors"][0]["ucm_connector_config"]), checked.wait_persisted
+    return dict(data["ucm_connectors"][0]["ucm_connector_config"]), checked

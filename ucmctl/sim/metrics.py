@@ -137,6 +137,15 @@ def exposition(model: str, engines: Sequence[Engine]) -> str:
         for source, tokens in (("local_compute", local), ("local_cache_hit", st.prefix_hits),
                                ("external_kv_transfer", st.external_hits)):  # fmt: skip
             out.append(f'{name}_total{{{labels(e)},source="{source}"}} {tokens}')
+    # The UCM connector's counters (ucm_connector.stats), for the server's one store.
+    external = engines[0].external if engines else None
+    if external is not None:
+        for key, count in external.counts.items():
+            if key == "lookup_timeouts":
+                continue
+            name = f"vllm:ucm_{key}_total"
+            family(name, "counter", f"UCM store: {key.replace('_', ' ')} (blocks)")
+            out.append(f"{name}{{{labels(engines[0])}}} {count}")
     # The simulator's own: how well it keeps its schedule (elapsed / planned - 1 is the lag).
     own = [
         ("ucmctl_sim_steps", "Engine steps run.", lambda e: e.stats.steps),

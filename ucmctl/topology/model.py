@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
 from ucmctl.core.names import NAME_RE, SERVER_ROLES, ServerRole
 from ucmctl.core.platforms import Platform
+from ucmctl.core.ucm_config import DEFAULT_DUMP_TIMEOUT_S, DEFAULT_LOAD_TIMEOUT_S
 from ucmctl.topology.container import Container, Env
 
 # Used with fullmatch: `$` alone would also match before a trailing newline.
@@ -197,6 +198,31 @@ class Storage(Strict):
     io_direct: bool = Field(False, description="O_DIRECT file I/O")
     use_layerwise: bool = Field(False, description="load and save layer by layer")
     enable_event_sync: bool = Field(True, description="order device copies with events, not syncs")
+    load_timeout_s: float = Field(
+        DEFAULT_LOAD_TIMEOUT_S,
+        gt=0,
+        lt=86400,
+        allow_inf_nan=False,
+        description="a KV load not done by then is given up and recomputed (a stalled mount)",
+    )
+    dump_timeout_s: float = Field(
+        DEFAULT_DUMP_TIMEOUT_S,
+        gt=0,
+        lt=86400,
+        allow_inf_nan=False,
+        description="a KV dump not stored (prefill: persisted) by then is given up and counted",
+    )
+
+    @field_validator("load_timeout_s", "dump_timeout_s", mode="before")
+    @classmethod
+    def _seconds(cls, v: Any, info: Any) -> Any:
+        default = cls.model_fields[info.field_name].default
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < 86400:
+            raise ValueError(
+                f"must be a number of seconds > 0 and < 86400; leave it out for the "
+                f"default ({default:g} s) or set the longest a step may wait for the storage"
+            )
+        return v
 
     @field_validator("storage_backends", mode="before")
     @classmethod

@@ -42,13 +42,15 @@ class FakeStore:
     _results: dict[int, FakeTaskResult] = field(default_factory=dict)
     _ids: Any = field(default_factory=lambda: itertools.count(1))
 
-    def lookup(self, keys: Sequence[bytes]) -> list[bool]:
+    def lookup(
+        self, keys: Sequence[bytes], tier: str | None = None, timeout: float | None = None
+    ) -> list[bool]:
         if self.fail_lookup:
             raise OSError("lookup failed (injected)")
         self.calls.append(("lookup", list(keys)))
         return [k in self.blocks for k in keys]
 
-    def lookup_prefix(self, keys: Sequence[bytes]) -> int:
+    def lookup_prefix(self, keys: Sequence[bytes], timeout: float | None = None) -> int:
         n = 0
         for present in self.lookup(keys):
             if not present:
@@ -97,6 +99,9 @@ class FakeStore:
 
     def wait_persisted(self, tid: int, timeout: float | None = None) -> FakeTaskResult:
         return self._results.pop(tid)  # one tier: written is persisted
+
+    def cancel(self, tid: int, reason: str = "timed out") -> FakeTaskResult:
+        return self._results.pop(tid)  # every task finished at submit
 
     def check(self, tid: int) -> FakeTaskResult | None:
         return self._results.pop(tid, None)

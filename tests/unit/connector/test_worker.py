@@ -187,3 +187,74 @@ def test_wait_persisted_finishes_a_step_only_when_blocks_are_on_disk(tmp_path) -
     with ucm_store.Store.from_config({"store_pipeline": "Posix", "storage_backends": str(tmp_path)},
                                      shard_sizes=[shard] * LAYERS) as disk:  # fmt: skip
         assert disk.lookup_prefix(km.store_keys(keys, 0, None)) == 6
+
+
+def _real_worker(tmp_path, pipeline: str, **kw):
+    import ucm_store
+
+    cfg = {"store_pipeline": pipeline, "storage_backends": str(tmp_path), "cache_buffer_capacity_gb": 0.01}
+    storage, caches = kv_caches()
+    shard = HEADS * BS * 2 * HD * 2
+    ns = Namespace(model="m", dtype="bfloat16", layout="cpu/LBHNC", block_size=BS, tp_size=1,
+                   num_layers=LAYERS, shard_bytes=shard)  # fmt: skip
+    km = KeyMaker(ns)
+    w = WorkerSide(lambda sizes: ucm_store.Store.from_config(cfg, shard_sizes=sizes), km, **kw)
+    w.register_kv_caches(caches, list(caches), expected_shard_bytes=shard)
+    return w, storage, km
+
+
+def test_a_load_past_its_bound_is_recomputed_and_its_late_read_never_lands_in_the_reused_block(
+    tmp_path,
+) -> None:
+    """The CPU path reads straight into the paged cache: a read stuck in a stalled mount that
+    returns after the step gave up must not write the block vLLM has handed to another request."""
+    import time
+
+    from ucm_store import _native
+
+    writer, storage, km = _real_worker(tmp_path, "Posix")
+    keys = km.keys(hashes(2))
+    writer.wait_for_save(UCMConnectorMetadata(saves=[BlockTransfer("a", keys, [1, 2])]))
+    writer.close()
+    reader, rstorage, _ = _real_worker(tmp_path, "Posix", load_timeout_s=0.3)
+    _native._inject_stall("posix_read", 2, 1500)  # both reads wait 1.5 s, then complete
+    try:
+        t0 = time.perf_counter()
+        reader.start_load(UCMConnectorMetadata(loads=[BlockTransfer("b", keys, [7, 8])]))
+        waited = time.perf_counter() - t0
+        assert 0.25 <= waited < 0.8, f"the step waited {waited:.2f} s for a 0.3 s bound"
+        assert reader.take_load_errors() == {7, 8}
+        stats = reader.take_stats()
+        assert stats is not None and stats.data["load_errors_timeout"] == 2
+        # vLLM recomputes, then gives blocks 7 and 8 to other requests: their own KV goes there.
+        rstorage[:, 7:9] = 3.0
+        time.sleep(1.6)  # the stalled read has returned by now
+        assert reader._store is not None and reader._store.stats()["load_late"] == 2
+        assert torch.all(rstorage[:, 7:9] == 3.0), "a late read overwrote a reused KV block"
+        # The storage answers again: the same blocks load, byte-exact.
+        reader.start_load(UCMConnectorMetadata(loads=[BlockTransfer("c", keys, [9, 10])]))
+        assert reader.take_load_errors() == set()
+        assert torch.equal(rstorage[:, 9:11], storage[:, 1:3])
+    finally:
+        _native._inject_stall("posix_read", 0, 0)
+        reader.close()
+
+
+def test_a_dump_past_its_bound_is_a_counted_save_error_and_the_step_goes_on(tmp_path) -> None:
+    import time
+
+    from ucm_store import _native
+
+    w, _, km = _real_worker(tmp_path, "Cache|Posix", wait_persisted=True, dump_timeout_s=0.3)
+    _native._inject_stall("posix_write", 2, 1200)
+    try:
+        t0 = time.perf_counter()
+        w.wait_for_save(UCMConnectorMetadata(saves=[BlockTransfer("a", km.keys(hashes(2)), [1, 2])]))
+        waited = time.perf_counter() - t0
+        assert 0.25 <= waited < 0.8, f"the step waited {waited:.2f} s for a 0.3 s bound"
+        stats = w.take_stats()
+        assert stats is not None and stats.data["save_errors"] == 2 and stats.data["save_blocks"] == 0
+        assert stats.data["save_errors_timeout"] == 2
+    finally:
+        _native._inject_stall("posix_write", 0, 0)
+        w.close()

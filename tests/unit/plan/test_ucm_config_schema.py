@@ -30,8 +30,9 @@ def test_every_rendered_ucm_config_passes_the_schema_and_matches_the_plans_store
                 assert ucm.store.storage_backends == plan.store.backends
                 assert ucm.store.cache_buffer_capacity_gb == plan.store.cache_buffer_capacity_gb
                 (tmp_path / "ucm.yaml").write_text(f.content)
-                cfg, wait = load_ucm_config(str(tmp_path / "ucm.yaml"))  # the simulator's reading
-                assert cfg["store_pipeline"] == plan.store.pipeline and wait == ucm.wait_persisted
+                cfg, read = load_ucm_config(str(tmp_path / "ucm.yaml"))  # the simulator's reading
+                assert cfg["store_pipeline"] == plan.store.pipeline and read == ucm
+                assert read.load_timeout_s == 5.0 and read.dump_timeout_s == 10.0  # the defaults
         users = [p.name for p in plan.processes if any(f.path.endswith(UCM_CONFIG_FILE) for f in p.files)]
         assert users == plan.store.users
     assert seen > 0

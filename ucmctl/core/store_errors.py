@@ -1,0 +1,32 @@
+"""The kinds of a store's per-block error text, as the connector and the simulator count them.
+
+A leaf module (standard library only), imported by the connector on the nodes and by the
+simulator: both name the same kinds in their `vllm:ucm_load_errors_<kind>` counters, and the
+benchmark reads those to say why loads missed in a phase.
+"""
+
+from __future__ import annotations
+
+import errno
+import re
+
+# What a network filesystem gives (a handle gone stale, the server gone, an I/O error), a load
+# not finished in time, a block that failed its checksum.
+LOAD_KINDS = ("estale", "enotconn", "eio", "timeout", "corrupt")
+# A dump not stored (or persisted) in time, one dropped because the storage is far behind.
+SAVE_KINDS = ("timeout", "dropped")
+
+_ERRNO = re.compile(r"\(errno (\d+)\)")
+_KIND_OF_ERRNO = {errno.ESTALE: "estale", errno.ENOTCONN: "enotconn", errno.EIO: "eio"}
+
+
+def error_kind(reason: str) -> str | None:
+    """The kind of one block's error text, None for another kind."""
+    if "TimeoutError" in reason or "timed out" in reason or "not persisted within" in reason:
+        return "timeout"
+    if "block dropped" in reason:
+        return "dropped"
+    if "corrupt" in reason or "checksum" in reason:
+        return "corrupt"
+    found = _ERRNO.search(reason)
+    return _KIND_OF_ERRNO.get(int(found[1])) if found else None
