@@ -201,27 +201,11 @@ class WorkerSide:
         """Per-block outcome of a task, within `timeout` s of its start; what is not done by
         then is given up (the store lets go of the KV blocks before this returns)."""
         assert self._store is not None
-        deadline = task.started + timeout
-        try:
-            res = self._store.wait(task.tid, timeout=max(deadline - time.perf_counter(), 0.0))
-        except TimeoutError:
-            why = f"{op} timed out after {timeout:g} s (the storage is stalled or slow)"
-            res = self._store.cancel(task.tid, why)
-        ok, errors = list(res.ok), list(res.errors)
-        if op == "dump" and self._wait_persisted and any(ok):
-            # The bytes are in the store's own memory now; the step still waits (within the
-            # same bound) until they are in the shared tier, where the decode side looks.
-            try:
-                persisted = self._store.wait_persisted(
-                    task.tid, timeout=max(deadline - time.perf_counter(), 0.0)
-                )
-                ok = [a and b for a, b in zip(ok, persisted.ok, strict=False)]
-                errors = [e or p for e, p in zip(errors, persisted.errors, strict=False)]
-            except TimeoutError:
-                why = f"dump not persisted within {timeout:g} s (the storage is stalled or slow)"
-                errors = [e or why for e in errors]
-                ok = [False] * len(ok)
-        return ok, errors
+        left = max(task.started + timeout - time.perf_counter(), 0.0)
+        res = self._store.finish_within(
+            task.tid, left, op=op, persisted=op == "dump" and self._wait_persisted
+        )
+        return list(res.ok), list(res.errors)
 
     def _finish(self, task: _Task, op: str, timeout: float) -> None:
         assert self._store is not None and self._backend is not None

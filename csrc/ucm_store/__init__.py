@@ -32,6 +32,8 @@ Operations (all batched; dump and load return a task id at once):
   (a stalled mount hangs ``stat()``); while it stays stuck, later bounded lookups raise at
   once instead of queueing behind it.
 - ``cancel(tid, reason) -> TaskResult``: gives up on a task's unfinished blocks (see there).
+- ``finish_within(tid, timeout, op=..., persisted=False) -> Outcome``: the bounded wait the
+  connector and the simulator use for each step (see there).
 - ``dump(keys, blocks) -> int``, ``load(keys, blocks) -> int``.
 - ``wait(tid, timeout=None) -> TaskResult`` (``TimeoutError`` on timeout) and
   ``check(tid) -> TaskResult | None``. A result is handed out once: fetching it forgets the
@@ -64,6 +66,7 @@ import threading
 import time
 import warnings
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ucm_store import _native
@@ -78,6 +81,7 @@ __all__ = [
     "PIPELINES",
     "TIERS",
     "ConfigError",
+    "Outcome",
     "Store",
     "StoreSettings",
     "TaskResult",
@@ -92,6 +96,18 @@ def _ms(timeout: float | None, default_ms: int) -> int:
     if timeout < 0:
         raise ValueError(f"timeout must be >= 0 seconds or None, got {timeout!r}")
     return int(timeout * 1000)
+
+
+@dataclass
+class Outcome:
+    """Per-block outcome of a task waited for with `Store.finish_within`."""
+
+    ok: list[bool]
+    errors: list[str]
+
+    @property
+    def all_ok(self) -> bool:
+        return all(self.ok)
 
 
 class _BoundedCalls:
@@ -144,6 +160,7 @@ class Store:
     def __init__(self, settings: StoreSettings, shard_sizes: Sequence[int]) -> None:
         self.settings = settings
         self._bounded = _BoundedCalls()
+        self._stalled: tuple[int, float] | None = None  # a dump not persisted in time, since when
         self._native = _native.Store(
             cache=settings.cache,
             posix=settings.posix,
@@ -218,6 +235,43 @@ class Store:
         dump waits for the writes already running.
         """
         return self._call(self._native.cancel, tid, reason)
+
+    def finish_within(
+        self, tid: int, timeout: float, *, op: str = "load", persisted: bool = False
+    ) -> Outcome:
+        """The outcome of task `tid` within `timeout` s, whatever the storage does meanwhile.
+
+        Blocks not done by then are given up (`cancel`: the store lets go of their memory).
+        With `persisted` (a dump whose blocks must reach the shared tier before the step
+        ends), the rest of the time is spent waiting for that; when that wait times out,
+        the storage counts as stalled, and later calls do not wait for persistence at all
+        (their blocks are reported not persisted at once) until that write has returned:
+        one stalled mount costs one bounded wait, not one per step.
+        """
+        deadline = time.monotonic() + timeout
+        try:
+            res = self.wait(tid, timeout=timeout)
+        except TimeoutError:
+            res = self.cancel(tid, f"{op} timed out after {timeout:g} s (the storage is stalled or slow)")
+        ok, errors = list(res.ok), list(res.errors)
+        if not persisted or not any(ok):
+            return Outcome(ok, errors)
+        if self._stalled is not None:
+            if self.check_persisted(self._stalled[0]) is None:
+                age = time.monotonic() - self._stalled[1]
+                why = f"dump not persisted within {timeout:g} s: the storage is stalled ({age:.0f} s)"
+                return Outcome([False] * len(ok), [e or why for e in errors])
+            self._stalled = None  # that write returned: the storage answers again
+        try:
+            done = self.wait_persisted(tid, timeout=max(deadline - time.monotonic(), 0.0))
+        except TimeoutError:
+            self._stalled = (tid, time.monotonic())
+            why = f"dump not persisted within {timeout:g} s (the storage is stalled or slow)"
+            return Outcome([False] * len(ok), [e or why for e in errors])
+        return Outcome(
+            [a and b for a, b in zip(ok, done.ok, strict=True)],
+            [e or p for e, p in zip(errors, done.errors, strict=True)],
+        )
 
     def check(self, tid: int) -> TaskResult | None:
         """Result of a finished task, or None while it runs (never blocks)."""

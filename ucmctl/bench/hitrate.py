@@ -15,6 +15,7 @@ from typing import Any
 import aiohttp
 
 from ucmctl.core.errors import UcmctlError
+from ucmctl.core.store_errors import LOAD_KINDS, SAVE_KINDS
 from ucmctl.engines import ENGINES
 
 # Every engine ucmctl serves with exposes vLLM's series (the simulator imitates them; a test
@@ -26,6 +27,12 @@ COUNTERS = {
     "external_queries": METRICS.external_queries,
     "external_hits": METRICS.external_hits,
     "preemptions": METRICS.preemptions,  # not a hit counter: read with them, reported per phase
+    # The UCM connector's block counters (the simulator exports the same names): why loads
+    # missed (a network filesystem's errors, timeouts) and saves failed, per phase.
+    "ucm_load_errors": "vllm:ucm_load_errors",
+    **{f"ucm_load_errors_{k}": f"vllm:ucm_load_errors_{k}" for k in LOAD_KINDS},
+    "ucm_save_errors": "vllm:ucm_save_errors",
+    **{f"ucm_save_errors_{k}": f"vllm:ucm_save_errors_{k}" for k in SAVE_KINDS},
 }
 
 
@@ -37,7 +44,7 @@ class Instance:
 
 
 def parse_counters(text: str) -> dict[str, float]:
-    """Our four counters from a Prometheus exposition, summed over label sets (engines)."""
+    """Our counters from a Prometheus exposition, summed over label sets (engines)."""
     wanted: dict[str, str] = {}
     for key, name in COUNTERS.items():
         wanted[name] = key

@@ -29,6 +29,7 @@ from ucmctl.bench import loop
 from ucmctl.bench.metrics import METRICS, STATS
 from ucmctl.bench.workloads import BY_KIND, PrefixSpec
 from ucmctl.core.errors import UcmctlError
+from ucmctl.core.store_errors import LOAD_KINDS, SAVE_KINDS
 from ucmctl.core.tables import FIGURE, NAME, PAIR, fitted
 
 SCHEMA_VERSION = 2  # 2: cells name their workload and label; version 1 results read the same
@@ -94,6 +95,18 @@ def preemptions_of(phase: dict[str, Any] | None) -> int | None:
     total = ((phase or {}).get("hit_rate") or {}).get("total") or {}
     value = total.get("preemptions")
     return None if value is None else int(value)
+
+
+def storage_errors_of(phase: dict[str, Any] | None) -> str | None:
+    """What the UCM store failed to load or save in a phase, by kind, in words; None if nothing."""
+    total = ((phase or {}).get("hit_rate") or {}).get("total") or {}
+    parts = []
+    for op, kinds, what in (("load", LOAD_KINDS, "load(s) missed"), ("save", SAVE_KINDS, "save(s) failed")):
+        n = int(total.get(f"ucm_{op}_errors") or 0)
+        by = [f"{k} {int(total[f'ucm_{op}_errors_{k}'])}" for k in kinds if total.get(f"ucm_{op}_errors_{k}")]
+        if n:
+            parts.append(f"{n} block {what}" + (f" ({', '.join(by)})" if by else ""))
+    return "; ".join(parts) or None
 
 
 # ---- provenance ----------------------------------------------------------------------------
@@ -459,6 +472,13 @@ def print_cells(cells: list[dict[str, Any]], console: Console) -> None:
             if preempted:
                 console.print(
                     f"{name}: {preempted} preemption(s): the KV cache was full (figures include them)",
+                    style="yellow",
+                    markup=False,
+                )
+            storage = storage_errors_of(p)
+            if storage:
+                console.print(
+                    f"{name}: UCM store: {storage} (missed loads are recomputed)",
                     style="yellow",
                     markup=False,
                 )

@@ -46,23 +46,23 @@ class ExternalTier:
             + [f"save_errors_{k}" for k in SAVE_KINDS],
             0,
         )
+        self.longest_wait_s = 0.0  # the longest one lookup, load or save took (the bound + a copy)
+
+    def _took(self, started: float) -> None:
+        self.longest_wait_s = max(self.longest_wait_s, time.perf_counter() - started)
 
     def lookup_prefix(self, keys: Sequence[bytes]) -> int:
         if not keys:
             return 0
+        started = time.perf_counter()
         try:
             return self.store.lookup_prefix(list(keys), timeout=self.load_timeout_s)
         except TimeoutError as exc:
             self.counts["lookup_timeouts"] += 1
             log.warning("sim: store lookup treated as a miss: %s", exc)
             return 0
-
-    def _outcome(self, tid: int, op: str, timeout: float) -> Any:
-        try:
-            return self.store.wait(tid, timeout=timeout)
-        except TimeoutError:
-            why = f"{op} timed out after {timeout:g} s (the storage is stalled or slow)"
-            return self.store.cancel(tid, why)
+        finally:
+            self._took(started)
 
     def _count(self, op: str, errors: Sequence[str]) -> None:
         kinds = LOAD_KINDS if op == "load" else SAVE_KINDS
@@ -76,7 +76,9 @@ class ExternalTier:
         if not keys:
             return 0
         buffers = [[bytearray(size) for size in self.shard_sizes] for _ in keys]
-        result = self._outcome(self.store.load(list(keys), buffers), "load", self.load_timeout_s)
+        started = time.perf_counter()
+        result = self.store.finish_within(self.store.load(list(keys), buffers), self.load_timeout_s)
+        self._took(started)
         self._count("load", [e or "failed" for ok, e in zip(result.ok, result.errors, strict=True) if not ok])
         good = 0
         for key, ok, block in zip(keys, result.ok, buffers, strict=True):
@@ -92,21 +94,14 @@ class ExternalTier:
     def save(self, keys: Sequence[bytes]) -> None:
         if not keys:
             return
-        started = time.perf_counter()
         blocks = [[_pattern(key, size) for size in self.shard_sizes] for key in keys]
-        task = self.store.dump(list(keys), blocks)
-        result = self._outcome(task, "dump", self.dump_timeout_s)
-        ok, errors = list(result.ok), list(result.errors)
-        if self.wait_persisted and any(ok):
-            # As the connector: with wait_persisted the step ends once the blocks are on disk.
-            left = max(self.dump_timeout_s - (time.perf_counter() - started), 0.0)
-            try:
-                persisted = self.store.wait_persisted(task, timeout=left)
-                ok = [a and b for a, b in zip(ok, persisted.ok, strict=True)]
-                errors = [e or p for e, p in zip(errors, persisted.errors, strict=True)]
-            except TimeoutError:
-                why = f"dump not persisted within {self.dump_timeout_s:g} s"
-                ok, errors = [False] * len(ok), [e or why for e in errors]
+        # As the connector: with wait_persisted the step ends once the blocks are on disk.
+        started = time.perf_counter()
+        result = self.store.finish_within(
+            self.store.dump(list(keys), blocks), self.dump_timeout_s, op="dump", persisted=self.wait_persisted
+        )
+        self._took(started)
+        ok, errors = result.ok, result.errors
         self.saved_blocks += sum(ok)
         failed = [e or "failed" for flag, e in zip(ok, errors, strict=True) if not flag]
         if failed:

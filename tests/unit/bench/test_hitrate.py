@@ -20,13 +20,40 @@ vllm:num_preemptions_total{engine="1",model_name="m"} 4.0
 
 def test_parse_sums_engines_and_ignores_created() -> None:
     c = parse_counters(EXPOSITION)
-    assert c == {
+    ucm = {k: v for k, v in c.items() if k.startswith("ucm_")}
+    assert ucm and set(ucm.values()) == {0.0}  # a server without the UCM connector
+    assert {k: v for k, v in c.items() if k not in ucm} == {
         "local_queries": 1500.0,
         "local_hits": 300.0,
         "external_queries": 1200.0,
         "external_hits": 960.0,
         "preemptions": 7.0,
     }
+
+
+def test_storage_errors_of_a_phase_are_read_and_said_by_kind() -> None:
+    from ucmctl.bench.report import storage_errors_of
+
+    text = EXPOSITION + "\n".join(
+        [
+            'vllm:ucm_load_errors_total{engine="0",model_name="m"} 24.0',
+            'vllm:ucm_load_errors_enotconn_total{engine="0",model_name="m"} 20.0',
+            'vllm:ucm_load_errors_timeout_total{engine="0",model_name="m"} 3.0',
+            'vllm:ucm_load_errors_timeout_total{engine="1",model_name="m"} 1.0',
+            'vllm:ucm_save_errors_total{engine="0",model_name="m"} 2.0',
+            'vllm:ucm_save_errors_dropped_total{engine="0",model_name="m"} 2.0',
+        ]
+    )
+    inst = [Instance("d0", "decode", "http://b")]
+    phase = {"hit_rate": hit_rates(inst, {"d0": parse_counters(EXPOSITION)}, {"d0": parse_counters(text)})}
+    said = storage_errors_of(phase)
+    assert said == "24 block load(s) missed (enotconn 20, timeout 4); 2 block save(s) failed (dropped 2)"
+    assert (
+        storage_errors_of(
+            {"hit_rate": hit_rates(inst, {"d0": parse_counters(text)}, {"d0": parse_counters(text)})}
+        )
+        is None
+    )
 
 
 def test_rates_are_deltas_per_instance_role_and_total() -> None:

@@ -53,3 +53,13 @@ def test_mooncake_stats_lists_become_counters() -> None:
     assert value(reg, "vllm:mooncake_transfer_seconds_total", "0") == 0.75
     assert value(reg, "vllm:mooncake_failed_transfers_total", "0") == 1
     assert MooncakeConnector.__name__ == "MooncakeConnector"  # stats are keyed and rebuilt by this name
+
+
+def test_the_benchmark_reads_the_connectors_ucm_counters_by_their_names() -> None:
+    from ucm_connector.stats import UCMPromMetrics
+
+    from ucmctl.bench.hitrate import COUNTERS
+
+    exported = {name for _, name, _ in UCMPromMetrics.COUNTERS}
+    read = {name for key, name in COUNTERS.items() if key.startswith("ucm_")}
+    assert read and read <= exported, read - exported

@@ -199,3 +199,22 @@ def _lookup_or_none(store, k: bytes) -> list[bool] | None:
         return store.lookup([k], timeout=1)
     except TimeoutError:
         return None
+
+
+def test_a_stalled_persist_costs_one_bounded_wait_not_one_per_step(make_store):
+    store = make_store(SHARDS, store_pipeline="Cache|Posix", posix_io_threads=1)
+    _native._inject_stall("posix_write", 1, 1500)
+    a, b, c = (key(i, "persist") for i in range(3))
+    t0 = time.monotonic()
+    first = store.finish_within(store.dump([a], [block(a, SHARDS)]), 0.3, op="dump", persisted=True)
+    assert 0.25 < time.monotonic() - t0 < 0.6 and first.ok == [False]
+    assert "not persisted within 0.3 s" in first.errors[0]
+    t0 = time.monotonic()
+    second = store.finish_within(store.dump([b], [block(b, SHARDS)]), 0.3, op="dump", persisted=True)
+    assert time.monotonic() - t0 < 0.1, "a second step waited for a storage known to be stalled"
+    assert second.ok == [False] and "the storage is stalled" in second.errors[0]
+    time.sleep(1.5)  # the stalled write returns
+    third = store.finish_within(store.dump([c], [block(c, SHARDS)]), 5, op="dump", persisted=True)
+    assert third.ok == [True] and third.all_ok
+    assert store.flush(timeout=10)
+    assert store.lookup([a, b, c], tier="Posix") == [True, True, True]  # late, but all written
