@@ -138,7 +138,17 @@ bool PosixTier::exists(const Key& key) const {
     const Backend& b = *backends_[pick(key)];
     std::string hex = key.hex();
     struct stat st;
-    return stat((dir_of(b, hex) + "/" + hex).c_str(), &st) == 0 && S_ISREG(st.st_mode);
+    if (stat((dir_of(b, hex) + "/" + hex).c_str(), &st) == 0) return S_ISREG(st.st_mode);
+    int e = errno;
+    if (e != ENOENT && e != ENOTDIR) {
+        // Not "absent": the storage failed to answer. Still a miss, but counted by kind, so
+        // a hit rate that collapses says why.
+        c_.lookup_errors.add();
+        if (e == ESTALE) c_.lookup_estale.add();
+        else if (e == ENOTCONN) c_.lookup_enotconn.add();
+        else if (e == EIO) c_.lookup_eio.add();
+    }
+    return false;
 }
 
 std::string PosixTier::write(const Key& key, const std::vector<ConstSpan>& parts) {

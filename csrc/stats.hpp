@@ -29,7 +29,8 @@ struct Counter {
     X(gc_runs) X(gc_removed_blocks) X(gc_removed_bytes) X(temps_reclaimed)                 \
     X(posix_used_bytes) X(lookup_keys) X(lookup_hits) X(dump_blocks) X(load_blocks)        \
     X(load_errors) X(dump_errors) X(persist_errors) X(job_errors) X(tasks_live)             \
-    X(load_timeouts) X(load_late) X(dump_timeouts) X(dump_dropped)
+    X(load_timeouts) X(load_late) X(dump_timeouts) X(dump_dropped)                         \
+    X(lookup_errors) X(lookup_estale) X(lookup_enotconn) X(lookup_eio)
 
 struct Counters {
 #define UCM_DECLARE(name) Counter name;

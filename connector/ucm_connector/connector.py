@@ -27,6 +27,7 @@ from ucm_connector.scheduler import SchedulerSide
 from ucm_connector.stats import UCMConnectorStats, UCMPromMetrics
 from ucm_connector.store import StoreLike, open_store
 from ucm_connector.worker import WorkerSide
+from ucmctl.core.ucm_config import lookup_bound
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -130,7 +131,7 @@ class UcmctlConnector(KVConnectorBase_V1):
             store = open_store(self._config, shard_sizes, lookup_only=True)
             self._scheduler_store = store
             self._scheduler = SchedulerSide(
-                store, self._keys, ns.block_size, lookup_timeout_s=self._config.load_timeout_s
+                store, self._keys, ns.block_size, lookup_timeout_s=lookup_bound(self._config.load_timeout_s)
             )
             logger.info(
                 "UCMConnector scheduler: config %s, pipeline %s, namespace %s",
@@ -215,7 +216,12 @@ class UcmctlConnector(KVConnectorBase_V1):
         return self._worker.take_load_errors() if self._worker is not None else set()
 
     def get_kv_connector_stats(self) -> KVConnectorStats | None:
-        return self._worker.take_stats() if self._worker is not None else None
+        if self._worker is not None:
+            return self._worker.take_stats()
+        if self._scheduler is not None:  # vLLM aggregates the scheduler side's stats too
+            errors = self._scheduler.take_lookup_errors()
+            return UCMConnectorStats(data=dict(errors)) if errors else None
+        return None
 
     @classmethod
     def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVConnectorStats | None:

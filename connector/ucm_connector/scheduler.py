@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from ucm_connector import LOGGER_NAME
 from ucm_connector.keys import KeyMaker
 from ucm_connector.metadata import BlockTransfer, UCMConnectorMetadata
+from ucmctl.core.store_errors import lookup_errors
 
 if TYPE_CHECKING:
     from ucm_connector.store import StoreLike
@@ -50,6 +51,10 @@ class SchedulerSide:
         # The lookup runs in vLLM's scheduler loop: a stalled mount must cost one bounded wait
         # (then misses at once, see ucm_store), not a frozen server.
         self._lookup_timeout_s = lookup_timeout_s
+        # Lookups the storage failed to answer (counted by the store, or timed out here), for
+        # the connector's stats: a hit rate that collapses says why.
+        self.lookup_errors: dict[str, int] = {}
+        self._stats_seen = self._store_stats()
         self._keys = keys
         self._block_size = block_size
         self._writes = writes
@@ -100,8 +105,31 @@ class SchedulerSide:
             flags = self._store.lookup(self._keys.presence_keys(block_keys), timeout=self._lookup_timeout_s)
         except Exception as exc:  # a store failure is a miss, never a failed request
             logger.warning("request_id: %s: store lookup failed, treating as miss: %s", req_id, exc)
+            self._count("lookup_errors", 1)
+            if isinstance(exc, TimeoutError):
+                self._count("lookup_errors_timeout", 1)
             return [False] * len(block_keys)
+        finally:
+            # Since the last look: a lookup stuck past its bound counts when it returns.
+            now = self._store_stats()
+            for name, n in lookup_errors(self._stats_seen, now).items():
+                self._count(name, n)
+            self._stats_seen = now
         return [all(flags[i * per : (i + 1) * per]) for i in range(len(block_keys))]
+
+    def _store_stats(self) -> dict[str, int]:
+        try:
+            return dict(self._store.stats())
+        except Exception:  # stats are for reporting: never a reason to fail a lookup
+            return {}
+
+    def _count(self, name: str, n: int) -> None:
+        if n:
+            self.lookup_errors[name] = self.lookup_errors.get(name, 0) + n
+
+    def take_lookup_errors(self) -> dict[str, int]:
+        out, self.lookup_errors = self.lookup_errors, {}
+        return out
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         req_id = request.request_id

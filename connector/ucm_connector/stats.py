@@ -8,7 +8,7 @@ from typing import Any
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
 from ucm_connector.prom import CounterMetrics
-from ucmctl.core.store_errors import LOAD_KINDS, SAVE_KINDS, error_kind
+from ucmctl.core.store_errors import LOAD_KINDS, LOOKUP_KINDS, SAVE_KINDS, error_kind
 
 __all__ = ["UCMConnectorStats", "UCMPromMetrics", "error_kind"]
 
@@ -24,6 +24,8 @@ _FIELDS = (
     # errors by kind (ucmctl.core.store_errors): load_errors_estale, ..., save_errors_dropped
     *(f"load_errors_{kind}" for kind in LOAD_KINDS),
     *(f"save_errors_{kind}" for kind in SAVE_KINDS),
+    "lookup_errors",
+    *(f"lookup_errors_{kind}" for kind in LOOKUP_KINDS),
 )
 
 
@@ -61,6 +63,7 @@ class UCMConnectorStats(KVConnectorStats):
             "GB loaded": round(d["load_bytes"] / 1e9, 4),
             "Load GB/s": gbps(d["load_bytes"], d["load_s"]),
             "Blocks saved": d["save_blocks"],
+            "Lookup errors": d["lookup_errors"],
             "Save errors": d["save_errors"],
             "Save timeouts": d["save_errors_timeout"],
             "Saves dropped": d["save_errors_dropped"],
@@ -74,6 +77,7 @@ class UCMConnectorStats(KVConnectorStats):
             or self.data["save_blocks"]
             or self.data["load_errors"]
             or self.data["save_errors"]
+            or self.data["lookup_errors"]
         )
 
     @classmethod
@@ -103,6 +107,8 @@ class UCMPromMetrics(CounterMetrics):
         ("load_errors_timeout", "vllm:ucm_load_errors_timeout", "Load errors: not finished in time"),
         ("load_errors_corrupt", "vllm:ucm_load_errors_corrupt", "Load errors: block failed its checksum"),
         ("save_errors_timeout", "vllm:ucm_save_errors_timeout", "Save errors: not stored in time"),
+        ("lookup_errors", "vllm:ucm_lookup_errors", "Lookups the storage failed to answer (misses)"),
+        *((f"lookup_errors_{k}", f"vllm:ucm_lookup_errors_{k}", f"Lookup errors: {k}") for k in LOOKUP_KINDS),
         (
             "save_errors_dropped",
             "vllm:ucm_save_errors_dropped",

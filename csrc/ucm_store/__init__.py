@@ -133,6 +133,10 @@ class _BoundedCalls:
                 box["done"].set()
             del fn, args, box  # hold nothing of the store between calls (it may be closed)
 
+    @property
+    def stuck_since(self) -> float | None:
+        return self._stuck_since
+
     def call(self, fn: Any, args: tuple[Any, ...], timeout: float) -> Any:
         with self._lock:
             if self._stuck_since is not None:
@@ -201,13 +205,37 @@ class Store:
             raise ValueError(f"tier must be None, 'Cache' or 'Posix', got {tier!r}")
         if timeout is None:
             return self._native.lookup(keys, _TIER_CODES[tier])
+        self._refuse_if_stalled()
         return self._bounded.call(self._native.lookup, (list(keys), _TIER_CODES[tier]), timeout)
 
     def lookup_prefix(self, keys: Sequence[bytes], timeout: float | None = None) -> int:
         """Number of leading keys present, stopping at the first miss."""
         if timeout is None:
             return self._native.lookup_prefix(keys)
+        self._refuse_if_stalled()
         return self._bounded.call(self._native.lookup_prefix, (list(keys),), timeout)
+
+    def stalled_for(self) -> float | None:
+        """Seconds since a bounded wait found the storage stalled, while it still is; else None.
+
+        Stalled: a bounded lookup still stuck in the filesystem, or a dump not persisted in time
+        whose writes have not returned yet. Either one makes the other kind of bounded wait
+        return at once, so a request looking up and saving in one step pays one bound, not two.
+        """
+        since = [t for t in (self._bounded.stuck_since, self._dump_stalled_since()) if t is not None]
+        return time.monotonic() - min(since) if since else None
+
+    def _dump_stalled_since(self) -> float | None:
+        if self._stalled is None:
+            return None
+        if self.check_persisted(self._stalled[0]) is not None:
+            self._stalled = None  # that write returned: the storage answers again
+            return None
+        return self._stalled[1]
+
+    def _refuse_if_stalled(self) -> None:
+        if (since := self._dump_stalled_since()) is not None:
+            raise TimeoutError(f"the storage is stalled ({time.monotonic() - since:.0f} s): lookup not tried")
 
     def dump(self, keys: Sequence[bytes], blocks: Sequence[Sequence[Any]]) -> int:
         """Starts writing `blocks[i]` under `keys[i]`; returns a task id."""
@@ -246,7 +274,7 @@ class Store:
         ends), the rest of the time is spent waiting for that; when that wait times out,
         the storage counts as stalled, and later calls do not wait for persistence at all
         (their blocks are reported not persisted at once) until that write has returned:
-        one stalled mount costs one bounded wait, not one per step.
+        one stalled mount costs one bounded wait, not one per step (see `stalled_for`).
         """
         deadline = time.monotonic() + timeout
         try:
@@ -256,12 +284,9 @@ class Store:
         ok, errors = list(res.ok), list(res.errors)
         if not persisted or not any(ok):
             return Outcome(ok, errors)
-        if self._stalled is not None:
-            if self.check_persisted(self._stalled[0]) is None:
-                age = time.monotonic() - self._stalled[1]
-                why = f"dump not persisted within {timeout:g} s: the storage is stalled ({age:.0f} s)"
-                return Outcome([False] * len(ok), [e or why for e in errors])
-            self._stalled = None  # that write returned: the storage answers again
+        if (age := self.stalled_for()) is not None:
+            why = f"dump not persisted within {timeout:g} s: the storage is stalled ({age:.0f} s)"
+            return Outcome([False] * len(ok), [e or why for e in errors])
         try:
             done = self.wait_persisted(tid, timeout=max(deadline - time.monotonic(), 0.0))
         except TimeoutError:

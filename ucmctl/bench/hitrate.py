@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 
 from ucmctl.core.errors import UcmctlError
-from ucmctl.core.store_errors import LOAD_KINDS, SAVE_KINDS
+from ucmctl.core.store_errors import LOAD_KINDS, LOOKUP_KINDS, SAVE_KINDS
 from ucmctl.engines import ENGINES
 
 # Every engine ucmctl serves with exposes vLLM's series (the simulator imitates them; a test
@@ -31,6 +31,8 @@ COUNTERS = {
     # missed (a network filesystem's errors, timeouts) and saves failed, per phase.
     "ucm_load_errors": "vllm:ucm_load_errors",
     **{f"ucm_load_errors_{k}": f"vllm:ucm_load_errors_{k}" for k in LOAD_KINDS},
+    "ucm_lookup_errors": "vllm:ucm_lookup_errors",
+    **{f"ucm_lookup_errors_{k}": f"vllm:ucm_lookup_errors_{k}" for k in LOOKUP_KINDS},
     "ucm_save_errors": "vllm:ucm_save_errors",
     **{f"ucm_save_errors_{k}": f"vllm:ucm_save_errors_{k}" for k in SAVE_KINDS},
 }

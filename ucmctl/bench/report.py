@@ -29,7 +29,7 @@ from ucmctl.bench import loop
 from ucmctl.bench.metrics import METRICS, STATS
 from ucmctl.bench.workloads import BY_KIND, PrefixSpec
 from ucmctl.core.errors import UcmctlError
-from ucmctl.core.store_errors import LOAD_KINDS, SAVE_KINDS
+from ucmctl.core.store_errors import LOAD_KINDS, LOOKUP_KINDS, SAVE_KINDS
 from ucmctl.core.tables import FIGURE, NAME, PAIR, fitted
 
 SCHEMA_VERSION = 2  # 2: cells name their workload and label; version 1 results read the same
@@ -101,7 +101,12 @@ def storage_errors_of(phase: dict[str, Any] | None) -> str | None:
     """What the UCM store failed to load or save in a phase, by kind, in words; None if nothing."""
     total = ((phase or {}).get("hit_rate") or {}).get("total") or {}
     parts = []
-    for op, kinds, what in (("load", LOAD_KINDS, "load(s) missed"), ("save", SAVE_KINDS, "save(s) failed")):
+    ops = (
+        ("lookup", LOOKUP_KINDS, "lookup(s) failed"),
+        ("load", LOAD_KINDS, "load(s) missed"),
+        ("save", SAVE_KINDS, "save(s) failed"),
+    )
+    for op, kinds, what in ops:
         n = int(total.get(f"ucm_{op}_errors") or 0)
         by = [f"{k} {int(total[f'ucm_{op}_errors_{k}'])}" for k in kinds if total.get(f"ucm_{op}_errors_{k}")]
         if n:
@@ -478,7 +483,7 @@ def print_cells(cells: list[dict[str, Any]], console: Console) -> None:
             storage = storage_errors_of(p)
             if storage:
                 console.print(
-                    f"{name}: UCM store: {storage} (missed loads are recomputed)",
+                    f"{name}: UCM store: {storage} (misses are recomputed)",
                     style="yellow",
                     markup=False,
                 )

@@ -15,6 +15,17 @@ import re
 LOAD_KINDS = ("estale", "enotconn", "eio", "timeout", "corrupt")
 # A dump not stored (or persisted) in time, one dropped because the storage is far behind.
 SAVE_KINDS = ("timeout", "dropped")
+# A lookup the storage failed to answer (the store's own counters), or not in time.
+LOOKUP_KINDS = ("estale", "enotconn", "eio", "timeout")
+
+
+def lookup_errors(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    """`lookup_errors` and `lookup_errors_<kind>` between two `Store.stats()` snapshots."""
+    out = {"lookup_errors": after.get("lookup_errors", 0) - before.get("lookup_errors", 0)}
+    for kind in LOOKUP_KINDS[:-1]:
+        out[f"lookup_errors_{kind}"] = after.get(f"lookup_{kind}", 0) - before.get(f"lookup_{kind}", 0)
+    return out
+
 
 _ERRNO = re.compile(r"\(errno (\d+)\)")
 _KIND_OF_ERRNO = {errno.ESTALE: "estale", errno.ENOTCONN: "enotconn", errno.EIO: "eio"}

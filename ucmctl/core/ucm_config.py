@@ -30,6 +30,12 @@ DEFAULT_LOAD_TIMEOUT_S = 5.0
 DEFAULT_DUMP_TIMEOUT_S = 10.0
 
 
+def lookup_bound(load_timeout_s: float) -> float:
+    """How long a lookup may take: half the load bound, because in disaggregated PD a request
+    is looked up on both sides (prefill, then decode), and both together must fit the bound."""
+    return load_timeout_s / 2
+
+
 class UcmConfigError(UcmctlError, ValueError):
     """A bad UCM config; the message names the key, the value and the valid choices."""
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import yaml
 
-from ucmctl.core.store_errors import LOAD_KINDS, SAVE_KINDS, error_kind
-from ucmctl.core.ucm_config import UcmConfig, UcmConfigError, parse_ucm_config
+from ucmctl.core.store_errors import LOAD_KINDS, LOOKUP_KINDS, SAVE_KINDS, error_kind, lookup_errors
+from ucmctl.core.ucm_config import UcmConfig, UcmConfigError, lookup_bound, parse_ucm_config
 
 log = logging.getLogger("ucmctl.sim")
 
@@ -41,28 +41,40 @@ class ExternalTier:
         self.saved_blocks = 0
         # The connector's counters (ucm_connector.stats): load_errors, load_errors_<kind>, ...
         self.counts: dict[str, int] = dict.fromkeys(
-            ["load_errors", "save_errors", "lookup_timeouts"]
+            ["load_errors", "save_errors", "lookup_errors"]
+            + [f"lookup_errors_{k}" for k in LOOKUP_KINDS]
             + [f"load_errors_{k}" for k in LOAD_KINDS]
             + [f"save_errors_{k}" for k in SAVE_KINDS],
             0,
         )
-        self.longest_wait_s = 0.0  # the longest one lookup, load or save took (the bound + a copy)
+        self._stats_seen = self.store.stats()
+        # The longest one lookup, load or save took (at most the bound and a memory copy).
+        self.longest_wait_s = dict.fromkeys(("lookup", "load", "save"), 0.0)
 
-    def _took(self, started: float) -> None:
-        self.longest_wait_s = max(self.longest_wait_s, time.perf_counter() - started)
+    def _took(self, started: float, op: str) -> None:
+        took = time.perf_counter() - started
+        self.longest_wait_s[op] = max(self.longest_wait_s[op], took)
+        if took > max(self.load_timeout_s, self.dump_timeout_s) + 1:
+            log.warning("sim: a store %s took %.1f s, past its bound", op, took)
 
     def lookup_prefix(self, keys: Sequence[bytes]) -> int:
         if not keys:
             return 0
         started = time.perf_counter()
         try:
-            return self.store.lookup_prefix(list(keys), timeout=self.load_timeout_s)
+            return self.store.lookup_prefix(list(keys), timeout=lookup_bound(self.load_timeout_s))
         except TimeoutError as exc:
-            self.counts["lookup_timeouts"] += 1
+            self.counts["lookup_errors"] += 1
+            self.counts["lookup_errors_timeout"] += 1
             log.warning("sim: store lookup treated as a miss: %s", exc)
             return 0
         finally:
-            self._took(started)
+            self._took(started, "lookup")
+            # Since the last look: a lookup stuck past its bound counts when it returns.
+            now = self.store.stats()
+            for name, n in lookup_errors(self._stats_seen, now).items():
+                self.counts[name] += n
+            self._stats_seen = now
 
     def _count(self, op: str, errors: Sequence[str]) -> None:
         kinds = LOAD_KINDS if op == "load" else SAVE_KINDS
@@ -78,7 +90,7 @@ class ExternalTier:
         buffers = [[bytearray(size) for size in self.shard_sizes] for _ in keys]
         started = time.perf_counter()
         result = self.store.finish_within(self.store.load(list(keys), buffers), self.load_timeout_s)
-        self._took(started)
+        self._took(started, "load")
         self._count("load", [e or "failed" for ok, e in zip(result.ok, result.errors, strict=True) if not ok])
         good = 0
         for key, ok, block in zip(keys, result.ok, buffers, strict=True):
@@ -100,7 +112,7 @@ class ExternalTier:
         result = self.store.finish_within(
             self.store.dump(list(keys), blocks), self.dump_timeout_s, op="dump", persisted=self.wait_persisted
         )
-        self._took(started)
+        self._took(started, "save")
         ok, errors = result.ok, result.errors
         self.saved_blocks += sum(ok)
         failed = [e or "failed" for flag, e in zip(ok, errors, strict=True) if not flag]

@@ -141,14 +141,13 @@ def exposition(model: str, engines: Sequence[Engine]) -> str:
     external = engines[0].external if engines else None
     if external is not None:
         for key, count in external.counts.items():
-            if key == "lookup_timeouts":
-                continue
             name = f"vllm:ucm_{key}_total"
             family(name, "counter", f"UCM store: {key.replace('_', ' ')} (blocks)")
             out.append(f"{name}{{{labels(engines[0])}}} {count}")
         name = "ucmctl_sim_store_wait_max_seconds"
         family(name, "gauge", "The longest one UCM store lookup, load or save took.")
-        out.append(f"{name}{{{labels(engines[0])}}} {external.longest_wait_s:.3f}")
+        for op, took in external.longest_wait_s.items():
+            out.append(f'{name}{{{labels(engines[0])},op="{op}"}} {took:.3f}')
     # The simulator's own: how well it keeps its schedule (elapsed / planned - 1 is the lag).
     own = [
         ("ucmctl_sim_steps", "Engine steps run.", lambda e: e.stats.steps),

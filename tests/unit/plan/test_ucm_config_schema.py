@@ -49,3 +49,22 @@ def test_the_connector_and_the_store_use_the_same_pipelines() -> None:
 
     assert ucm_store.PIPELINES == PIPELINES
     assert set(KNOWN_TIERS) == set(ucm_store.TIERS)
+
+
+def test_the_topologys_store_bounds_reach_the_rendered_file(tmp_path: Path) -> None:
+    from ucmctl.plan.build import build_plan
+    from ucmctl.topology.load import load_topology
+
+    source = Path(__file__).resolve().parents[3] / "topologies" / "local-1p1d.yaml"
+    text = source.read_text().replace(
+        "  cache_buffer_capacity_gb: 2\n",
+        "  cache_buffer_capacity_gb: 2\n  load_timeout_s: 2.5\n  dump_timeout_s: 7\n",
+    )
+    assert "load_timeout_s: 2.5" in text
+    (tmp_path / "t.yaml").write_text(text)
+    plan = build_plan(load_topology(tmp_path / "t.yaml"))
+    files = [f for p in plan.processes for f in p.files if f.path.endswith("/" + UCM_CONFIG_FILE)]
+    assert files
+    for f in files:
+        ucm = parse_ucm_config(yaml.safe_load(f.content))
+        assert (ucm.load_timeout_s, ucm.dump_timeout_s) == (2.5, 7.0)

@@ -218,3 +218,26 @@ def test_a_stalled_persist_costs_one_bounded_wait_not_one_per_step(make_store):
     assert third.ok == [True] and third.all_ok
     assert store.flush(timeout=10)
     assert store.lookup([a, b, c], tier="Posix") == [True, True, True]  # late, but all written
+
+
+def test_one_stall_found_by_a_lookup_or_a_persist_spares_the_other_its_wait(make_store):
+    store = make_store(SHARDS, store_pipeline="Cache|Posix", posix_io_threads=1)
+    a, b = key(10, "cross"), key(11, "cross")
+    _native._inject_stall("posix_stat", 1, 1200)
+    with pytest.raises(TimeoutError):
+        store.lookup_prefix([a], timeout=0.2)
+    assert store.stalled_for() is not None
+    t0 = time.monotonic()
+    res = store.finish_within(store.dump([a], [block(a, SHARDS)]), 2, op="dump", persisted=True)
+    assert time.monotonic() - t0 < 0.3 and res.ok == [False]  # no persist wait: known stalled
+    assert _until(lambda: store.stalled_for() is None, timeout=5)  # the stuck lookup returned
+    _native._inject_stall("posix_write", 1, 1200)
+    res = store.finish_within(store.dump([b], [block(b, SHARDS)]), 0.2, op="dump", persisted=True)
+    assert res.ok == [False] and store.stalled_for() is not None
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError, match="lookup not tried"):
+        store.lookup([b], timeout=2)  # refused at once: a write is stuck in the storage
+    assert time.monotonic() - t0 < 0.1
+    assert _until(lambda: store.stalled_for() is None, timeout=5)
+    assert store.flush(timeout=5)
+    assert store.lookup_prefix([a, b], timeout=2) == 2  # answers again: both were written
