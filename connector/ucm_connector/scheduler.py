@@ -104,7 +104,7 @@ class SchedulerSide:
         try:
             flags = self._store.lookup(self._keys.presence_keys(block_keys), timeout=self._lookup_timeout_s)
         except Exception as exc:  # a store failure is a miss, never a failed request
-            logger.warning("request_id: %s: store lookup failed, treating as miss: %s", req_id, exc)
+            logger.warning("UCM lookup error: request_id: %s: %s; the blocks are misses", req_id, exc)
             self._count("lookup_errors", 1)
             if isinstance(exc, TimeoutError):
                 self._count("lookup_errors_timeout", 1)

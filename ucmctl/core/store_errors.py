@@ -41,3 +41,35 @@ def error_kind(reason: str) -> str | None:
         return "corrupt"
     found = _ERRNO.search(reason)
     return _KIND_OF_ERRNO.get(int(found[1])) if found else None
+
+
+OPS = {"lookup": LOOKUP_KINDS, "load": LOAD_KINDS, "save": SAVE_KINDS}
+_SAMPLE = re.compile(r"^vllm:ucm_(lookup|load|save)_errors(?:_([a-z]+))?_total(?:\{[^}]*\})? (\S+)$")
+
+
+def errors_from_metrics(text: str) -> dict[str, float]:
+    """A server's UCM store error counters from its Prometheus text, summed over engines:
+    `{"lookup": n, "lookup_enotconn": n, ..., "save_dropped": n}` (absent ones are 0)."""
+    out = {op: 0.0 for op in OPS} | {f"{op}_{k}": 0.0 for op, kinds in OPS.items() for k in kinds}
+    for line in text.splitlines():
+        m = _SAMPLE.match(line)
+        if m is None:
+            continue
+        key = m[1] if m[2] is None else f"{m[1]}_{m[2]}"
+        if key in out:
+            try:
+                out[key] += float(m[3])
+            except ValueError:
+                continue
+    return out
+
+
+def describe(counts: dict[str, float]) -> str:
+    """`lookup 3 (enotconn 3), save 8 (timeout 8)` for the non-zero ones; "" when none."""
+    parts = []
+    for op, kinds in OPS.items():
+        n = int(counts.get(op, 0))
+        if n:
+            by = [f"{k} {int(counts[f'{op}_{k}'])}" for k in kinds if counts.get(f"{op}_{k}")]
+            parts.append(f"{op} {n}" + (f" ({', '.join(by)})" if by else ""))
+    return ", ".join(parts)

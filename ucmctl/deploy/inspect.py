@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import shlex
 import time
+import urllib.request
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from ucmctl.core.store_errors import describe, errors_from_metrics
 from ucmctl.core.tables import FIGURE, NAME, TEXT, fitted
 from ucmctl.deploy.health import why_not
 from ucmctl.deploy.state import Record
@@ -67,9 +69,80 @@ def status_table(record: Record, width: int = 80) -> list[Table]:
             scheduler = launcher.view()
         except LaunchError as exc:
             scheduler = [str(exc)]
+        scheduler += storage_health(record, launcher)
     finally:
         launcher.close()
     return render_status(record, looks, time.time(), width, scheduler)
+
+
+# awk over /proc/self/mountinfo: the filesystem type of the longest mount point above path `p`.
+_MOUNT_OF = shlex.quote(
+    '{m = $5; if (m == "/") m = ""; if (index(p, m "/") == 1 && length(m) >= n) {n = length(m); t = $(NF-2)}}'
+    " END {print t}"
+)
+# What a store user's log says when the store failed it (the connector's and the simulator's).
+_STORE_ERROR_LOG = "UCM (lookup|load|save) error"
+
+
+def storage_health(record: Record, launcher: Launcher) -> list[str]:
+    """One line per node that runs the store: each backend's filesystem and whether it answers
+    now (a stat within 3 s: a stalled mount does not), the errors the node's servers counted
+    since they started, and the last such error their logs hold."""
+    plan = record.plan
+    if plan.store is None or not plan.store.users:
+        return []
+    users = [p for p in plan.processes if p.name in set(plan.store.users)]
+    nodes = list(dict.fromkeys(p.node for p in users))
+    backends = plan.store.backends
+
+    def look(node: str) -> list[str]:
+        mine = [p for p in users if p.node == node]
+        script = []
+        for i, b in enumerate(backends):
+            q = shlex.quote(b)
+            # the mount table alone (a stat of a stalled or disconnected mount would hang or fail)
+            script.append(
+                f"echo fs{i}=$(awk -v p={shlex.quote(b.rstrip('/') + '/')} {_MOUNT_OF} /proc/self/mountinfo)"
+            )
+            script.append(f'm=$(timeout 3 stat -c %F {q} 2>&1 >/dev/null); echo "stat{i}=$?:${{m##*: }}"')
+        for j, p in enumerate(mine):
+            if not p.detached:
+                grep = f"grep -E {shlex.quote(_STORE_ERROR_LOG)} | tail -n 1 | cut -c1-300"
+                script.append(f"echo last{j}=$(tail -n 20000 {shlex.quote(p.log)} 2>/dev/null | {grep})")
+        try:
+            done = launcher.executor(node).run("\n".join(script), timeout=20)
+        except NodeError as exc:
+            return [f"storage on {node}: node unreachable ({exc.reason})"]
+        facts = dict(line.partition("=")[::2] for line in done.stdout.splitlines() if "=" in line)
+        states = []
+        for i, b in enumerate(backends):
+            fs = facts.get(f"fs{i}", "").strip() or "?"
+            code, _, reason = facts.get(f"stat{i}", "").strip().partition(":")
+            answer = {"0": "answers", "124": "NOT ANSWERING (no stat within 3 s)"}.get(
+                code, f"FAILS ({reason.strip() or 'no answer'})"
+            )
+            states.append(f"{b}: {fs}, {answer}" if len(backends) > 1 else f"{fs}, {answer}")
+        counted: dict[str, float] = {}
+        unread = []
+        for p in mine:
+            try:
+                text = urllib.request.urlopen(f"{p.url}/metrics", timeout=5).read().decode(errors="replace")
+            except (OSError, ValueError):
+                unread.append(p.name)
+                continue
+            for k, v in errors_from_metrics(text).items():
+                counted[k] = counted.get(k, 0.0) + v
+        said = describe(counted) or "none"
+        if unread:
+            said += f" (no /metrics from {', '.join(unread)})"
+        lines = [f"storage on {node}: {'; '.join(states)}; errors since start: {said}"]
+        for j, p in enumerate(mine):
+            last = facts.get(f"last{j}", "").strip()
+            if last:
+                lines.append(f"  last in {p.name}: {last}")
+        return lines
+
+    return [line for lines in parallel(nodes, look) for line in lines]
 
 
 def render_status(

@@ -24,6 +24,7 @@ from collections.abc import Callable
 
 from pydantic import BaseModel
 
+from ucmctl.core.store_errors import describe, errors_from_metrics
 from ucmctl.engines import engine_for
 from ucmctl.plan.model import Plan
 
@@ -100,6 +101,7 @@ def run_probe(plan: Plan, *, timeout: float = 300.0) -> ProbeResult:
     length = probe_tokens(plan)
     prompt = [rng.randrange(*TOKEN_RANGE) for _ in range(length)]
     now = time.time()
+    errors_before = _store_errors(plan, get)
     try:
         metric, before = _reading(plan, get)
         body = {"model": served, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0}
@@ -121,10 +123,37 @@ def run_probe(plan: Plan, *, timeout: float = 300.0) -> ProbeResult:
         how = "Mooncake moved no KV to decode" if p2p else "decode found nothing prefill stored"
         detail = (f"{plan.mode}: {how} ({metric} did not grow for a {length}-token probe): "
                   "decode recomputes every prompt")  # fmt: skip
+        grew = _grown(errors_before, _store_errors(plan, get))
+        if grew:  # the storage, not the configuration, is why
+            detail += f"; the UCM store failed meanwhile: {grew}"
         return ProbeResult(mode=plan.mode, ok=False, at=now, detail=detail)
     what = "KV-transfer tokens" if p2p else "external prefix hits"
     detail = f"{plan.mode}: decode's {what} grew by {moved:.0f} for a {length}-token probe"
     return ProbeResult(mode=plan.mode, ok=True, at=now, detail=detail)
+
+
+def _store_errors(plan: Plan, get: Callable[[str], str]) -> dict[str, dict[str, float]]:
+    """Each store user's UCM error counters now (a server that does not answer: none)."""
+    out = {}
+    users = set(plan.store.users) if plan.store is not None else set()
+    for p in plan.processes:
+        if p.name in users and p.url:
+            try:
+                out[p.name] = errors_from_metrics(get(f"{p.url}/metrics"))
+            except (OSError, ValueError):
+                continue
+    return out
+
+
+def _grown(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]]) -> str:
+    """`prefill-0 save 8 (enotconn 8); decode-0 lookup 1 (enotconn 1)`: what grew, per process."""
+    parts = []
+    for name, now in after.items():
+        was = before.get(name, {})
+        said = describe({k: v - was.get(k, 0.0) for k, v in now.items()})
+        if said:
+            parts.append(f"{name} {said}")
+    return "; ".join(parts)
 
 
 def probe_tokens(plan: Plan) -> int:

@@ -66,7 +66,7 @@ class ExternalTier:
         except TimeoutError as exc:
             self.counts["lookup_errors"] += 1
             self.counts["lookup_errors_timeout"] += 1
-            log.warning("sim: store lookup treated as a miss: %s", exc)
+            log.warning("UCM lookup error: %s; the blocks are misses", exc)
             return 0
         finally:
             self._took(started, "lookup")
@@ -91,7 +91,12 @@ class ExternalTier:
         started = time.perf_counter()
         result = self.store.finish_within(self.store.load(list(keys), buffers), self.load_timeout_s)
         self._took(started, "load")
-        self._count("load", [e or "failed" for ok, e in zip(result.ok, result.errors, strict=True) if not ok])
+        failed = [e or "failed" for ok, e in zip(result.ok, result.errors, strict=True) if not ok]
+        self._count("load", failed)
+        if failed:
+            log.warning(
+                "UCM load error: %d block(s) not loaded (first: %s); recomputed", len(failed), failed[0]
+            )
         good = 0
         for key, ok, block in zip(keys, result.ok, buffers, strict=True):
             if not ok or bytes(block[0][:16]) != _pattern(key, 16):
@@ -118,7 +123,7 @@ class ExternalTier:
         failed = [e or "failed" for flag, e in zip(ok, errors, strict=True) if not flag]
         if failed:
             self._count("save", failed)
-            log.warning("sim: %d block dumps failed: %s", len(failed), failed[0])
+            log.warning("UCM save error: %d block(s) not stored (first: %s)", len(failed), failed[0])
 
     def close(self) -> None:
         self.store.close()

@@ -22,7 +22,7 @@ import pytest
 
 from tests.support import gluster
 from tests.support.processes import wait_for
-from tests.support.storage_rig import BOUND_S, Rig, storage_rig
+from tests.support.storage_rig import BOUND_S, NAME, Rig, storage_rig
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 
@@ -99,11 +99,26 @@ def test_storage_host_link_cut_for_30_s(rig: Rig) -> None:
 
 
 def test_volume_stopped_and_started_mid_run(rig: Rig) -> None:
+    during: list[str] = []
+
     def stop_then_start() -> None:
         rig.vol.gluster("volume", "stop", rig.vol.name, timeout=60)
-        time.sleep(4)
+        time.sleep(2)
+        during.append(rig.cli("status", NAME).stdout)
         rig.vol.gluster("volume", "start", rig.vol.name)
 
     out, doc = rig.run_bench("stop", 48, 4, 6, stop_then_start)
     check_the_fault_run(rig, out, doc, 48, {"enotconn"})
+    # `status` while the volume was stopped: each storage node's mount fails, with the reason
+    (shown,) = during
+    flat = " ".join(shown.split())
+    gone = "fuse.glusterfs, FAILS (Transport endpoint is not connected)"
+    for node in ("h1", "h2"):
+        assert f"storage on {node}: {gone}" in flat, shown
     check_recovered(rig, "stop-after", 7)
+    # and after: the mounts answer, the errors since start and the last one each server logged
+    after = " ".join(rig.cli("status", NAME).stdout.split())
+    assert "storage on h1: fuse.glusterfs, answers; errors since start: " in after, after
+    assert "storage on h2: fuse.glusterfs, answers; errors since start: " in after
+    assert "errors since start: none" not in after
+    assert re.search(r"last in decode-0: .*UCM (lookup|load|save) error", after), after

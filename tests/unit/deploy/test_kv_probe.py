@@ -56,3 +56,32 @@ def test_the_probe_fits_the_servers_max_model_len() -> None:
         if p.is_server:
             p.argv[p.argv.index("--max-model-len") + 1] = "1024"
     assert probe_tokens(short) == 1022  # two tokens left for the answer
+
+
+def test_a_probe_that_moved_no_kv_names_the_storage_errors_counted_meanwhile(monkeypatch) -> None:
+    from ucmctl.deploy import kv_probe
+
+    plan = build_plan(load_topology("topologies/2p2d-centralized.yaml"))
+    assert plan.store is not None and plan.store.users
+    calls = {"n": 0}
+    decode = {p.url for p in plan.processes if p.role == "decode"}
+    first_prefill = next(p for p in plan.processes if p.role == "prefill")
+
+    def get(url: str, timeout: float) -> str:
+        calls["n"] += 1
+        base = url.removesuffix("/metrics")
+        text = 'vllm:external_prefix_cache_hits_total{engine="0"} 0.0\n' if base in decode else ""
+        if base == first_prefill.url and calls["n"] > len(plan.store.users):  # after the request
+            text += 'vllm:ucm_save_errors_total{engine="0"} 8.0\n'
+            text += 'vllm:ucm_save_errors_timeout_total{engine="0"} 8.0\n'
+        return text
+
+    monkeypatch.setattr(kv_probe, "_get", get)
+    monkeypatch.setattr(kv_probe, "_post", lambda url, body, timeout: {})
+    monkeypatch.setattr(kv_probe.time, "sleep", lambda s: None)
+    monkeypatch.setattr(kv_probe.time, "monotonic", iter(range(0, 10_000, 20)).__next__)
+    result = kv_probe.run_probe(plan)
+    assert not result.ok and "decode found nothing prefill stored" in result.detail
+    assert result.detail.endswith(
+        f"; the UCM store failed meanwhile: {first_prefill.name} save 8 (timeout 8)"
+    )
