@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <thread>
 
 #include "aligned_buffer.hpp"
 #include "checksum.hpp"
@@ -176,13 +177,18 @@ std::string PosixTier::write(const Key& key, const std::vector<ConstSpan>& parts
         return f;
     };
     int fd = create();
-    if (fd < 0 && errno == ENOENT) {
-        // First block of this shard directory (or the backend itself is gone).
+    // First block of this shard directory (or the backend itself is gone). On a network
+    // filesystem another node may be creating the same directory right now: its mkdir has
+    // made the name (ours says EEXIST) but a create inside can still fail ENOENT for a few
+    // milliseconds (measured on GlusterFS: two hosts storing the same keys at once), so try
+    // again briefly before calling the block failed.
+    for (int attempt = 0; fd < 0 && errno == ENOENT && attempt < 8; ++attempt) {
         if (mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
             int e = errno;
             return e == ENOENT ? "backend directory " + b.root + " is missing"
                                : io_error("cannot create", dir, e);
         }
+        if (attempt > 0) std::this_thread::sleep_for(std::chrono::milliseconds(1 << attempt));
         fd = create();
     }
     if (fd < 0) {

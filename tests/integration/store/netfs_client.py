@@ -1,15 +1,18 @@
 """A store client on one test host, for the network filesystem tests (not a test module).
 
-usage: netfs_client.py dump|load BACKEND COUNT
+usage: netfs_client.py dump|load|poll BACKEND COUNT [NAMESPACE] [SECONDS]
 dump stores blocks key(0..COUNT) and flushes; load reads them into buffers filled with 0xAB
 first, then prints one JSON line: how many loaded, how many delivered the right bytes, how many
-buffers of a failed load are still untouched, the reasons, and the store's read counters.
+buffers of a failed load are still untouched, the reasons, and the store's read counters. poll
+loads them again and again for SECONDS (while another host writes them) and counts the blocks
+delivered right and wrong.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "unit" / "store"))
@@ -22,13 +25,26 @@ SHARDS = [16384, 16384]
 
 def main() -> int:
     op, backend, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    ns = sys.argv[4] if len(sys.argv) > 4 else "netfs"
     cfg = {"store_pipeline": "Posix", "storage_backends": backend, "io_direct": True}
-    keys = [key(i, "netfs") for i in range(count)]
+    keys = [key(i, ns) for i in range(count)]
     with ucm_store.Store.from_config(cfg, shard_sizes=SHARDS) as store:
         if op == "dump":
             res = store.wait(store.dump(keys, [block(k, SHARDS) for k in keys]), timeout=120)
             assert store.flush(timeout=120)
-            print(json.dumps({"stored": res.ok.count(True)}))
+            failed = sorted({e for e in res.errors if e})[:3]
+            print(json.dumps({"stored": res.ok.count(True), **({"errors": failed} if failed else {})}))
+            return 0
+        if op == "poll":
+            end, delivered, right, passes = time.monotonic() + float(sys.argv[5]), 0, 0, 0
+            while time.monotonic() < end:
+                buffers = [empty(SHARDS, fill=0xAB) for _ in keys]
+                res = store.wait(store.load(keys, buffers), timeout=120)
+                passes += 1
+                for k, b, good in zip(keys, buffers, res.ok, strict=True):
+                    delivered += good
+                    right += good and same(b, block(k, SHARDS))
+            print(json.dumps({"passes": passes, "delivered": delivered, "right": right}))
             return 0
         buffers = [empty(SHARDS, fill=0xAB) for _ in keys]
         res = store.wait(store.load(keys, buffers), timeout=120)
