@@ -103,6 +103,13 @@ def test_1p1d_over_ssh_decode_hits_what_prefill_stored(
         assert chosen is not None and int(chosen[1]) <= 2048, bench.stderr
         rows = [r.split() for r in bench.stdout.splitlines() if r.startswith(f"{chosen[1]} ")]
         assert [(r[2], r[3]) for r in rows if len(r) == 9] == [("8", "0"), ("8", "0")], bench.stdout
+        brick_killed_during_a_run(volume, env, prefill, decode, tmp_path / "fault.json")
+        # The store is back: a new prompt's KV crosses it again, the same greedy tokens as prefill's own.
+        before = counter(decode, "vllm:external_prefix_cache_hits_total")
+        fresh = [(i * 53) % 3000 + 20 for i in range(3 * BLOCK + 40)]
+        via_store = greedy_with_logprobs(f"http://{hosts.host('h1').address}:8000", fresh)
+        assert counter(decode, "vllm:external_prefix_cache_hits_total") - before == 3 * BLOCK
+        assert via_store[0] == greedy_with_logprobs(prefill, fresh)[0]
     finally:
         down = ucmctl("down")
     assert down.returncode == 0, down.stderr
@@ -110,3 +117,40 @@ def test_1p1d_over_ssh_decode_hits_what_prefill_stored(
     assert hosts.processes_of("e2e-two-hosts") == []
     blocks = [f for f in (volume.brick / "store").rglob("*") if f.is_file()]
     assert len(blocks) >= 8, blocks  # the blocks went to the server's brick, over the network
+
+
+def brick_killed_during_a_run(volume: gluster.Volume, env: dict[str, str], prefill: str, decode: str,
+                              save: Path) -> None:  # fmt: skip
+    """The real vLLM connector when the storage disappears mid-run (the brick process killed once
+    two requests are done, started again after the run): no request fails, the report names the
+    storage errors, and the servers still serve."""
+    import json
+    import signal
+    import time
+
+    from tests.support.processes import wait_for
+
+    start = counter(prefill, "vllm:request_success_total")
+    cmd = [sys.executable, "-m", "ucmctl", "bench", "--prefix-ratio", "0", "--input-len", "512",
+           "--output-len", "8", "--num-prompts", "8", "--request-rate", "1", "--seed", "5",
+           "--save", str(save), "-q"]  # fmt: skip
+    run = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert wait_for(lambda: counter(prefill, "vllm:request_success_total") >= start + 2, timeout=120)
+        for pid in volume.brick_pids():
+            os.kill(pid, signal.SIGKILL)
+        out, err = run.communicate(timeout=600)
+    finally:
+        if run.poll() is None:
+            run.kill()
+        volume.gluster("volume", "start", volume.name, "force")
+    assert run.returncode == 0 and "Traceback" not in err, err[-3000:]
+    (cell,) = json.loads(save.read_text())["cells"]
+    phase = cell["measure"]
+    assert phase["completed"] == 8 and phase["failed"] == 0, phase["errors"]
+    total = phase["hit_rate"]["total"]
+    assert total["ucm_lookup_errors"] + total["ucm_load_errors"] + total["ucm_save_errors"] > 0, total
+    assert total["ucm_load_errors_corrupt"] == 0
+    assert "UCM store:" in out, out
+    assert wait_for(lambda: volume.on("h2", "stat", str(volume.mount / "store")).returncode == 0, timeout=60)
+    time.sleep(2)
