@@ -39,19 +39,27 @@ bool Task::finish_persist(size_t i, const std::string& error) {
 }
 
 bool Task::begin_copy(size_t i) {
+    // Counted in before the claim is taken: a cancel that sees no claim on this block then
+    // still waits until this attempt has either failed or finished its copy.
+    copying_.fetch_add(1, std::memory_order_acq_rel);
     uint8_t cur = phases_[i].load(std::memory_order_acquire);
     for (;;) {
-        if (cur & (kDone | kCopying)) return false;
-        if (phases_[i].compare_exchange_weak(cur, cur | kCopying, std::memory_order_acq_rel)) {
-            copying_.fetch_add(1, std::memory_order_acq_rel);
-            return true;
+        if (cur & (kDone | kCopying)) {
+            copy_counted_out();
+            return false;
         }
+        if (phases_[i].compare_exchange_weak(cur, cur | kCopying, std::memory_order_acq_rel))
+            return true;
     }
 }
 
 void Task::end_copy(size_t i, const std::optional<std::string>& error) {
     if (error) record(i, kDone, result_, remaining_, *error);
     phases_[i].fetch_and(uint8_t(~kCopying), std::memory_order_acq_rel);
+    copy_counted_out();
+}
+
+void Task::copy_counted_out() {
     if (copying_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
         std::lock_guard<std::mutex> lk(mu_);
         cv_.notify_all();

@@ -70,6 +70,7 @@ private:
     bool record(size_t i, uint8_t phase, Outcomes& out, std::atomic<size_t>& remaining,
                 const std::string& error);
     bool wait_on(const std::atomic<size_t>& counter, long long timeout_ms);
+    void copy_counted_out();
 
     uint64_t id_;
     size_t n_;
@@ -77,7 +78,7 @@ private:
     Outcomes result_, persist_;
     std::unique_ptr<std::atomic<uint8_t>[]> phases_;  // kDone | kPersisted bits per block
     std::atomic<size_t> remaining_, persist_remaining_;
-    std::atomic<size_t> copying_{0};  // blocks between begin_copy and end_copy
+    std::atomic<size_t> copying_{0};  // begin_copy attempts and copies not ended yet
     std::mutex mu_;
     std::condition_variable cv_;
 };

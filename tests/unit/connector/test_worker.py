@@ -222,7 +222,7 @@ def test_a_load_past_its_bound_is_recomputed_and_its_late_read_never_lands_in_th
         t0 = time.perf_counter()
         reader.start_load(UCMConnectorMetadata(loads=[BlockTransfer("b", keys, [7, 8])]))
         waited = time.perf_counter() - t0
-        assert 0.25 <= waited < 0.8, f"the step waited {waited:.2f} s for a 0.3 s bound"
+        assert 0.25 <= waited < 1.2, f"the step waited {waited:.2f} s for a 0.3 s bound"
         assert reader.take_load_errors() == {7, 8}
         stats = reader.take_stats()
         assert stats is not None and stats.data["load_errors_timeout"] == 2
@@ -251,7 +251,7 @@ def test_a_dump_past_its_bound_is_a_counted_save_error_and_the_step_goes_on(tmp_
         t0 = time.perf_counter()
         w.wait_for_save(UCMConnectorMetadata(saves=[BlockTransfer("a", km.keys(hashes(2)), [1, 2])]))
         waited = time.perf_counter() - t0
-        assert 0.25 <= waited < 0.8, f"the step waited {waited:.2f} s for a 0.3 s bound"
+        assert 0.25 <= waited < 1.2, f"the step waited {waited:.2f} s for a 0.3 s bound"
         stats = w.take_stats()
         assert stats is not None and stats.data["save_errors"] == 2 and stats.data["save_blocks"] == 0
         assert stats.data["save_errors_timeout"] == 2

@@ -54,7 +54,7 @@ def test_a_read_that_returns_after_cancel_leaves_the_reused_buffer_alone(make_st
     with pytest.raises(TimeoutError):
         reader.wait(tid, timeout=0.2)
     res = reader.cancel(tid, "load timed out after 0.2 s")
-    assert time.monotonic() - t0 < 0.6  # the cancel did not wait for the stalled read
+    assert time.monotonic() - t0 < 1.0  # the cancel did not wait for the stalled read
     assert res.ok == [False] and res.errors == ["load timed out after 0.2 s"]
     # The caller (vLLM) hands the block to another request, which writes its own KV there.
     for shard in target:
@@ -130,7 +130,7 @@ def test_a_full_cache_over_stalled_storage_queues_a_bounded_backlog_then_drops(m
     store = make_store(
         SHARDS, store_pipeline="Cache|Posix", cache_buffer_capacity_gb=2 * SLOT_GB, posix_io_threads=1
     )
-    _native._inject_stall("posix_write", 1000, 1000)
+    _native._inject_stall("posix_write", 1000, 2000)
     keys = [key(i, "full") for i in range(70)]
     sources = [block(k, SHARDS) for k in keys]
     tid = store.dump(keys, sources)
@@ -138,7 +138,7 @@ def test_a_full_cache_over_stalled_storage_queues_a_bounded_backlog_then_drops(m
         store.wait(tid, timeout=0.5)
     t0 = time.monotonic()
     res = store.cancel(tid, "dump timed out")
-    assert time.monotonic() - t0 < 0.3, "the cancel waited for the stalled storage"
+    assert time.monotonic() - t0 < 1.0, "the cancel waited for the stalled storage"
     for s in sources:  # the caller reuses its memory: queued writes hold copies of their own
         for shard in s:
             shard[:] = 0
@@ -180,15 +180,15 @@ def test_a_bounded_lookup_gives_up_and_later_ones_fail_fast_until_the_storage_an
     k = key(3, "lookup")
     _stored(make_store, k, store_pipeline="Posix")
     store = make_store(SHARDS, store_pipeline="Posix")
-    _native._inject_stall("posix_stat", 1, 1000)  # the next stat() hangs 1 s (a stalled mount)
+    _native._inject_stall("posix_stat", 1, 2000)  # the next stat() hangs 2 s (a stalled mount)
     t0 = time.monotonic()
     with pytest.raises(TimeoutError, match=r"not answered within 0\.2 s"):
         store.lookup_prefix([k], timeout=0.2)
-    assert time.monotonic() - t0 < 0.5
+    assert time.monotonic() - t0 < 1.0
     t0 = time.monotonic()
     with pytest.raises(TimeoutError, match="stuck in the storage"):
         store.lookup([k], timeout=0.2)  # refused at once: it would only queue behind the stuck one
-    assert time.monotonic() - t0 < 0.05
+    assert time.monotonic() - t0 < 0.5
     assert _until(lambda: _lookup_or_none(store, k) == [True], timeout=5)
     assert store.lookup_prefix([k], timeout=1) == 1
     assert store.lookup_prefix([k]) == 1  # unbounded: the native call on the caller's thread
@@ -207,11 +207,11 @@ def test_a_stalled_persist_costs_one_bounded_wait_not_one_per_step(make_store):
     a, b, c = (key(i, "persist") for i in range(3))
     t0 = time.monotonic()
     first = store.finish_within(store.dump([a], [block(a, SHARDS)]), 0.3, op="dump", persisted=True)
-    assert 0.25 < time.monotonic() - t0 < 0.6 and first.ok == [False]
+    assert 0.25 < time.monotonic() - t0 < 1.2 and first.ok == [False]
     assert "not persisted within 0.3 s" in first.errors[0]
     t0 = time.monotonic()
-    second = store.finish_within(store.dump([b], [block(b, SHARDS)]), 0.3, op="dump", persisted=True)
-    assert time.monotonic() - t0 < 0.1, "a second step waited for a storage known to be stalled"
+    second = store.finish_within(store.dump([b], [block(b, SHARDS)]), 1.0, op="dump", persisted=True)
+    assert time.monotonic() - t0 < 0.5, "a second step waited for a storage known to be stalled"
     assert second.ok == [False] and "the storage is stalled" in second.errors[0]
     time.sleep(1.5)  # the stalled write returns
     third = store.finish_within(store.dump([c], [block(c, SHARDS)]), 5, op="dump", persisted=True)
@@ -229,7 +229,7 @@ def test_one_stall_found_by_a_lookup_or_a_persist_spares_the_other_its_wait(make
     assert store.stalled_for() is not None
     t0 = time.monotonic()
     res = store.finish_within(store.dump([a], [block(a, SHARDS)]), 2, op="dump", persisted=True)
-    assert time.monotonic() - t0 < 0.3 and res.ok == [False]  # no persist wait: known stalled
+    assert time.monotonic() - t0 < 1.0 and res.ok == [False]  # no persist wait: known stalled
     assert _until(lambda: store.stalled_for() is None, timeout=5)  # the stuck lookup returned
     _native._inject_stall("posix_write", 1, 1200)
     res = store.finish_within(store.dump([b], [block(b, SHARDS)]), 0.2, op="dump", persisted=True)
@@ -237,7 +237,7 @@ def test_one_stall_found_by_a_lookup_or_a_persist_spares_the_other_its_wait(make
     t0 = time.monotonic()
     with pytest.raises(TimeoutError, match="lookup not tried"):
         store.lookup([b], timeout=2)  # refused at once: a write is stuck in the storage
-    assert time.monotonic() - t0 < 0.1
+    assert time.monotonic() - t0 < 1.0
     assert _until(lambda: store.stalled_for() is None, timeout=5)
     assert store.flush(timeout=5)
     assert store.lookup_prefix([a, b], timeout=2) == 2  # answers again: both were written
