@@ -316,6 +316,7 @@ class _SharedCheck:
 
     def __init__(self, plan: Plan) -> None:
         self.backends = list(plan.store.backends) if plan.store else []
+        self.io_direct = plan.store.io_direct if plan.store else False
         nodes = plan.store_nodes()
         self.writer = nodes[0] if nodes and self.backends else None
         self.readers = nodes[1:]
@@ -362,9 +363,17 @@ class _SharedCheck:
         if written:
             self.cleanup[self.writer] = ["rm -f " + " ".join(shlex.quote(self.markers[i]) for i in written)]
         problems = [
-            f"node {self.writer}: cannot write to storage backend {b}: {writer.facts.get(f'shared{i}', '')}"
+            f"node {self.writer}: cannot write to storage backend {b}: {why}: {_write_fix(why)}"
             for i, b in enumerate(self.backends)
             if writer.facts and i not in written
+            for why in [writer.facts.get(f"shared{i}", "").strip()]
+        ]
+        problems += [
+            f"node {self.writer}: storage backend {self.backends[i]} refuses O_DIRECT writes (a 4 KiB "
+            "page, the store's alignment) but storage.io_direct is true: set storage.io_direct: false "
+            "(buffered I/O), or put the store on a filesystem that takes O_DIRECT"
+            for i in written
+            if self.io_direct and writer.facts.get(f"direct{i}") == "0"
         ]
         if not all_reachable or not written:
             return problems
@@ -382,6 +391,15 @@ class _SharedCheck:
                         f"{self.backends[i]} on every node"
                     )
         return problems
+
+
+def _write_fix(why: str) -> str:
+    """What to do about a storage folder the node could not write, from the shell's words."""
+    if "Read-only file system" in why:
+        return "the filesystem is mounted read-only there: remount it read-write, or choose another path"
+    if "Permission denied" in why:
+        return "let the user ucmctl logs in as write there, or choose another path"
+    return "make the folder (or its parent) writable on that node, or choose another path"
 
 
 def _bind_problems(where: str, node: NodePlan, f: dict[str, str]) -> list[str]:

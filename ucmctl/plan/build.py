@@ -95,6 +95,7 @@ def _store(t: Topology, processes: list[Process]) -> StorePlan | None:
         pipeline=t.storage.store_pipeline,
         backends=_backends(t.storage),
         cache_buffer_capacity_gb=t.storage.cache_buffer_capacity_gb,
+        io_direct=t.storage.io_direct,
         users=[p.name for p in processes if p.is_server and _uses_store(t, p.role)],
     )
 

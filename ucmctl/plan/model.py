@@ -132,6 +132,7 @@ class StorePlan(Frozen):
     pipeline: str  # tiers joined by "|": Cache|Posix, Posix, Cache
     backends: list[str]  # shared directories, the same filesystem on every node
     cache_buffer_capacity_gb: float  # DRAM tier per user process, GiB (when the pipeline has Cache)
+    io_direct: bool = False  # the store opens its files O_DIRECT: preflight proves the filesystem takes it
     users: list[str]  # the processes that load the UCM connector, each with its UCM_CONFIG_FILE
 
     @property
