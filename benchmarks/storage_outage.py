@@ -72,7 +72,7 @@ def main() -> int:
         rig.vol.gluster("volume", "start", rig.vol.name, "force")
         recovered(rig)
         longest = n / rate + 10  # the cut outlasts the run
-        _, outage = rig.run_bench("outage", n, rate, 13, lambda: rig.cut_link(longest))
+        _, outage = rig.run_bench("outage", n, rate, 13, lambda: rig.vol.cut_server_link(longest))
         waits = rig.longest_store_waits()
     h, r, o = (phase_of(d) for d in (healthy, recompute, outage))
     print(f"{n} prompts of 512 tokens at {rate:g}/s, 16 out; load/dump bound {BOUND_S:g} s")

@@ -7,13 +7,14 @@ exist and writes `UCMConnectorMetadata` for the worker side.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ucm_connector import LOGGER_NAME
 from ucm_connector.keys import KeyMaker
 from ucm_connector.metadata import BlockTransfer, UCMConnectorMetadata
-from ucmctl.core.store_errors import lookup_errors
+from ucmctl.core.store_errors import LookupErrorsSince, over_bound
 
 if TYPE_CHECKING:
     from ucm_connector.store import StoreLike
@@ -54,7 +55,7 @@ class SchedulerSide:
         # Lookups the storage failed to answer (counted by the store, or timed out here), for
         # the connector's stats: a hit rate that collapses says why.
         self.lookup_errors: dict[str, int] = {}
-        self._stats_seen = self._store_stats()
+        self._errors_since = LookupErrorsSince(self._store_stats)
         self._keys = keys
         self._block_size = block_size
         self._writes = writes
@@ -101,6 +102,7 @@ class SchedulerSide:
         if not block_keys:
             return []
         per = self._keys.keys_per_block
+        started = time.perf_counter()
         try:
             flags = self._store.lookup(self._keys.presence_keys(block_keys), timeout=self._lookup_timeout_s)
         except Exception as exc:  # a store failure is a miss, never a failed request
@@ -110,11 +112,11 @@ class SchedulerSide:
                 self._count("lookup_errors_timeout", 1)
             return [False] * len(block_keys)
         finally:
-            # Since the last look: a lookup stuck past its bound counts when it returns.
-            now = self._store_stats()
-            for name, n in lookup_errors(self._stats_seen, now).items():
+            if over_bound(took := time.perf_counter() - started, self._lookup_timeout_s):
+                logger.warning("UCM lookup took %.1f s, past its %s s bound", took, self._lookup_timeout_s)
+                self._count("lookup_waits_over_bound", 1)
+            for name, n in self._errors_since.take().items():
                 self._count(name, n)
-            self._stats_seen = now
         return [all(flags[i * per : (i + 1) * per]) for i in range(len(block_keys))]
 
     def _store_stats(self) -> dict[str, int]:

@@ -8,7 +8,7 @@ from typing import Any
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
 from ucm_connector.prom import CounterMetrics
-from ucmctl.core.store_errors import LOAD_KINDS, LOOKUP_KINDS, SAVE_KINDS, error_kind
+from ucmctl.core.store_errors import LOAD_KINDS, LOOKUP_KINDS, SAVE_KINDS, WAIT_OPS, error_kind
 
 __all__ = ["UCMConnectorStats", "UCMPromMetrics", "error_kind"]
 
@@ -26,6 +26,8 @@ _FIELDS = (
     *(f"save_errors_{kind}" for kind in SAVE_KINDS),
     "lookup_errors",
     *(f"lookup_errors_{kind}" for kind in LOOKUP_KINDS),
+    # store waits that outlasted their bound by more than a second (never, if bounding works)
+    *(f"{op}_waits_over_bound" for op in WAIT_OPS),
 )
 
 
@@ -69,6 +71,7 @@ class UCMConnectorStats(KVConnectorStats):
             "Saves dropped": d["save_errors_dropped"],
             "GB saved": round(d["save_bytes"] / 1e9, 4),
             "Save GB/s": gbps(d["save_bytes"], d["save_s"]),
+            "Waits over bound": sum(d[f"{op}_waits_over_bound"] for op in WAIT_OPS),
         }
 
     def is_empty(self) -> bool:
@@ -78,6 +81,7 @@ class UCMConnectorStats(KVConnectorStats):
             or self.data["load_errors"]
             or self.data["save_errors"]
             or self.data["lookup_errors"]
+            or any(self.data[f"{op}_waits_over_bound"] for op in WAIT_OPS)
         )
 
     @classmethod
@@ -113,6 +117,14 @@ class UCMPromMetrics(CounterMetrics):
             "save_errors_dropped",
             "vllm:ucm_save_errors_dropped",
             "Save errors: dropped, the storage is far behind",
+        ),
+        *(
+            (
+                f"{op}_waits_over_bound",
+                f"vllm:ucm_{op}_waits_over_bound",
+                f"UCM store {op}s over their bound + 1 s",
+            )
+            for op in WAIT_OPS
         ),
     )
 

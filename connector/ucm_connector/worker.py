@@ -28,8 +28,8 @@ from ucm_connector.keys import KeyMaker
 from ucm_connector.metadata import BlockTransfer, UCMConnectorMetadata
 from ucm_connector.stats import UCMConnectorStats, error_kind
 from ucm_connector.store import StoreLike
-from ucmctl.core.store_errors import LOAD_KINDS, SAVE_KINDS
-from ucmctl.core.ucm_config import DEFAULT_DUMP_TIMEOUT_S, DEFAULT_LOAD_TIMEOUT_S
+from ucmctl.core.store_errors import LOAD_KINDS, SAVE_KINDS, over_bound
+from ucmctl.core.ucm_config import DEFAULT_DUMP_TIMEOUT_S, DEFAULT_LOAD_TIMEOUT_S, lookup_bound
 
 logger = logging.getLogger(LOGGER_NAME)
 
@@ -203,7 +203,13 @@ class WorkerSide:
         assert self._store is not None
         left = max(task.started + timeout - time.perf_counter(), 0.0)
         res = self._store.finish_within(
-            task.tid, left, op=op, persisted=op == "dump" and self._wait_persisted
+            task.tid,
+            left,
+            op=op,
+            persisted=op == "dump" and self._wait_persisted,
+            # a persist with no write returning for as long as a lookup may take is a stall:
+            # decode would miss those blocks anyway, and the request must not pay the dump bound
+            stall_s=lookup_bound(self._load_timeout_s),
         )
         return list(res.ok), list(res.errors)
 
@@ -216,6 +222,10 @@ class WorkerSide:
         except Exception as exc:  # the store failed: give up on the whole task
             ok, errors = [False] * len(task.block_ids), [f"{op} wait failed: {exc!r}"] * len(task.block_ids)
         elapsed = time.perf_counter() - task.started
+        if over_bound(elapsed, timeout):
+            name = "load" if op == "load" else "save"
+            logger.warning("UCM %s wait took %.1f s, past its %.1f s bound", op, elapsed, timeout)
+            self.stats.add(**{f"{name}_waits_over_bound": 1})
         if op == "load":
             if any(ok):
                 self._backend.finish_load(task.block_ids, task.layers)

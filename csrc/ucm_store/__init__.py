@@ -61,6 +61,7 @@ Operations (all batched; dump and load return a task id at once):
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
@@ -265,7 +266,13 @@ class Store:
         return self._call(self._native.cancel, tid, reason)
 
     def finish_within(
-        self, tid: int, timeout: float, *, op: str = "load", persisted: bool = False
+        self,
+        tid: int,
+        timeout: float,
+        *,
+        op: str = "load",
+        persisted: bool = False,
+        stall_s: float | None = None,
     ) -> Outcome:
         """The outcome of task `tid` within `timeout` s, whatever the storage does meanwhile.
 
@@ -275,6 +282,9 @@ class Store:
         the storage counts as stalled, and later calls do not wait for persistence at all
         (their blocks are reported not persisted at once) until that write has returned:
         one stalled mount costs one bounded wait, not one per step (see `stalled_for`).
+        With `stall_s`, that wait also ends as a stall once no write to the storage has
+        returned for `stall_s` s: storage that is slow but moving gets the whole `timeout`,
+        storage that stopped costs `stall_s`.
         """
         deadline = time.monotonic() + timeout
         try:
@@ -288,15 +298,41 @@ class Store:
             why = f"dump not persisted within {timeout:g} s: the storage is stalled ({age:.0f} s)"
             return Outcome([False] * len(ok), [e or why for e in errors])
         try:
-            done = self.wait_persisted(tid, timeout=max(deadline - time.monotonic(), 0.0))
-        except TimeoutError:
+            done = self._persisted_within(tid, deadline, stall_s)
+        except TimeoutError as exc:
             self._stalled = (tid, time.monotonic())
-            why = f"dump not persisted within {timeout:g} s (the storage is stalled or slow)"
+            why = f"dump not persisted within {timeout:g} s ({exc})"
             return Outcome([False] * len(ok), [e or why for e in errors])
         return Outcome(
             [a and b for a, b in zip(ok, done.ok, strict=True)],
             [e or p for e, p in zip(errors, done.errors, strict=True)],
         )
+
+    def _persisted_within(self, tid: int, deadline: float, stall_s: float | None) -> TaskResult:
+        """`wait_persisted` until `deadline`, or with `stall_s` until no write has returned for
+        that long (TimeoutError saying which)."""
+        if stall_s is None:
+            try:
+                return self.wait_persisted(tid, timeout=max(deadline - time.monotonic(), 0.0))
+            except TimeoutError:
+                raise TimeoutError("the storage is stalled or slow") from None
+        seen, since = self._writes_returned(), time.monotonic()
+        while True:
+            now = time.monotonic()
+            with contextlib.suppress(TimeoutError):
+                return self.wait_persisted(tid, timeout=max(min(deadline - now, 0.05), 0.0))
+            now = time.monotonic()
+            if now >= deadline:
+                raise TimeoutError("the storage is slow")
+            if (returned := self._writes_returned()) != seen:
+                seen, since = returned, now
+            elif now - since >= stall_s:
+                raise TimeoutError(f"the storage is stalled: no write returned for {stall_s:g} s")
+
+    def _writes_returned(self) -> int:
+        """Writes to the last tier that returned so far, well or not."""
+        st = self.stats()
+        return st["posix_blocks_written"] + st["posix_write_skipped"] + st["posix_write_errors"]
 
     def check(self, tid: int) -> TaskResult | None:
         """Result of a finished task, or None while it runs (never blocks)."""

@@ -53,7 +53,7 @@ class Volume:
     mount: Path  # where every host sees the volume (in its own mount namespace)
     coherent: bool
     glusterd: subprocess.Popen[bytes] | None = None
-    mounted: list[str] = field(default_factory=list)
+    mounted: list[tuple[str, Path]] = field(default_factory=list)  # (host, mount point)
 
     @property
     def address(self) -> str:
@@ -80,30 +80,51 @@ class Volume:
         enter = ["nsenter", f"--target={h.sshd.pid}", "--mount", "--net"]
         return subprocess.run([*enter, *argv], capture_output=True, text=True, timeout=timeout, check=False)
 
-    def mount_on(self, host: str, timeout: float = 30) -> None:
-        """The FUSE client on `host`, ready when the mount answers a stat as GlusterFS."""
-        log, pid = self.base / f"client-{host}.log", self.base / "run" / f"client-{host}.pid"
+    def mount_on(
+        self, host: str, timeout: float = 30, at: Path | None = None, coherent: bool | None = None
+    ) -> Path:
+        """The FUSE client on `host` (at the volume's mount, or `at`: a second client of the
+        same volume; coherent or with GlusterFS's default caching as the volume is, unless
+        said), ready when the mount answers a stat as GlusterFS; the mount point."""
+        at = at or self.mount
+        log, pid = self._client_files(host, at)
         self._wait_gone(pid)  # an earlier client with this pidfile must be gone first
-        options = COHERENT_MOUNT if self.coherent else []
+        options = COHERENT_MOUNT if (self.coherent if coherent is None else coherent) else []
         done = self.on(host, "glusterfs", f"--volfile-server={self.address}", f"--volfile-id={self.name}",
-                       *options, f"--log-file={log}", f"--pid-file={pid}", str(self.mount))  # fmt: skip
+                       *options, f"--log-file={log}", f"--pid-file={pid}", str(at))  # fmt: skip
         if done.returncode:
             raise RuntimeError(f"glusterfs mount on {host}: {done.stderr or log.read_text()[-2000:]}")
-        self.mounted.append(host)
+        self.mounted.append((host, at))
         deadline = time.monotonic() + timeout
-        while self.fs_type(host) not in ("fuseblk", "fuse"):
+        while self.fs_type(host, at) not in ("fuseblk", "fuse"):
             if time.monotonic() > deadline:
-                raise RuntimeError(f"{self.mount} on {host} is not mounted; see {log}")
+                raise RuntimeError(f"{at} on {host} is not mounted; see {log}")
             time.sleep(0.1)
+        return at
 
-    def unmount_on(self, host: str) -> None:
-        self.on(host, "umount", "-l", str(self.mount))
-        self._wait_gone(self.base / "run" / f"client-{host}.pid")
-        if host in self.mounted:
-            self.mounted.remove(host)
+    def unmount_on(self, host: str, at: Path | None = None) -> None:
+        at = at or self.mount
+        self.on(host, "umount", "-l", str(at))
+        self._wait_gone(self._client_files(host, at)[1])
+        if (host, at) in self.mounted:
+            self.mounted.remove((host, at))
 
-    def fs_type(self, host: str) -> str:
-        return self.on(host, "stat", "-f", "-c", "%T", str(self.mount)).stdout.strip()
+    def _client_files(self, host: str, at: Path) -> tuple[Path, Path]:
+        """The log and the pid file of `host`'s client mounted at `at`."""
+        tag = host if at == self.mount else f"{host}-{at.name}"
+        return self.base / f"client-{tag}.log", self.base / "run" / f"client-{tag}.pid"
+
+    def fs_type(self, host: str, at: Path | None = None) -> str:
+        return self.on(host, "stat", "-f", "-c", "%T", str(at or self.mount)).stdout.strip()
+
+    def cut_server_link(self, seconds: float) -> None:
+        """The serving host off the network for `seconds` (its side of the link down)."""
+        ns = self.hosts.host(self.server).netns
+        subprocess.run(["ip", "netns", "exec", ns, "ip", "link", "set", "eth0", "down"], check=True)
+        try:
+            time.sleep(seconds)
+        finally:
+            subprocess.run(["ip", "netns", "exec", ns, "ip", "link", "set", "eth0", "up"], check=True)
 
     def brick_pids(self) -> list[int]:
         """The brick processes (glusterfsd) serving the volume."""
@@ -191,9 +212,9 @@ def gluster_volume(
 
 def _teardown(vol: Volume) -> None:
     """Unmount everywhere, stop the volume, then no glusterd, brick or client process is left."""
-    for host in list(vol.mounted):
+    for host, at in list(vol.mounted):
         with contextlib.suppress(Exception):
-            vol.unmount_on(host)
+            vol.unmount_on(host, at)
     if vol.glusterd is not None and vol.glusterd.poll() is None:
         with contextlib.suppress(Exception):
             vol.gluster("volume", "stop", vol.name, "force", check=False, timeout=30)

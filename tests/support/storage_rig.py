@@ -8,7 +8,6 @@ import contextlib
 import json
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,15 +51,6 @@ class Rig:
         return [sys.executable, "-m", "ucmctl", "bench", "-d", NAME, "--prefix-ratio", "0",
                 "--input-len", "512", "--output-len", "16", "--num-prompts", str(prompts),
                 "--request-rate", str(rate), "--seed", str(seed), "--save", str(save), "-q"]  # fmt: skip
-
-    def cut_link(self, seconds: float) -> None:
-        """The storage host off the network for `seconds` (its side of the link down)."""
-        ns = self.hosts.host("h3").netns
-        subprocess.run(["ip", "netns", "exec", ns, "ip", "link", "set", "eth0", "down"], check=True)
-        try:
-            time.sleep(seconds)
-        finally:
-            subprocess.run(["ip", "netns", "exec", ns, "ip", "link", "set", "eth0", "up"], check=True)
 
     def run_bench(self, tag: str, prompts: int, rate: float, seed: int,
                   fault: Callable[[], None] | None = None) -> tuple[str, dict]:  # fmt: skip

@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 
 from ucmctl.core.errors import UcmctlError
-from ucmctl.core.store_errors import LOAD_KINDS, LOOKUP_KINDS, SAVE_KINDS
+from ucmctl.core.store_errors import LOAD_KINDS, LOOKUP_KINDS, SAVE_KINDS, WAIT_OPS
 from ucmctl.engines import ENGINES
 
 # Every engine ucmctl serves with exposes vLLM's series (the simulator imitates them; a test
@@ -35,6 +35,8 @@ COUNTERS = {
     **{f"ucm_lookup_errors_{k}": f"vllm:ucm_lookup_errors_{k}" for k in LOOKUP_KINDS},
     "ucm_save_errors": "vllm:ucm_save_errors",
     **{f"ucm_save_errors_{k}": f"vllm:ucm_save_errors_{k}" for k in SAVE_KINDS},
+    # store waits that outlasted their bound by over a second: 0 unless the bounding fails
+    **{f"ucm_{op}_waits_over_bound": f"vllm:ucm_{op}_waits_over_bound" for op in WAIT_OPS},
 }
 
 

@@ -29,7 +29,7 @@ from ucmctl.bench import loop
 from ucmctl.bench.metrics import METRICS, STATS
 from ucmctl.bench.workloads import BY_KIND, PrefixSpec
 from ucmctl.core.errors import UcmctlError
-from ucmctl.core.store_errors import LOAD_KINDS, LOOKUP_KINDS, SAVE_KINDS
+from ucmctl.core.store_errors import describe
 from ucmctl.core.tables import FIGURE, NAME, PAIR, fitted
 
 SCHEMA_VERSION = 2  # 2: cells name their workload and label; version 1 results read the same
@@ -100,18 +100,9 @@ def preemptions_of(phase: dict[str, Any] | None) -> int | None:
 def storage_errors_of(phase: dict[str, Any] | None) -> str | None:
     """What the UCM store failed to load or save in a phase, by kind, in words; None if nothing."""
     total = ((phase or {}).get("hit_rate") or {}).get("total") or {}
-    parts = []
-    ops = (
-        ("lookup", LOOKUP_KINDS, "lookup(s) failed"),
-        ("load", LOAD_KINDS, "load(s) missed"),
-        ("save", SAVE_KINDS, "save(s) failed"),
-    )
-    for op, kinds, what in ops:
-        n = int(total.get(f"ucm_{op}_errors") or 0)
-        by = [f"{k} {int(total[f'ucm_{op}_errors_{k}'])}" for k in kinds if total.get(f"ucm_{op}_errors_{k}")]
-        if n:
-            parts.append(f"{n} block {what}" + (f" ({', '.join(by)})" if by else ""))
-    return "; ".join(parts) or None
+    # ucm_load_errors_enotconn -> load_enotconn, ucm_load_waits_over_bound -> load_waits_over_bound
+    counts = {k[4:].replace("_errors", "", 1): v for k, v in total.items() if k.startswith("ucm_")}
+    return describe(counts, words=True) or None
 
 
 # ---- provenance ----------------------------------------------------------------------------

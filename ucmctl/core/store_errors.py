@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import re
+from collections.abc import Callable
 
 # What a network filesystem gives (a handle gone stale, the server gone, an I/O error), a load
 # not finished in time, a block that failed its checksum.
@@ -19,12 +20,38 @@ SAVE_KINDS = ("timeout", "dropped")
 LOOKUP_KINDS = ("estale", "enotconn", "eio", "timeout")
 
 
+# A store wait past its bound by more than this is a bug of the bounding, counted per op as
+# `<op>_waits_over_bound` (vllm:ucm_<op>_waits_over_bound_total): the storage-fault tests
+# hold it to 0, and an operator can alert on it.
+OVER_BOUND_GRACE_S = 1.0
+WAIT_OPS = ("lookup", "load", "save")
+
+
+def over_bound(took_s: float, bound_s: float | None) -> bool:
+    """Did one store wait outlast its bound by more than the grace?"""
+    return bound_s is not None and took_s > bound_s + OVER_BOUND_GRACE_S
+
+
 def lookup_errors(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
     """`lookup_errors` and `lookup_errors_<kind>` between two `Store.stats()` snapshots."""
     out = {"lookup_errors": after.get("lookup_errors", 0) - before.get("lookup_errors", 0)}
     for kind in LOOKUP_KINDS[:-1]:
         out[f"lookup_errors_{kind}"] = after.get(f"lookup_{kind}", 0) - before.get(f"lookup_{kind}", 0)
     return out
+
+
+class LookupErrorsSince:
+    """The store's lookup error counters since the last look, for a caller that counts them as
+    its own (a lookup stuck past its bound counts when it finally returns)."""
+
+    def __init__(self, stats: Callable[[], dict[str, int]]) -> None:
+        self._stats = stats
+        self._seen = stats()
+
+    def take(self) -> dict[str, int]:
+        now = self._stats()
+        out, self._seen = lookup_errors(self._seen, now), now
+        return out
 
 
 _ERRNO = re.compile(r"\(errno (\d+)\)")
@@ -44,32 +71,44 @@ def error_kind(reason: str) -> str | None:
 
 
 OPS = {"lookup": LOOKUP_KINDS, "load": LOAD_KINDS, "save": SAVE_KINDS}
-_SAMPLE = re.compile(r"^vllm:ucm_(lookup|load|save)_errors(?:_([a-z]+))?_total(?:\{[^}]*\})? (\S+)$")
+_SAMPLE = re.compile(
+    r"^vllm:ucm_(lookup|load|save)_(?:errors(?:_([a-z]+))?|(waits_over_bound))_total(?:\{[^}]*\})? (\S+)$"
+)
 
 
 def errors_from_metrics(text: str) -> dict[str, float]:
     """A server's UCM store error counters from its Prometheus text, summed over engines:
-    `{"lookup": n, "lookup_enotconn": n, ..., "save_dropped": n}` (absent ones are 0)."""
+    `{"lookup": n, "lookup_enotconn": n, ..., "save_dropped": n, "load_waits_over_bound": n}`
+    (absent ones are 0)."""
     out = {op: 0.0 for op in OPS} | {f"{op}_{k}": 0.0 for op, kinds in OPS.items() for k in kinds}
+    out |= {f"{op}_waits_over_bound": 0.0 for op in WAIT_OPS}
     for line in text.splitlines():
         m = _SAMPLE.match(line)
         if m is None:
             continue
-        key = m[1] if m[2] is None else f"{m[1]}_{m[2]}"
+        key = f"{m[1]}_{m[2] or m[3]}" if m[2] or m[3] else m[1]
         if key in out:
             try:
-                out[key] += float(m[3])
+                out[key] += float(m[4])
             except ValueError:
                 continue
     return out
 
 
-def describe(counts: dict[str, float]) -> str:
-    """`lookup 3 (enotconn 3), save 8 (timeout 8)` for the non-zero ones; "" when none."""
+_WORDS = {"lookup": "block lookup(s) failed", "load": "block load(s) missed", "save": "block save(s) failed"}
+
+
+def describe(counts: dict[str, float], *, words: bool = False) -> str:
+    """The non-zero ones: `lookup 3 (enotconn 3), save 8 (timeout 8)`, or with `words`
+    `3 block lookup(s) failed (enotconn 3); 8 block save(s) failed (timeout 8)`; "" when none.
+    Keys as `errors_from_metrics` gives them."""
     parts = []
     for op, kinds in OPS.items():
         n = int(counts.get(op, 0))
         if n:
-            by = [f"{k} {int(counts[f'{op}_{k}'])}" for k in kinds if counts.get(f"{op}_{k}")]
-            parts.append(f"{op} {n}" + (f" ({', '.join(by)})" if by else ""))
-    return ", ".join(parts)
+            by = ", ".join(f"{k} {int(counts[f'{op}_{k}'])}" for k in kinds if counts.get(f"{op}_{k}"))
+            parts.append((f"{n} {_WORDS[op]}" if words else f"{op} {n}") + (f" ({by})" if by else ""))
+    over = sum(int(counts.get(f"{op}_waits_over_bound", 0)) for op in WAIT_OPS)
+    if over:
+        parts.append(f"{over} wait(s) past the bound + {OVER_BOUND_GRACE_S:g} s")
+    return ("; " if words else ", ").join(parts)

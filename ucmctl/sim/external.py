@@ -10,7 +10,15 @@ from typing import Any
 
 import yaml
 
-from ucmctl.core.store_errors import LOAD_KINDS, LOOKUP_KINDS, SAVE_KINDS, error_kind, lookup_errors
+from ucmctl.core.store_errors import (
+    LOAD_KINDS,
+    LOOKUP_KINDS,
+    SAVE_KINDS,
+    WAIT_OPS,
+    LookupErrorsSince,
+    error_kind,
+    over_bound,
+)
 from ucmctl.core.ucm_config import UcmConfig, UcmConfigError, lookup_bound, parse_ucm_config
 
 log = logging.getLogger("ucmctl.sim")
@@ -44,18 +52,22 @@ class ExternalTier:
             ["load_errors", "save_errors", "lookup_errors"]
             + [f"lookup_errors_{k}" for k in LOOKUP_KINDS]
             + [f"load_errors_{k}" for k in LOAD_KINDS]
-            + [f"save_errors_{k}" for k in SAVE_KINDS],
+            + [f"save_errors_{k}" for k in SAVE_KINDS]
+            + [f"{op}_waits_over_bound" for op in WAIT_OPS],
             0,
         )
-        self._stats_seen = self.store.stats()
+        self._lookup_errors = LookupErrorsSince(self.store.stats)
         # The longest one lookup, load or save took (at most the bound and a memory copy).
         self.longest_wait_s = dict.fromkeys(("lookup", "load", "save"), 0.0)
 
     def _took(self, started: float, op: str) -> None:
         took = time.perf_counter() - started
         self.longest_wait_s[op] = max(self.longest_wait_s[op], took)
-        if took > max(self.load_timeout_s, self.dump_timeout_s) + 1:
-            log.warning("sim: a store %s took %.1f s, past its bound", op, took)
+        bounds = {"lookup": lookup_bound(self.load_timeout_s), "load": self.load_timeout_s}
+        bound = bounds.get(op, self.dump_timeout_s)
+        if over_bound(took, bound):
+            log.warning("sim: a store %s took %.1f s, past its %.1f s bound", op, took, bound)
+            self.counts[f"{op}_waits_over_bound"] += 1
 
     def lookup_prefix(self, keys: Sequence[bytes]) -> int:
         if not keys:
@@ -70,11 +82,8 @@ class ExternalTier:
             return 0
         finally:
             self._took(started, "lookup")
-            # Since the last look: a lookup stuck past its bound counts when it returns.
-            now = self.store.stats()
-            for name, n in lookup_errors(self._stats_seen, now).items():
+            for name, n in self._lookup_errors.take().items():
                 self.counts[name] += n
-            self._stats_seen = now
 
     def _count(self, op: str, errors: Sequence[str]) -> None:
         kinds = LOAD_KINDS if op == "load" else SAVE_KINDS
@@ -115,7 +124,11 @@ class ExternalTier:
         # As the connector: with wait_persisted the step ends once the blocks are on disk.
         started = time.perf_counter()
         result = self.store.finish_within(
-            self.store.dump(list(keys), blocks), self.dump_timeout_s, op="dump", persisted=self.wait_persisted
+            self.store.dump(list(keys), blocks),
+            self.dump_timeout_s,
+            op="dump",
+            persisted=self.wait_persisted,
+            stall_s=lookup_bound(self.load_timeout_s),  # as the connector
         )
         self._took(started, "save")
         ok, errors = result.ok, result.errors

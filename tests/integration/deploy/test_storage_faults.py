@@ -91,7 +91,7 @@ def test_brick_killed_mid_run(rig: Rig) -> None:
 
 
 def test_storage_host_link_cut_for_30_s(rig: Rig) -> None:
-    out, doc = rig.run_bench("cut", 180, 4, 4, lambda: rig.cut_link(30))
+    out, doc = rig.run_bench("cut", 180, 4, 4, lambda: rig.vol.cut_server_link(30))
     # A cut hangs the mount's calls until the client gives the server up (ping-timeout, 5 s
     # here): lookups past the bound are timeouts, and what follows is ENOTCONN.
     check_the_fault_run(rig, out, doc, 180, {"timeout", "enotconn"})

@@ -1,11 +1,12 @@
 """A store client on one test host, for the network filesystem tests (not a test module).
 
-usage: netfs_client.py dump|load|poll BACKEND COUNT [NAMESPACE] [SECONDS]
+usage: netfs_client.py dump|load|reload|poll BACKEND COUNT [NAMESPACE] [SECONDS]
 dump stores blocks key(0..COUNT) and flushes; load reads them into buffers filled with 0xAB
 first, then prints one JSON line: how many loaded, how many delivered the right bytes, how many
 buffers of a failed load are still untouched, the reasons, and the store's read counters. poll
 loads them again and again for SECONDS (while another host writes them) and counts the blocks
-delivered right and wrong.
+delivered right and wrong. reload loads, prints, waits for a line on stdin (the test changes
+the files meanwhile), then loads again and prints, in one process (the same client's caches).
 """
 
 from __future__ import annotations
@@ -46,18 +47,25 @@ def main() -> int:
                     right += good and same(b, block(k, SHARDS))
             print(json.dumps({"passes": passes, "delivered": delivered, "right": right}))
             return 0
-        buffers = [empty(SHARDS, fill=0xAB) for _ in keys]
-        res = store.wait(store.load(keys, buffers), timeout=120)
-        ok = list(res.ok)
-        right = sum(same(b, block(k, SHARDS)) for k, b, good in zip(keys, buffers, ok, strict=True) if good)
-        untouched = sum(
-            all((s == 0xAB).all() for s in b) for b, good in zip(buffers, ok, strict=True) if not good
-        )
-        stats = {k: v for k, v in store.stats().items() if k.startswith("posix_read") or k == "load_errors"}
-        reasons = sorted({e for e in res.errors if e})[:3]
-        print(json.dumps({"loaded": ok.count(True), "right": right, "untouched": untouched,
-                          "reasons": reasons, "stats": stats}))  # fmt: skip
+        if op == "reload":
+            print(json.dumps(load_all(store, keys)), flush=True)
+            sys.stdin.readline()
+        print(json.dumps(load_all(store, keys)))
     return 0
+
+
+def load_all(store: ucm_store.Store, keys: list[bytes]) -> dict:
+    """Every block into a buffer filled with 0xAB first: loaded, right, untouched, why, counters."""
+    buffers = [empty(SHARDS, fill=0xAB) for _ in keys]
+    res = store.wait(store.load(keys, buffers), timeout=120)
+    ok = list(res.ok)
+    right = sum(same(b, block(k, SHARDS)) for k, b, good in zip(keys, buffers, ok, strict=True) if good)
+    failed = [b for b, good in zip(buffers, ok, strict=True) if not good]
+    untouched = sum(all((s == 0xAB).all() for s in b) for b in failed)
+    stats = {k: v for k, v in store.stats().items() if k.startswith("posix_read") or k == "load_errors"}
+    reasons = sorted({e for e in res.errors if e})[:3]
+    return {"loaded": ok.count(True), "right": right, "untouched": untouched, "reasons": reasons,
+            "stats": stats}  # fmt: skip
 
 
 if __name__ == "__main__":

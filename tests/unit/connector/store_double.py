@@ -100,9 +100,7 @@ class FakeStore:
     def wait_persisted(self, tid: int, timeout: float | None = None) -> FakeTaskResult:
         return self._results.pop(tid)  # one tier: written is persisted
 
-    def finish_within(
-        self, tid: int, timeout: float, *, op: str = "load", persisted: bool = False
-    ) -> FakeTaskResult:
+    def finish_within(self, tid: int, timeout: float, **how: object) -> FakeTaskResult:
         return self._results.pop(tid)  # every task finished at submit; one tier: persisted
 
     def cancel(self, tid: int, reason: str = "timed out") -> FakeTaskResult:

@@ -241,3 +241,28 @@ def test_one_stall_found_by_a_lookup_or_a_persist_spares_the_other_its_wait(make
     assert _until(lambda: store.stalled_for() is None, timeout=5)
     assert store.flush(timeout=5)
     assert store.lookup_prefix([a, b], timeout=2) == 2  # answers again: both were written
+
+
+def test_a_persist_with_no_write_returning_is_a_stall_after_stall_s_while_slow_writes_get_the_bound(
+    make_store,
+):
+    """`stall_s`: storage that stopped costs stall_s, not the dump bound; storage that is slow
+    but moving (each write 0.25 s, six of them: 1.5 s in all) gets the whole bound."""
+    store = make_store(SHARDS, store_pipeline="Cache|Posix", posix_io_threads=1)
+    _native._inject_stall("posix_write", 1, 2000)
+    a = key(0, "progress")
+    t0 = time.monotonic()
+    stalled = store.finish_within(
+        store.dump([a], [block(a, SHARDS)]), 5, op="dump", persisted=True, stall_s=0.4
+    )
+    took = time.monotonic() - t0
+    assert 0.35 < took < 1.5, took  # stall_s, with room for a loaded machine; the bound was 5 s
+    assert stalled.ok == [False] and "no write returned for 0.4 s" in stalled.errors[0]
+    assert store.stalled_for() is not None  # later steps do not wait either
+    assert _until(lambda: store.stalled_for() is None, timeout=5)  # the stuck write returned
+    _native._inject_stall("posix_write", 6, 250)
+    keys = [key(i, "slow") for i in range(6)]
+    slow = store.finish_within(
+        store.dump(keys, [block(k, SHARDS) for k in keys]), 10, op="dump", persisted=True, stall_s=0.4
+    )
+    assert slow.all_ok, slow.errors  # 1.5 s of writes, none longer than 0.4 s: not a stall
