@@ -329,11 +329,7 @@ class _SharedCheck:
         lines = [""]
         for i, (backend, marker) in enumerate(zip(self.backends, self.markers, strict=True)):
             made = f"mkdir -p {shlex.quote(backend)} && echo {self.token} > {shlex.quote(marker)}"
-            one_line = "$(printf %s \"$err\" | tr '\\n' ' ')"
-            lines.append(
-                f"if err=$( {{ {made}; }} 2>&1 ); then echo shared{i}=ok; "
-                f"else printf 'shared{i}=%s\\n' \"{one_line}\"; fi"
-            )
+            lines.append(_ok_or_error(f"shared{i}", made))
             # O_DIRECT with the store's alignment (4 KiB pages): one page written, then removed
             probe = shlex.quote(f"{marker}.direct")
             lines.append(f"if dd if=/dev/zero of={probe} bs=4096 count=1 oflag=direct 2>/dev/null; "
@@ -363,7 +359,7 @@ class _SharedCheck:
         if written:
             self.cleanup[self.writer] = ["rm -f " + " ".join(shlex.quote(self.markers[i]) for i in written)]
         problems = [
-            f"node {self.writer}: cannot write to storage backend {b}: {why}: {_write_fix(why)}"
+            _cannot_write(self.writer, b, why)
             for i, b in enumerate(self.backends)
             if writer.facts and i not in written
             for why in [writer.facts.get(f"shared{i}", "").strip()]
@@ -377,9 +373,7 @@ class _SharedCheck:
         ]
         if not all_reachable or not written:
             return problems
-        read = " ; ".join(
-            f'echo "seen{i}=$(cat {shlex.quote(self.markers[i])} 2>/dev/null)"' for i in written
-        )
+        read = self.read_lines(written)
         seen = parallel(self.readers, lambda n: executors[n].run(read).stdout)
         for name, out in zip(self.readers, seen, strict=True):
             facts = dict(line.partition("=")[::2] for line in out.splitlines())
@@ -390,16 +384,38 @@ class _SharedCheck:
                         f"{self.writer} wrote to: mount the same shared storage (NFS, 3FS) at "
                         f"{self.backends[i]} on every node"
                     )
+                elif (why := facts.get(f"wrote{i}", "").strip()) != "ok":
+                    # every store user writes: blocks, and a corrupt block moved aside
+                    problems.append(_cannot_write(name, self.backends[i], why))
         return problems
 
+    def read_lines(self, written: list[int]) -> str:
+        """Shell for the other nodes: `seenI=<the marker's token>`, and `wroteI=ok` or the error
+        of writing (and removing) a probe file beside the marker."""
+        lines = []
+        for i in written:
+            probe = shlex.quote(f"{self.markers[i]}.w") + '"$$"'  # this shell's own name
+            lines.append(f'echo "seen{i}=$(cat {shlex.quote(self.markers[i])} 2>/dev/null)"')
+            lines.append(_ok_or_error(f"wrote{i}", f": > {probe} && rm -f {probe}"))
+        return "\n".join(lines) + "\n"
 
-def _write_fix(why: str) -> str:
-    """What to do about a storage folder the node could not write, from the shell's words."""
+
+def _ok_or_error(fact: str, command: str) -> str:
+    """Shell that prints `FACT=ok` if `command` succeeds, else `FACT=<its error on one line>`."""
+    one_line = "$(printf %s \"$err\" | tr '\\n' ' ')"
+    failed = f"printf '{fact}=%s\\n' \"{one_line}\""
+    return f"if err=$( {{ {command}; }} 2>&1 ); then echo {fact}=ok; else {failed}; fi"
+
+
+def _cannot_write(node: str, backend: str, why: str) -> str:
+    """One line for a storage folder the node could not write, with the fix from the shell's words."""
     if "Read-only file system" in why:
-        return "the filesystem is mounted read-only there: remount it read-write, or choose another path"
-    if "Permission denied" in why:
-        return "let the user ucmctl logs in as write there, or choose another path"
-    return "make the folder (or its parent) writable on that node, or choose another path"
+        fix = "the filesystem is mounted read-only there: remount it read-write, or choose another path"
+    elif "Permission denied" in why:
+        fix = "let the user ucmctl logs in as write there, or choose another path"
+    else:
+        fix = "make the folder (or its parent) writable on that node, or choose another path"
+    return f"node {node}: cannot write to storage backend {backend}: {why}: {fix}"
 
 
 def _bind_problems(where: str, node: NodePlan, f: dict[str, str]) -> list[str]:

@@ -1,8 +1,8 @@
-"""Preflight of the store's folder on the first storage node: the writer's shell lines run for
-real here, in a mount namespace of the test's own, on a folder that takes O_DIRECT, on a ramfs
-(which refuses O_DIRECT) and on a read-only bind mount, and the answers are judged into one line
-each, with the fix (the same lines against real shared and unshared filesystems:
-tests/integration/deploy/test_ssh_deploy.py)."""
+"""Preflight of the store's folder: the shell lines of the first storage node (the marker's
+writer) and of another run for real here, in mount namespaces of the test's own, on a folder
+that takes O_DIRECT, on a ramfs (which refuses O_DIRECT), on a read-only bind mount and on
+another folder, and the answers are judged into one line each, with the fix (the same lines
+against real shared and unshared filesystems: tests/integration/deploy/test_ssh_deploy.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from ucmctl.deploy.preflight import NodeFacts, _SharedCheck
+from ucmctl.nodes.executor import Result
 from ucmctl.plan.build import build_plan
 from ucmctl.topology.load import parse_topology
 
@@ -83,3 +84,47 @@ def test_a_read_only_mount_is_named_with_the_fix(tmp_path: Path) -> None:
         "mounted read-only there: remount it read-write, or choose another path"
     )
     assert not (shared / "kv").exists()
+
+
+class NodeWithMounts:
+    """Another node: the preflight's lines for it run here, in a mount namespace of their own where
+    `mount` has changed what the shared folder is."""
+
+    def __init__(self, mount: str) -> None:
+        self.mount = mount
+
+    def run(self, command: str, *, timeout: float = 60) -> Result:
+        script = f"{self.mount} || exit 99\n{command}" if self.mount else command
+        done = subprocess.run(["unshare", "--mount", "sh", "-c", script], capture_output=True, text=True)
+        assert done.returncode != 99, done.stderr
+        return Result(command, done.returncode, done.stdout, done.stderr)
+
+
+@pytest.mark.parametrize("view", ["same", "read-only", "another folder"])
+def test_every_other_node_must_see_the_marker_and_write_there(tmp_path: Path, view: str) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    mount = {
+        "same": "",
+        "read-only": f"mount --bind {shared} {shared} && mount -o remount,bind,ro {shared}",
+        "another folder": f"mount -t tmpfs ucmctl-test {shared} && mkdir {shared}/kv",
+    }[view]
+    check = plan_for(f"{shared}/kv", False)
+    facts = facts_of(check.write_lines())
+    said = check.judge(NodeFacts("a", facts), {"b": NodeWithMounts(mount)}, all_reachable=True)
+    if view == "same":
+        assert said == []
+    elif view == "read-only":
+        (line,) = said
+        assert line.startswith(f"node b: cannot write to storage backend {shared}/kv: ")
+        assert "Read-only file system" in line
+        assert line.endswith(
+            ": the filesystem is mounted read-only there: remount it read-write, or choose another path"
+        )
+    else:
+        assert said == [
+            f"node b: storage backend {shared}/kv is not the filesystem node a wrote to: mount the same "
+            f"shared storage (NFS, 3FS) at {shared}/kv on every node"
+        ]
+    # b's probe file is gone: only a's marker is left for the cleanup
+    assert [p.name for p in (shared / "kv").iterdir()] == [f".ucmctl-shared-check-{check.token}"]
