@@ -23,7 +23,7 @@ def kv_caches() -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     return storage, {f"model.layers.{i}.self_attn.attn": storage[i] for i in range(LAYERS)}
 
 
-def make(layerwise: bool = False, store: FakeStore | None = None, tp_rank: int = 0, **ns_kw):
+def make(layerwise: bool = False, store: FakeStore | None = None, tp_rank: int = 0, worker_kw=None, **ns_kw):
     storage, caches = kv_caches()
     shard = HEADS * BS * 2 * HD * 2
     ns = Namespace(
@@ -46,7 +46,7 @@ def make(layerwise: bool = False, store: FakeStore | None = None, tp_rank: int =
         opened.append(s)
         return s
 
-    w = WorkerSide(open_store, km, tp_rank=tp_rank)
+    w = WorkerSide(open_store, km, tp_rank=tp_rank, **(worker_kw or {}))
     w.register_kv_caches(caches, list(caches), expected_shard_bytes=shard)
     return w, storage, km, opened[0]
 
@@ -258,3 +258,49 @@ def test_a_dump_past_its_bound_is_a_counted_save_error_and_the_step_goes_on(tmp_
     finally:
         _native._inject_stall("posix_write", 0, 0)
         w.close()
+
+
+class SlowStore(FakeStore):
+    """Every wait on a task returns `delay` s late, whatever its bound: a bounding bug."""
+
+    def __init__(self, delay: float) -> None:
+        super().__init__([])  # make() sets the shard sizes the worker asks for
+        self.delay = delay
+
+    def finish_within(self, tid: int, timeout: float, **how: object):
+        import time
+
+        time.sleep(self.delay)
+        return super().finish_within(tid, timeout, **how)
+
+
+@pytest.mark.parametrize("delay", [0.0, 1.5])
+def test_a_store_wait_past_its_bound_by_over_a_second_is_counted(delay: float) -> None:
+    w, _, km, _ = make(store=SlowStore(delay), worker_kw={"load_timeout_s": 0.2, "dump_timeout_s": 0.2})
+    keys = km.keys(hashes(2))
+    w.wait_for_save(UCMConnectorMetadata(saves=[BlockTransfer("a", keys, [1, 2])]))
+    w.start_load(UCMConnectorMetadata(loads=[BlockTransfer("b", keys, [3, 4])]))
+    stats = w.take_stats()
+    assert stats is not None
+    late = int(delay > 0.2 + 1.0)
+    assert (stats.data["save_waits_over_bound"], stats.data["load_waits_over_bound"]) == (late, late)
+
+
+def test_the_steps_own_compute_between_submission_and_wait_is_not_the_stores() -> None:
+    """Layerwise: a layer's load is submitted, the model computes (here 1.5 s, past the 0.2 s
+    bound + 1 s), then waits: the wait returns at once, so nothing is over its bound."""
+    import time
+
+    w, _, km, _ = make(layerwise=True, worker_kw={"load_timeout_s": 0.2})
+    keys = km.keys(hashes(2))
+    save = UCMConnectorMetadata(saves=[BlockTransfer("a", keys, [1, 2])])
+    for name in [f"model.layers.{i}.self_attn.attn" for i in range(LAYERS)]:
+        w.save_layer(name, save)
+    w.wait_for_save(save)
+    w.start_load(UCMConnectorMetadata(loads=[BlockTransfer("b", keys, [3, 4])]))
+    time.sleep(1.5)
+    for name in [f"model.layers.{i}.self_attn.attn" for i in range(LAYERS)]:
+        w.wait_for_layer_load(name)
+    stats = w.take_stats()
+    assert stats is not None and stats.data["load_blocks"] == 2
+    assert stats.data["load_waits_over_bound"] == 0
