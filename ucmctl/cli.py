@@ -247,22 +247,46 @@ def down(
 
 
 @app.command()
-def status(deployment: str | None = typer.Argument(None, help="one deployment (default: all)")) -> None:
+def status(
+    deployment: str | None = typer.Argument(None, help="one deployment (default: all)"),
+    watch: bool = typer.Option(False, "--watch", "-w", help="look again every --interval s, until Ctrl-C"),
+    interval: float = typer.Option(2.0, "--interval", min=0.5, help="seconds between looks with --watch"),
+) -> None:
     """What runs: every process, its node, ports, health and uptime."""
+    import time
+
+    from rich.console import Group
+
     from ucmctl.deploy.inspect import status_table
     from ucmctl.deploy.state import StateStore
 
     store = StateStore()
-    records = [store.load(deployment)] if deployment else store.all()
-    records = [r for r in records if r is not None]
-    if not records:
-        if deployment:
-            raise UcmctlError.one(f"no deployment named '{deployment}' on this machine")
-        out.print("no deployments")
+
+    def frame() -> Group | None:
+        records = [store.load(deployment)] if deployment else store.all()
+        records = [r for r in records if r is not None]
+        if not records:
+            if deployment:
+                raise UcmctlError.one(f"no deployment named '{deployment}' on this machine")
+            return None
+        return Group(*(t for record in records for t in status_table(record, width=out.width)))
+
+    shown = frame()
+    if not watch:
+        out.print(shown if shown is not None else "no deployments")
         return
-    for record in records:
-        for table in status_table(record, width=out.width):
-            out.print(table)
+    if out.is_terminal:  # one frame, redrawn in place
+        from rich.live import Live
+
+        with Live(shown or "no deployments", console=out, auto_refresh=False) as live:
+            while True:
+                time.sleep(interval)
+                live.update(frame() or "no deployments", refresh=True)
+    while True:  # a pipe or a CI log: each look after the last, under the time it was taken
+        out.print(f"--- {time.strftime('%H:%M:%S')}", markup=False)
+        out.print(shown if shown is not None else "no deployments")
+        time.sleep(interval)
+        shown = frame()
 
 
 @app.command()

@@ -192,6 +192,7 @@ def fault_during_a_run(fault: Callable[[], None], env: dict[str, str], prefill: 
     total = phase["hit_rate"]["total"]
     assert total["ucm_lookup_errors"] + total["ucm_load_errors"] + total["ucm_save_errors"] > 0, total
     assert total["ucm_load_errors_corrupt"] == 0  # no block delivered with wrong bytes
+    assert phase["lost"] == []  # the bench's watch: both servers stayed up and healthy
     # every lookup, load and persist wait ended within its bound + 1 s (the connector counts any
     # that did not, on both servers)
     over = {k: v for k, v in total.items() if k.endswith("_waits_over_bound") and v}

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -310,9 +312,13 @@ def run(
         None, "--plot", help="PNG of TTFT and E2EL by cell; with a sweep also NAME-capacity.png"
     ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bars"),
+    fail_fast: bool = typer.Option(
+        False, "--fail-fast", help="stop at once when a process of the deployment dies or turns unhealthy"
+    ),
 ) -> None:
     """Send a workload (default: the guides' preseed then measure) and print its figures; without
-    a subcommand this is what runs."""
+    a subcommand this is what runs. Against a deployment, every process is watched meanwhile: one
+    that dies or turns unhealthy is reported within seconds and recorded in the result."""
     if ctx.invoked_subcommand is not None:
         return
     from ucmctl.bench import report
@@ -346,6 +352,7 @@ def run(
         report.check_plot_available()
     digest = topo_path = None
     model_path = None
+    record = None
     if url is None:
         from ucmctl.deploy.inspect import the_deployment
         from ucmctl.deploy.state import StateStore
@@ -358,6 +365,12 @@ def run(
             digest, topo_path = record.topology_digest, record.topology_path
             model_path = model_path_of(record.plan)
     else:
+        if fail_fast:
+            raise UcmctlError.one(
+                "--fail-fast watches a deployment's processes; with --url there are none to watch",
+                key="--fail-fast",
+                fix="bench a deployment (-d NAME), or drop --fail-fast",
+            )
         base = url.rstrip("/")
         if not base.startswith(("http://", "https://")):
             raise UcmctlError.one(
@@ -414,11 +427,13 @@ def run(
         settle_s=settle,
         timeout_s=timeout,
         goodput=slos,
+        fail_fast=fail_fast,
     )
     capacity = _check_capacity(spec, cfg, target, max(concurrencies))
     progress = None if quiet else RichProgress(err)
     sweep = points(rates, concurrencies)
-    cells = strip_private(loop.run(run_points(spec, cfg, sweep, target, progress, err.print)))
+    with _watching(record, target):
+        cells = strip_private(loop.run(run_points(spec, cfg, sweep, target, progress, err.print)))
     report.print_cells(cells, out)
     target_info = {
         "url": target.url,
@@ -431,7 +446,35 @@ def run(
     config = {**cfg.as_dict(), **spec.describe(cfg), "sweep": [p.as_dict() for p in sweep]}
     doc = report.document(cells, config, prov, target_info)
     _write_outputs(cells, doc, save, csv, markdown, plot, sweep=len(sweep) > 1)
+    _save_log_tails(target, save)
     _fail_on_errors(cells)
+
+
+@contextlib.contextmanager
+def _watching(record: Any, target: Any) -> Iterator[None]:
+    """The deployment's processes watched while the phases run (nothing to watch with --url)."""
+    if record is None:
+        yield
+        return
+    from ucmctl.deploy.watch import Watch
+
+    def say(line: str) -> None:
+        err.print(f"[bold red]{escape(line)}[/]" if line.startswith("LOST") else escape(line), soft_wrap=True)
+
+    with Watch(record, say) as watch:
+        target.watch = watch
+        yield
+
+
+def _save_log_tails(target: Any, save: Path | None) -> None:
+    """The last log lines of each process lost, beside the saved result: RESULT.lost-PROCESS.log."""
+    watch = getattr(target, "watch", None)
+    if watch is None or save is None:
+        return
+    for loss in watch.losses:
+        path = save.with_name(f"{save.stem}.lost-{loss.process}.log")
+        path.write_text(f"# {loss.line()}\n{loss.log_tail}")
+        err.print(f"its last log lines: {path}", soft_wrap=True)
 
 
 app.command("run", help="Send a workload and print its figures (also `ucmctl bench` alone).")(run)
@@ -620,12 +663,16 @@ def compare(
     ),
     summary: Path | None = typer.Option(None, "--markdown", help="also write the Markdown summary here"),
     junit_path: Path | None = typer.Option(None, "--junit", help="JUnit XML for CI"),
+    allow_lost: bool = typer.Option(
+        False, "--allow-lost", help="gate also on phases that lost a process of the deployment"
+    ),
 ) -> None:
     """Exit 0 within limits, 5 on a regression, 2 on bad input; prints a Markdown summary."""
     from ucmctl.bench import compare as cmp
 
     limits = cmp.parse_limits(max_regression or cmp.DEFAULT_LIMITS)
-    verdicts = cmp.compare(cmp.load_side(baseline), cmp.load_side(new), limits, repeats)
+    sides = cmp.load_side(baseline, allow_lost), cmp.load_side(new, allow_lost)
+    verdicts = cmp.compare(*sides, limits, repeats)
     text = cmp.markdown(verdicts)
     out.print(text, markup=False)
     if summary:

@@ -120,8 +120,10 @@ def parse_limits(text: str) -> list[Limit]:
     return limits
 
 
-def load_side(path: Path) -> dict[str, list[dict[str, Any]]]:
-    """Measure phases by cell label ('scenario/input'), from a file or every *.json of a folder."""
+def load_side(path: Path, allow_lost: bool = False) -> dict[str, list[dict[str, Any]]]:
+    """Measure phases by cell label ('scenario/input'), from a file or every *.json of a folder.
+    A phase that lost a process of the deployment while it ran is refused unless `allow_lost`:
+    its figures are not a sample of the deployment."""
     if path.is_dir():
         files = sorted(path.glob("*.json"))
         if not files:
@@ -136,6 +138,14 @@ def load_side(path: Path) -> dict[str, list[dict[str, Any]]]:
             if not cell.get("measure"):
                 continue
             label = f"{cell.get('scenario') or 'run'}/{cell_key(cell)}"
+            lost = cell["measure"].get("lost") or []
+            if lost and not allow_lost:
+                what = ", ".join(f"{x['process']} on {x['node']} ({x['how']})" for x in lost)
+                raise UcmctlError.one(
+                    f"{label}: its measure phase lost {what}: its figures are not the deployment's",
+                    file=str(f),
+                    fix="rerun it, or pass --allow-lost to gate on it anyway",
+                )
             cells.setdefault(label, []).append(cell["measure"])
     return cells
 

@@ -471,6 +471,13 @@ def print_cells(cells: list[dict[str, Any]], console: Console) -> None:
                     style="yellow",
                     markup=False,
                 )
+            for lost in p.get("lost") or []:
+                console.print(
+                    f"{name}: lost {lost['process']} on {lost['node']} ({lost['how']}, "
+                    f"{lost['into_s']:.0f} s in): figures include the time without it",
+                    style="red",
+                    markup=False,
+                )
             storage = storage_errors_of(p)
             if storage:
                 console.print(

@@ -4,9 +4,11 @@ caches, then measure; with the measured hit rate of each phase from the instance
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import math
+import threading
 from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -39,6 +41,7 @@ class BenchConfig:
     stream_base: int = 0  # offsets the prompts' stream numbers (a suite gives each cell its own)
     goodput: dict[str, float] = field(default_factory=dict)  # SLOs in ms: ttft, tpot, e2el
     block_size: int = 16  # the servers' KV block, for the workloads' ideal hit rates
+    fail_fast: bool = False  # with a watched deployment: stop at the first process lost
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -51,6 +54,19 @@ class Target:
     url: str  # where requests go: the proxy, or one API server
     instances: list[Instance] = field(default_factory=list)  # whose /metrics are read
     endpoint: str = "/v1/completions"
+    watch: Watched | None = None  # the deployment's processes, looked at while phases run
+
+
+class Watched(Protocol):
+    """What a phase needs of a deployment's watch (ucmctl.deploy.watch.Watch)."""
+
+    lost_one: threading.Event
+
+    def begin(self, phase: str) -> float: ...
+
+    def end(self) -> None: ...
+
+    def losses_since(self, mark: float) -> list[Any]: ...
 
 
 class Progress(Protocol):
@@ -153,31 +169,68 @@ async def measure(
 ) -> dict[str, Any]:
     """One phase of any workload: send, then summarize under vLLM's key names, with the measured
     hit rates and preemptions (counter deltas across the phase) and the goodput when asked."""
+    watch = target.watch
+    if watch is not None and cfg.fail_fast:
+        _fail_fast(watch)  # lost between the phases
     before = await hitrate.scrape(http, target.instances)
+    mark = watch.begin(label) if watch is not None else 0.0
     progress.start(label, len(prompt_lens))
     try:
-        run = await client.run_phase(
-            http,
-            target.url + target.endpoint,
-            bodies,
-            prompt_lens,
-            cfg.concurrency,
-            cfg.request_rate,
-            cfg.seed,
-            progress.advance,
-            schedule=schedule,
-            collect_tokens=collect_tokens,
+        sending = asyncio.ensure_future(
+            client.run_phase(
+                http,
+                target.url + target.endpoint,
+                bodies,
+                prompt_lens,
+                cfg.concurrency,
+                cfg.request_rate,
+                cfg.seed,
+                progress.advance,
+                schedule=schedule,
+                collect_tokens=collect_tokens,
+            )
         )
+        run = await (_unless_lost(sending, watch) if watch is not None and cfg.fail_fast else sending)
     finally:
         progress.stop()
+        if watch is not None:
+            watch.end()
     after = await hitrate.scrape(http, target.instances)
     summary = metrics.summarize(run.results, run.duration)
     if cfg.goodput:
         summary.update(goodput.goodput_fields(run.results, run.duration, cfg.goodput))
     summary["num_prompts"] = len(prompt_lens)
     summary["hit_rate"] = hitrate.hit_rates(target.instances, before, after)
+    if watch is not None:  # the processes found dead or unhealthy while this phase ran
+        summary["lost"] = [loss.as_dict() for loss in watch.losses_since(mark)]
     summary["_results"] = run.results  # dropped before saving; kept for tests and debugging
     return summary
+
+
+async def _unless_lost(sending: asyncio.Future[Any], watch: Watched) -> Any:
+    """The phase's outcome, or, once the watch has lost a process, the phase cancelled and
+    the loss raised (--fail-fast)."""
+    while True:
+        done, _ = await asyncio.wait({sending}, timeout=0.2)
+        if done:
+            return sending.result()
+        if watch.lost_one.is_set():
+            sending.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sending
+            _fail_fast(watch)
+
+
+def _fail_fast(watch: Watched) -> None:
+    if watch.lost_one.is_set():
+        from ucmctl.core.errors import ExitStatus, UcmctlError
+
+        first = watch.losses_since(0.0)[0]
+        raise UcmctlError.one(
+            f"stopped at once (--fail-fast): {first.line()}",
+            status=ExitStatus.FAILURE,
+            fix="see its last log lines with `ucmctl logs`; run without --fail-fast to go on without it",
+        )
 
 
 async def _phase(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+import textwrap
 import time
 import urllib.request
 
@@ -45,26 +46,8 @@ def status_table(record: Record, width: int = 80) -> list[Table]:
     """The deployment's processes as they are now, asked of the nodes (an unreachable node is
     a row that says so); laid out for `width` columns with every name and port whole."""
     launcher = launcher_for(record.plan, record.allocation, connect_timeout=5)
-
-    def look(p: Process) -> tuple[str, str]:
-        state = "running"
-        try:
-            if p.detached:  # the runtime says how a container ended, and how often it restarted
-                container = launcher.container_state(p)
-                if container is None or not container.running:
-                    return (container.words() if container else "stopped (no container)"), "-"
-                state = container.words()
-            elif launcher.alive(p) is None:
-                return "stopped", "-"
-        except NodeError:
-            return "node unreachable", "?"
-        if not p.health:
-            return state, "-"
-        reason = why_not(p.health[-1])
-        return state, "healthy" if reason is None else f"unhealthy ({reason})"
-
     try:
-        looks = parallel(record.plan.processes, look)
+        looks = parallel(record.plan.processes, lambda p: look(launcher, p))
         try:
             scheduler = launcher.view()
         except LaunchError as exc:
@@ -73,6 +56,26 @@ def status_table(record: Record, width: int = 80) -> list[Table]:
     finally:
         launcher.close()
     return render_status(record, looks, time.time(), width, scheduler)
+
+
+def look(launcher: Launcher, p: Process, health_timeout: float = 2.0) -> tuple[str, str]:
+    """How a process is now, as `status` says it: its state ("running", "stopped", "exited
+    (137)", "node unreachable", ...) and its health ("healthy", "unhealthy (why)", "-")."""
+    state = "running"
+    try:
+        if p.detached:  # the runtime says how a container ended, and how often it restarted
+            container = launcher.container_state(p)
+            if container is None or not container.running:
+                return (container.words() if container else "stopped (no container)"), "-"
+            state = container.words()
+        elif launcher.alive(p) is None:
+            return "stopped", "-"
+    except NodeError:
+        return "node unreachable", "?"
+    if not p.health:
+        return state, "-"
+    reason = why_not(p.health[-1], timeout=health_timeout)
+    return state, "healthy" if reason is None else f"unhealthy ({reason})"
 
 
 # awk over /proc/self/mountinfo: the filesystem type of the longest mount point above path `p`.
@@ -155,10 +158,14 @@ def render_status(
     """The status table of `record` given each process's (state, health) in plan order, and
     the scheduler's lines (Slurm's job and lost nodes) under it."""
     probe = record.kv_probe
-    notes = [escape(line) for line in scheduler or []]
+    lines = list(scheduler or [])
     if probe is not None:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(probe.at))
-        notes.append(f"KV probe {'passed' if probe.ok else 'FAILED'} at {when}: {escape(probe.detail)}")
+        lines.append(f"KV probe {'passed' if probe.ok else 'FAILED'} at {when}: {probe.detail}")
+    # each wrapped between words at the width (the console does not wrap: tables stay whole)
+    notes = [
+        escape(textwrap.fill(line, width, subsequent_indent="  ", break_long_words=False)) for line in lines
+    ]
     caption = "\n".join(notes) or None
     rows = []
     for p, (state, health) in zip(record.plan.processes, looks, strict=True):
@@ -208,6 +215,11 @@ def show_logs(record: Record, names: list[str], lines: int, follow: bool, consol
                 _print(console, p, text)
     finally:
         launcher.close()
+
+
+def tail_of(launcher: Launcher, p: Process, lines: int) -> str:
+    """The last `lines` lines of a process's log (the runtime's, for a container)."""
+    return _read(launcher, p, None, lines)[1]
 
 
 def _read(launcher: Launcher, p: Process, offset: int | None, lines: int) -> tuple[int, str]:

@@ -56,6 +56,7 @@ def check_the_fault_run(rig: Rig, out: str, doc: dict, prompts: int, kinds: set[
     said = [line for line in out.splitlines() if "UCM store:" in line]
     assert len(said) == 1 and said[0].startswith("measure"), out
     assert decode_hit_rate(phase) < 0.9  # the outage cost hits (recomputed), not requests
+    assert phase["lost"] == []  # the bench's watch: every server stayed up and answered its health
     waits = rig.longest_store_waits()
     assert max(waits.values()) <= BOUND_S + 1.0, waits
     return phase

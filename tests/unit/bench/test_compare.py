@@ -116,3 +116,27 @@ def test_every_workload_is_gated_by_its_own_cells(tmp_path: Path) -> None:
     assert "run/multi-turn: round 1 request_goodput +50.0%" in text
     assert "run/multi-turn: round 1 ttft_mean" not in text.split("regression:")[-1]
     assert "run/trace: t.jsonl | ttft_mean" in text
+
+
+def test_a_phase_that_lost_a_process_is_refused_unless_allowed(tmp_path: Path) -> None:
+    base = write_result(tmp_path / "base.json", [cell(1024, 100.0)])
+    hurt = cell(1024, 100.0)
+    loss = {
+        "process": "decode-0",
+        "node": "n2",
+        "how": "exited (137)",
+        "phase": "measure 1024",
+        "into_s": 31.0,
+    }
+    hurt["measure"]["lost"] = [{**loss, "log_tail": "..."}]
+    lost = write_result(tmp_path / "lost.json", [hurt])
+    code, text = invoke("compare", str(base), str(lost))
+    assert code == ExitStatus.BAD_INPUT
+    assert "run/1024: its measure phase lost decode-0 on n2 (exited (137))" in text and "lost.json" in text
+    assert "--allow-lost" in text
+    assert invoke("compare", str(lost), str(base))[0] == ExitStatus.BAD_INPUT  # either side
+    assert invoke("compare", str(base), str(lost), "--allow-lost")[0] == ExitStatus.OK
+    # a phase watched with nothing lost is judged as ever
+    fine = cell(1024, 100.0)
+    fine["measure"]["lost"] = []
+    assert invoke("compare", str(base), str(write_result(tmp_path / "fine.json", [fine])))[0] == ExitStatus.OK
