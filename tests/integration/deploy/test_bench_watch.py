@@ -18,8 +18,10 @@ from pathlib import Path
 from typing import IO
 
 import pytest
+import yaml
 
 from tests.integration.deploy.test_local_lifecycle import processes_of, spawn, topology, ucmctl
+from tests.support.openai_checks import counter
 from tests.support.processes import wait_for
 
 pytestmark = pytest.mark.slow
@@ -69,9 +71,12 @@ def timed_lines(stream: IO[str] | None) -> list[tuple[float, str]]:
 
 
 def kill_decode_mid_run(workdir: Path, run: subprocess.Popen[str]) -> float:
-    """SIGKILL to decode-0's process group a few seconds into the phase; when it was sent."""
+    """SIGKILL to decode-0's process group once the phase is under way (it has finished four
+    requests); when it was sent."""
     (pidfile,) = workdir.rglob("decode-0/pid")
-    time.sleep(5)  # the bench has checked the servers and is sending
+    topo = yaml.safe_load((workdir.parent / "t-watch.yaml").read_text())
+    decode = f"http://127.0.0.1:{topo['decode']['port']}"
+    assert wait_for(lambda: counter(decode, "vllm:request_success_total") >= 4, timeout=120)
     assert run.poll() is None, "the run ended before the kill"
     os.killpg(os.getpgid(int(pidfile.read_text())), signal.SIGKILL)
     return time.monotonic()
@@ -86,7 +91,9 @@ def test_a_server_killed_mid_phase_is_reported_recorded_and_refused_by_compare(
     run = spawn(home, *BENCH, "--save", str(save))
     lines = timed_lines(run.stderr)
     killed = kill_decode_mid_run(workdir, run)
-    out, _ = run.communicate(timeout=300)
+    assert run.stdout is not None
+    out = run.stdout.read()  # stderr is the reader thread's alone (communicate would race it)
+    run.wait(timeout=300)
     # The run went on without it: the requests decode-0 would have served failed (exit 6).
     assert run.returncode == 6, (out, lines)
     said = [(t, line) for t, line in lines if line.startswith("LOST ")]
@@ -97,7 +104,7 @@ def test_a_server_killed_mid_phase_is_reported_recorded_and_refused_by_compare(
     )
     assert t - killed <= 10, f"reported {t - killed:.1f} s after the kill"
     into = float(line.split(", ")[1].split(" s into")[0])
-    assert 2 <= into <= 15, line
+    assert into <= 15, line
     (cell,) = json.loads(save.read_text())["cells"]
     (lost,) = cell["measure"]["lost"]
     assert (lost["process"], lost["node"], lost["how"], lost["phase"]) == (
