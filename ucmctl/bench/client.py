@@ -131,6 +131,20 @@ def _finish(out: RequestResult, tail: list[bytes], got_token: bool) -> None:
     out.ok = True
 
 
+def _error_event(tail: list[bytes]) -> str | None:
+    """The message of the first error event among the non-token events, if one came."""
+    for event in tail:
+        if b'"error"' not in event:
+            continue
+        try:
+            err = json.loads(event.removeprefix(b"data:").strip())["error"]
+        except (ValueError, KeyError, TypeError):
+            continue
+        if err:
+            return f"error event: {err.get('message', err) if isinstance(err, dict) else err}"
+    return None
+
+
 async def send(
     session: aiohttp.ClientSession, url: str, body: bytes, out: RequestResult, collect_tokens: bool = False
 ) -> None:
@@ -177,7 +191,8 @@ async def send(
             if buf.strip():
                 tail.append(buf)
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-        out.error = f"{type(exc).__name__}: {exc}"
+        # an error event sent before the cut (a proxy's word on its upstream) says more
+        out.error = _error_event(tail) or f"{type(exc).__name__}: {exc}"
         return
     out.latency = last - start
     _finish(out, tail, got_token)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -91,26 +93,76 @@ async def serve_generate(request: web.Request, state: ProxyState, path: str) -> 
     key = rewrite.prefix_key(body, path, cfg.affinity_tokens) if cfg.prefix_affinity else None
     headers = {**state.upstream_headers, "X-Request-Id": rid}
     try:
-        once = False
-        if cfg.mode == "pd":
-            kv_params = await _prefill(state, body, path, tokens, key, headers)
-            payload, role, leg_key = rewrite.decode_payload(raw, body, kv_params), "decode", None
-            # The prefiller hands its KV over once: a decode leg that reached an instance and
-            # failed is not sent again (it would wait for a transfer that is gone).
-            once = bool(cfg.p2p)
-        else:
-            payload, role, leg_key = raw, "mixed", key
-        inst, resp = await _open(state, role, "requests", leg_key, tokens, path, payload, headers, once)
+        inst, resp, first = await _answer(state, raw, body, path, tokens, key, headers)
     except LegFailed as exc:
         metrics.errors[exc.reason] += 1
         return error_response(exc.status, exc.message, rid)
     except _Answered as answered:
         return answered.response
     try:
-        return await _relay(request, state, inst, resp, body.get("stream") is True, t0, rid)
+        return await _relay(request, state, inst, resp, first, body.get("stream") is True, t0, rid)
     finally:
         resp.close()  # on any early exit this drops the upstream connection: the instance stops the request
         inst.release(tokens)
+
+
+async def _answer(
+    state: ProxyState,
+    raw: bytes,
+    body: dict[str, Any],
+    path: str,
+    tokens: int,
+    key: bytes | None,
+    headers: dict[str, str],
+) -> tuple[Instance, aiohttp.ClientResponse, bytes]:
+    """The upstream whose answer goes to the client, and the answer's first bytes.
+
+    Nothing goes to the client before those bytes came: an upstream that dies before its first
+    token is tried again on another instance of its role (the client has seen nothing of it).
+    Store mode sends the decode leg again (the prefill's KV is in the store); p2p mode runs the
+    prefill again too (the prefiller handed its KV to the instance that died).
+    """
+    cfg = state.config
+    avoid: list[Instance] = []
+    kv_params: dict[str, Any] | None = None
+    prefilled = False
+    last: LegFailed | None = None
+    for attempt in range(cfg.retries + 1):
+        if attempt:
+            await asyncio.sleep(cfg.retry_backoff * 2 ** (attempt - 1))
+        if cfg.mode == "pd":
+            if not prefilled or cfg.p2p:
+                kv_params = await _prefill(state, body, path, tokens, key, headers)
+                prefilled = True
+            payload, role, leg_key = rewrite.decode_payload(raw, body, kv_params), "decode", None
+        else:
+            payload, role, leg_key = raw, "mixed", key
+        # The prefiller hands its KV over once: a decode leg that reached an instance and
+        # failed is not sent again as it is (it would wait for a transfer that is gone).
+        once = cfg.mode == "pd" and bool(cfg.p2p)
+        inst, resp = await _open(
+            state, role, "requests", leg_key, tokens, path, payload, headers, once, avoid
+        )
+        try:
+            first = await resp.content.readany()
+        except UPSTREAM_ERRORS as exc:
+            resp.close()
+            inst.release(tokens)
+            record_failure(inst, cfg.unhealthy_after)
+            avoid.append(inst)
+            last = LegFailed(
+                502, f"{role} instance {inst.url} failed before its first token: {_why(exc)}", "upstream"
+            )
+            if attempt < cfg.retries:
+                state.metrics.first_token_retries[role] += 1
+            continue
+        except BaseException:  # cancelled: the client went away
+            resp.close()
+            inst.release(tokens)
+            raise
+        return inst, resp, first
+    assert last is not None
+    raise last
 
 
 class _Answered(Exception):
@@ -199,15 +251,17 @@ async def _open(
     payload: bytes,
     headers: dict[str, str],
     once: bool = False,
+    avoid: list[Instance] | None = None,
 ) -> tuple[Instance, aiohttp.ClientResponse]:
     """Send a leg to the best instance, retrying others with backoff, until one answers below 500.
 
     The caller owns the returned response and the instance's in-flight count (`release(tokens)`).
     With `once`, only a leg that reached no instance (nothing listening) is tried elsewhere.
+    Instances in `avoid` (they failed this request already) are taken only when no other is left.
     """
     cfg, pool, session = state.config, state.pool, state.session
     assert session is not None
-    tried: list[Instance] = []
+    tried: list[Instance] = list(avoid or ())
     last: LegFailed | None = None
     for attempt in range(cfg.retries + 1):
         inst = _pick(pool, role, by, tried, key)
@@ -272,11 +326,13 @@ async def _relay(
     state: ProxyState,
     inst: Instance,
     resp: aiohttp.ClientResponse,
+    first: bytes,
     stream: bool,
     t0: float,
     rid: str,
 ) -> web.StreamResponse:
-    """Copy the upstream's answer to the client read by read: no buffering, no parsing."""
+    """Copy the upstream's answer to the client read by read (`first` already read): no
+    buffering, no parsing."""
     metrics = state.metrics
     loop = asyncio.get_running_loop()
     out = web.StreamResponse(status=resp.status)
@@ -289,24 +345,21 @@ async def _relay(
     counting = stream and resp.status == 200
     content = resp.content
     chunks = 0
-    first = True
+    chunk = first
+    if first and stream:
+        metrics.ttft.observe(loop.time() - t0)
     try:
         await out.prepare(request)
-        while True:
-            try:
-                chunk = await content.readany()
-            except UPSTREAM_ERRORS as exc:
-                return _upstream_broke(request, state, inst, exc, out)
-            if not chunk:
-                break
-            if first:
-                first = False
-                if stream:
-                    metrics.ttft.observe(loop.time() - t0)
+        while chunk:
             if counting:
                 # one SSE event per token: a substring count is cheap, parsing each chunk is not
                 chunks += chunk.count(b"data:")
             await out.write(chunk)
+            try:
+                chunk = await content.readany()
+            except UPSTREAM_ERRORS as exc:
+                await _upstream_broke(request, state, inst, exc, out, stream, chunk)
+                return out
         await out.write_eof()
     except ConnectionError:  # the client went away mid-answer; the caller closes the upstream
         metrics.errors["client_disconnect"] += 1
@@ -317,16 +370,30 @@ async def _relay(
     return out
 
 
-def _upstream_broke(
-    request: web.Request, state: ProxyState, inst: Instance, exc: BaseException, out: web.StreamResponse
-) -> web.StreamResponse:
-    """The upstream failed after bytes went out: cut the client's connection so the answer reads as broken."""
+async def _upstream_broke(
+    request: web.Request,
+    state: ProxyState,
+    inst: Instance,
+    exc: BaseException,
+    out: web.StreamResponse,
+    stream: bool,
+    sent: bytes,
+) -> None:
+    """The upstream failed after tokens went out: the answer is not sent again (the client has
+    part of it). A stream gets an error event the client's SSE parser reads (as vLLM sends its
+    own errors), then the connection ends without the chunked body's end, so no client can
+    take the cut answer for a complete one."""
     state.metrics.errors["upstream_mid_stream"] += 1
     record_failure(inst, state.config.unhealthy_after)
-    # a clean end of a chunked body would pass a truncated answer off as complete
+    if stream:
+        message = f"{inst.role} instance {inst.url} failed mid-stream: {_why(exc)}; the answer is incomplete"
+        event = {"error": {"message": message, "type": "upstream_error", "code": 502}}
+        # after a cut event, two newlines end it first, so the error event is read alone
+        head = b"" if sent.endswith(b"\n\n") else b"\n\n"
+        with contextlib.suppress(ConnectionError):
+            await out.write(head + b"data: " + json.dumps(event).encode() + b"\n\n")
     if request.transport is not None:
-        request.transport.abort()
-    return out
+        request.transport.close()  # flushes what was written, then closes: no clean end of body
 
 
 def _why(exc: BaseException) -> str:

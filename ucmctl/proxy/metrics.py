@@ -50,6 +50,7 @@ class Metrics:
         self.requests: Counter[str] = Counter()  # by route
         self.errors: Counter[str] = Counter()  # by reason
         self.retries: Counter[str] = Counter()  # by leg
+        self.first_token_retries: Counter[str] = Counter()  # by leg: the upstream died before its first token
         self.ttft = Histogram()
         self.latency = Histogram()
         self.prefill = Histogram()
@@ -73,6 +74,12 @@ class Metrics:
         counter("errors_total", "Requests that failed, by reason.", "reason", self.errors)
         counter(
             "retries_total", "Upstream attempts retried on another instance, by leg.", "leg", self.retries
+        )
+        counter(
+            "first_token_retries_total",
+            "Answers sent again on another instance because the upstream failed before its first token.",
+            "leg",
+            self.first_token_retries,
         )
         for name, hist, help_ in (
             ("ttft_seconds", self.ttft, "Time from request to first streamed byte sent to the client."),

@@ -173,8 +173,9 @@ def sse_events(raw: bytes) -> list[str]:
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)$")
 
 
-def metric(url: str, name: str, **labels: str) -> float:
-    """The sum of a Prometheus metric's samples at `url`/metrics whose labels match."""
+def metric(url: str, name: str, *, absent: float | None = None, **labels: str) -> float:
+    """The sum of a Prometheus metric's samples at `url`/metrics whose labels match (`absent`
+    when there is none and that is given: a counter with no sample yet)."""
     _, _, text = get(url + "/metrics")
     total, found = 0.0, False
     for line in text.decode().splitlines():
@@ -185,6 +186,8 @@ def metric(url: str, name: str, **labels: str) -> float:
         if all(got.get(k) == v for k, v in labels.items()):
             total += float(m.group(3))
             found = True
+    if not found and absent is not None:
+        return absent
     if not found:
         raise KeyError(f"{name}{labels} not in {url}/metrics")
     return total

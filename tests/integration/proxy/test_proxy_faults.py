@@ -8,6 +8,7 @@ import json
 import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
 import aiohttp
 import pytest
@@ -136,21 +137,88 @@ def test_client_disconnect_frees_both_legs(launch: Launch, tmp_path) -> None:  #
 
 @pytest.mark.slow
 def test_killed_decoder_mid_stream_breaks_the_answer_visibly(launch: Launch, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    p1, d1 = sim(tmp_path), sim(tmp_path, "--decode-step-ms", "20")
-    px = proxy(tmp_path, *pd_flags([p1], [d1]))
-    launch(p1, d1, px)
+    p1, d1, d2 = (
+        sim(tmp_path),
+        sim(tmp_path, "--decode-step-ms", "20"),
+        sim(tmp_path, "--decode-step-ms", "20"),
+    )
+    px = proxy(tmp_path, *pd_flags([p1], [d1, d2]), "--health-interval", "60")
+    launch(p1, d1, d2, px)
+    got: list[bytes] = []
+    roles: dict[str, Proc] = {}
 
     async def go() -> None:
         async with aiohttp.ClientSession() as s:
-            r = await s.post(px.url + "/v1/completions", json=completion(500, stream=True))
-            assert await r.content.readany()
-            d1.kill()
+            # two answers at once: least-loaded routing puts them on different decoders
+            body = completion(500, stream=True)
+            r = await s.post(px.url + "/v1/completions", json=body)
+            other = await s.post(px.url + "/v1/completions", json=completion(3, stream=True))
+            assert (await other.read()).endswith(b"data: [DONE]\n\n")
+            got.append(await r.content.readany())
+            roles["victim"], roles["other"] = (d1, d2) if await _running(d1.url) == 1 else (d2, d1)
+            assert await _running(roles["other"].url) == 0
+            roles["victim"].kill()
             with pytest.raises(aiohttp.ClientPayloadError):  # not a clean end that looks complete
-                while await r.content.readany():
-                    pass
+                while chunk := await r.content.readany():
+                    got.append(chunk)
 
     asyncio.run(go())
+    events = sse_events(b"".join(got))
+    # tokens came, then one error event the client's SSE parser reads; never a [DONE], and the
+    # answer that had streamed tokens is not sent again elsewhere
+    assert len(events) >= 2 and "[DONE]" not in events
+    error = json.loads(events[-1])["error"]
+    assert error["code"] == 502 and roles["victim"].url in error["message"]
+    assert "incomplete" in error["message"]
+    assert all("choices" in json.loads(e) for e in events[:-1] if e.strip())
     assert metric(px.url, "ucmctl_proxy_errors_total", reason="upstream_mid_stream") == 1
+    assert metric(px.url, "ucmctl_proxy_first_token_retries_total", absent=0, leg="decode") == 0
+    assert metric(roles["other"].url, "vllm:request_success_total") == 1  # only the short answer
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["pd", "mixed"])
+def test_decoder_killed_before_its_first_token_is_retried(launch: Launch, tmp_path, mode: str) -> None:  # type: ignore[no-untyped-def]
+    # a 1000-token prompt takes the slow servers 4 s before their first token
+    slow = ("--prefill-us-per-token", "4000")
+    p1 = sim(tmp_path)
+    d1, d2 = sim(tmp_path, *slow), sim(tmp_path, *slow)
+    flags = pd_flags([p1], [d1, d2]) if mode == "pd" else ["--mode", "mixed", "--instance", d1.url,
+                                                           "--instance", d2.url]  # fmt: skip
+    px = proxy(tmp_path, *flags, "--health-interval", "60")
+    launch(*([p1] if mode == "pd" else []), d1, d2, px)
+
+    body = {**completion(5, stream=True, prompt=[7] * 1000), "stream_options": {"include_usage": True}}
+
+    async def go() -> tuple[int, bytes]:
+        async with aiohttp.ClientSession() as s:
+            task = asyncio.create_task(s.post(px.url + "/v1/completions", json=body))
+            await wait_async(lambda: _running_any(d1, d2), 5)
+            victim = d1 if await _running(d1.url) == 1 else d2
+            victim.kill()
+            r = await task
+            return r.status, await r.read()
+
+    status, raw = asyncio.run(go())
+    # the client saw one whole answer, from the instance that stayed
+    assert status == 200 and raw.endswith(b"data: [DONE]\n\n")
+    events = [json.loads(e) for e in sse_events(raw) if e != "[DONE]"]
+    assert sum(1 for e in events if e.get("choices")) == 5
+    assert events[-1]["usage"]["prompt_tokens"] == 1000
+    leg = "decode" if mode == "pd" else "mixed"
+    assert metric(px.url, "ucmctl_proxy_first_token_retries_total", leg=leg) == 1
+    assert metric(px.url, "ucmctl_proxy_errors_total", absent=0, reason="upstream") == 0
+
+
+async def _running_any(*sims: Proc) -> bool:
+    return any([await _running(p.url) == 1 for p in sims])
+
+
+async def wait_async(predicate: Callable[[], Any], timeout: float) -> None:
+    deadline = time.perf_counter() + timeout
+    while not await predicate():
+        assert time.perf_counter() < deadline, "no instance took the request"
+        await asyncio.sleep(0.05)
 
 
 async def _gaps(url: str, tokens: int) -> list[float]:
