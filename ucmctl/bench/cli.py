@@ -19,6 +19,7 @@ from ucmctl.core.errors import ExitStatus, UcmctlError
 
 if TYPE_CHECKING:
     from ucmctl.bench.client import RequestResult
+    from ucmctl.bench.fault import FaultSpec
     from ucmctl.bench.workloads import WorkloadSpec
 
 app = typer.Typer(help="Preseed-and-measure benchmarks, scenario suites and a regression gate.")
@@ -315,6 +316,12 @@ def run(
     fail_fast: bool = typer.Option(
         False, "--fail-fast", help="stop at once when a process of the deployment dies or turns unhealthy"
     ),
+    fault: str | None = typer.Option(
+        None,
+        "--fault",
+        help="ACTION:PROCESS@TIME, e.g. kill:decode-0@30s: SIGKILL (kill) or SIGTERM (stop) to a "
+        "process of the deployment that far into the first measure phase, and what it cost",
+    ),
 ) -> None:
     """Send a workload (default: the guides' preseed then measure) and print its figures; without
     a subcommand this is what runs. Against a deployment, every process is watched meanwhile: one
@@ -348,6 +355,7 @@ def run(
         )
     if deployment is not None and url is not None:
         raise UcmctlError.one("--deployment and --url both given", fix="pass one of them")
+    fault_spec = _fault_spec(fault, workload, url, rates, num_prompts)
     if plot:
         report.check_plot_available()
     digest = topo_path = None
@@ -364,6 +372,10 @@ def run(
         if record is not None:
             digest, topo_path = record.topology_digest, record.topology_path
             model_path = model_path_of(record.plan)
+            if fault_spec is not None:
+                from ucmctl.deploy.fault import process_named
+
+                process_named(record, fault_spec.process)  # before anything is sent
     else:
         if fail_fast:
             raise UcmctlError.one(
@@ -432,7 +444,7 @@ def run(
     capacity = _check_capacity(spec, cfg, target, max(concurrencies))
     progress = None if quiet else RichProgress(err)
     sweep = points(rates, concurrencies)
-    with _watching(record, target):
+    with _watching(record, target), _faulting(record, fault_spec, target):
         cells = strip_private(loop.run(run_points(spec, cfg, sweep, target, progress, err.print)))
     report.print_cells(cells, out)
     target_info = {
@@ -447,7 +459,61 @@ def run(
     doc = report.document(cells, config, prov, target_info)
     _write_outputs(cells, doc, save, csv, markdown, plot, sweep=len(sweep) > 1)
     _save_log_tails(target, save)
+    _fault_not_injected(cells)
     _fail_on_errors(cells)
+
+
+def _fault_spec(
+    text: str | None, workload: str, url: str | None, rates: list[float], num_prompts: int
+) -> FaultSpec | None:
+    """--fault parsed and checked against the run before anything is sent (exit 2)."""
+    if text is None:
+        return None
+    from ucmctl.bench.fault import parse_fault
+
+    spec = parse_fault(text)
+    if url is not None:
+        raise UcmctlError.one("--fault signals a process of a deployment; with --url there is none",
+                              key="--fault", fix="bench a deployment (-d NAME)")  # fmt: skip
+    if workload != "prefix":
+        raise UcmctlError.one(f"--fault is for the prefix workload, not {workload}", key="--fault")
+    if not math.isinf(rates[0]) and spec.at_s >= num_prompts / rates[0]:
+        raise UcmctlError.one(
+            f"'{text}': the measure phase sends its {num_prompts} requests within about "
+            f"{num_prompts / rates[0]:.0f} s at {rates[0]:g}/s, before {spec.at_s:g} s",
+            key="--fault",
+            fix="pick an earlier time, or more --num-prompts",
+        )
+    return spec
+
+
+@contextlib.contextmanager
+def _faulting(record: Any, spec: FaultSpec | None, target: Any) -> Iterator[None]:
+    """The fault armed for the first measure phase, its node reached beforehand."""
+    if spec is None:
+        yield
+        return
+    from ucmctl.bench.fault import Fault
+    from ucmctl.deploy.fault import process_named, signaller
+
+    victim = process_named(record, spec.process)
+    with signaller(record, victim, spec.action) as fire:
+        proxy = target.url if any(p.role == "proxy" for p in record.plan.processes) else None
+        victim_url = victim.url.rstrip("/") if victim.is_server and victim.url else None
+        target.fault = Fault(spec, fire, proxy_url=proxy, victim_url=victim_url, watch=target.watch)
+        yield
+
+
+def _fault_not_injected(cells: list[dict[str, Any]]) -> None:
+    """A fault whose time came after its phase ended: one line, exit 2 (its figures are saved)."""
+    for cell in cells:
+        f = (cell.get("measure") or {}).get("fault")
+        if f and not f.get("injected"):
+            raise UcmctlError.one(
+                f"--fault {f['spec']} was not injected: {f.get('why')}",
+                key="--fault",
+                fix="pick an earlier time, a lower --request-rate or more --num-prompts",
+            )
 
 
 @contextlib.contextmanager
@@ -664,7 +730,9 @@ def compare(
     summary: Path | None = typer.Option(None, "--markdown", help="also write the Markdown summary here"),
     junit_path: Path | None = typer.Option(None, "--junit", help="JUnit XML for CI"),
     allow_lost: bool = typer.Option(
-        False, "--allow-lost", help="gate also on phases that lost a process of the deployment"
+        False,
+        "--allow-lost",
+        help="gate also on phases that lost a process of the deployment (or had --fault)",
     ),
 ) -> None:
     """Exit 0 within limits, 5 on a regression, 2 on bad input; prints a Markdown summary."""

@@ -139,10 +139,12 @@ def load_side(path: Path, allow_lost: bool = False) -> dict[str, list[dict[str, 
                 continue
             label = f"{cell.get('scenario') or 'run'}/{cell_key(cell)}"
             lost = cell["measure"].get("lost") or []
-            if lost and not allow_lost:
+            fault = cell["measure"].get("fault") or {}
+            if (lost or fault.get("injected")) and not allow_lost:
                 what = ", ".join(f"{x['process']} on {x['node']} ({x['how']})" for x in lost)
+                what = f"lost {what}" if lost else f"had the fault {fault['spec']} injected"
                 raise UcmctlError.one(
-                    f"{label}: its measure phase lost {what}: its figures are not the deployment's",
+                    f"{label}: its measure phase {what}: its figures are not the deployment's",
                     file=str(f),
                     fix="rerun it, or pass --allow-lost to gate on it anyway",
                 )

@@ -5,6 +5,7 @@ and a PNG plot. Cells are dicts: {"scenario"?, "input_len", "repeat", "prefix_ra
 from __future__ import annotations
 
 import contextlib
+import functools
 import getpass
 import hashlib
 import importlib.metadata
@@ -26,6 +27,7 @@ from rich.console import Console
 
 from ucmctl import __version__
 from ucmctl.bench import loop
+from ucmctl.bench.fault import fault_lines
 from ucmctl.bench.metrics import METRICS, STATS
 from ucmctl.bench.workloads import BY_KIND, PrefixSpec
 from ucmctl.core.errors import UcmctlError
@@ -458,43 +460,47 @@ def print_cells(cells: list[dict[str, Any]], console: Console) -> None:
     for t in fitted(console, title, head, load_cols, load):
         console.print(t)
         console.print()
+    say = functools.partial(console.print, soft_wrap=False)  # messages wrap at the width
     for cell in cells:
         for phase in ("preseed", "measure"):
             p = cell.get(phase) or {}
             name = f"{phase_name(cell, phase)} {row_name(cell)}"
             for e in [] if cell.get("aggregate") else p.get("errors", []):  # said per round
-                console.print(f"{name}: {e['count']} x {e['error']}", style="red", markup=False)
+                say(f"{name}: {e['count']} x {e['error']}", style="red", markup=False)
             preempted = preemptions_of(p)
             if preempted:
-                console.print(
+                say(
                     f"{name}: {preempted} preemption(s): the KV cache was full (figures include them)",
                     style="yellow",
                     markup=False,
                 )
             for lost in p.get("lost") or []:
-                console.print(
+                say(
                     f"{name}: lost {lost['process']} on {lost['node']} ({lost['how']}, "
                     f"{lost['into_s']:.0f} s in): figures include the time without it",
                     style="red",
                     markup=False,
                 )
+            if p.get("fault"):
+                for line in fault_lines(name, p["fault"]):
+                    say(line, markup=False)
             storage = storage_errors_of(p)
             if storage:
-                console.print(
+                say(
                     f"{name}: UCM store: {storage} (misses are recomputed)",
                     style="yellow",
                     markup=False,
                 )
             if p.get("request_goodput") is not None:
                 slos = ", ".join(f"{k} <= {v:g} ms" for k, v in (p.get("goodput_slos_ms") or {}).items())
-                console.print(
+                say(
                     f"{name}: goodput {p['request_goodput']:.2f} req/s ({p.get('good_completed')} of "
                     f"{p['completed'] + p['failed']} requests met {slos})",
                     markup=False,
                 )
             lag = p.get("send_lag_ms")
             if lag and lag.get("p99") is not None:
-                console.print(
+                say(
                     f"{name}: sends behind the trace's schedule by {lag['p50']:.2f} ms p50, "
                     f"{lag['p99']:.2f} ms p99, {lag['max']:.2f} ms max",
                     markup=False,
@@ -507,14 +513,14 @@ def print_cells(cells: list[dict[str, Any]], console: Console) -> None:
                 for role, r in by_role.items():
                     local, ext = r.get("local_hit_rate"), r.get("external_hit_rate")
                     parts.append(f"{role} local {_pct(local)}, external {_pct(ext)}")
-                console.print(f"{cell.get('scenario') or 'run'} {name} hit rates: "
+                say(f"{cell.get('scenario') or 'run'} {name} hit rates: "
                               + "; ".join(parts), markup=False)  # fmt: skip
             if phase == "preseed" and workload_of(cell) == "prefix" and rate is not None and rate > 0.05:
-                console.print(
+                say(
                     f"[yellow]preseed {row_name(cell)}: {100 * rate:.1f}% of its prompt tokens were "
                     "already cached (a run with the same --seed before?): the measured hit rate "
                     "includes them; use another --seed or reset the caches[/]"
                 )
             missing = (p.get("hit_rate") or {}).get("missing")
             if missing:
-                console.print(f"[yellow]no /metrics from {', '.join(missing)}: hit rate without them[/]")
+                say(f"[yellow]no /metrics from {', '.join(missing)}: hit rate without them[/]")

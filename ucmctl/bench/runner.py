@@ -9,6 +9,7 @@ import hashlib
 import json
 import math
 import threading
+import time
 from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -18,6 +19,7 @@ import aiohttp
 
 from ucmctl.bench import client, goodput, hitrate, metrics, prompts
 from ucmctl.bench.client import RequestResult
+from ucmctl.bench.fault import Fault
 from ucmctl.bench.hitrate import Instance
 
 
@@ -55,6 +57,7 @@ class Target:
     instances: list[Instance] = field(default_factory=list)  # whose /metrics are read
     endpoint: str = "/v1/completions"
     watch: Watched | None = None  # the deployment's processes, looked at while phases run
+    fault: Fault | None = None  # injected into the first measure phase (bench --fault)
 
 
 class Watched(Protocol):
@@ -172,10 +175,14 @@ async def measure(
     watch = target.watch
     if watch is not None and cfg.fail_fast:
         _fail_fast(watch)  # lost between the phases
+    fault = target.fault if target.fault is not None and target.fault.wants(label) else None
     before = await hitrate.scrape(http, target.instances)
     mark = watch.begin(label) if watch is not None else 0.0
     progress.start(label, len(prompt_lens))
+    firing: asyncio.Future[None] | None = None
     try:
+        if fault is not None:
+            firing = asyncio.ensure_future(fault.during(http, time.perf_counter()))
         sending = asyncio.ensure_future(
             client.run_phase(
                 http,
@@ -195,6 +202,12 @@ async def measure(
         progress.stop()
         if watch is not None:
             watch.end()
+        if firing is not None and not firing.done():  # the phase ended before the fault's time
+            firing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await firing
+    if firing is not None and not firing.cancelled() and firing.exception() is not None:
+        raise firing.exception()  # type: ignore[misc]  # the signal could not be sent: said as it is
     after = await hitrate.scrape(http, target.instances)
     summary = metrics.summarize(run.results, run.duration)
     if cfg.goodput:
@@ -203,6 +216,8 @@ async def measure(
     summary["hit_rate"] = hitrate.hit_rates(target.instances, before, after)
     if watch is not None:  # the processes found dead or unhealthy while this phase ran
         summary["lost"] = [loss.as_dict() for loss in watch.losses_since(mark)]
+    if fault is not None:
+        summary["fault"] = await fault.report(http, run.results, run.duration)
     summary["_results"] = run.results  # dropped before saving; kept for tests and debugging
     return summary
 

@@ -70,6 +70,7 @@ class Watch:
         self._unhealthy_after = unhealthy_after
         self._lock = threading.Lock()
         self._losses: list[Loss] = []
+        self._backs: list[tuple[str, float]] = []  # (process, time.monotonic()) it answered again
         self._lost: set[str] = set()  # lost and not back
         self._down_at: dict[float, set[str]] = {}  # a phase's mark: what was lost when it began
         self._bad_looks: dict[str, int] = {}
@@ -115,6 +116,11 @@ class Watch:
         with self._lock:
             return list(self._losses)
 
+    def back_since(self, process: str, mark: float) -> float | None:
+        """When `process` was first seen back (running and healthy) after `mark` (monotonic)."""
+        with self._lock:
+            return next((at for name, at in self._backs if name == process and at >= mark), None)
+
     def _run(self) -> None:
         launcher = launcher_for(self._record.plan, self._record.allocation, connect_timeout=5)
         try:
@@ -139,6 +145,7 @@ class Watch:
             if p.name in self._lost:
                 with self._lock:
                     self._lost.discard(p.name)
+                    self._backs.append((p.name, time.monotonic()))
                 self._say(f"BACK {p.name} on {p.node}: {state}" + (f", {health}" if health != "-" else ""))
             return
         seen = self._bad_looks[p.name] = self._bad_looks.get(p.name, 0) + 1

@@ -145,6 +145,12 @@ class Launcher:
             return containers.stop(self[process.node], process, grace=grace)
         return lifecycle.stop(self[process.node], process, grace=grace)
 
+    def signal(self, process: Process, sig: str) -> bool:
+        """Send `sig` (KILL or TERM) to the process and return at once; whether it was running."""
+        if process.detached:
+            return containers.signal(self[process.node], process, sig)
+        return lifecycle.signal(self[process.node], process, sig)
+
     def sweep(self, *, grace: float = 10) -> list[tuple[str, str]]:
         """Stop and remove what is left of the deployment's containers on its nodes (found by
         label: another plan's or a lost record's); (node, process) of each."""

@@ -127,6 +127,18 @@ def stop(ex: Executor, process: Process, *, grace: float = 10) -> Stopped:
     return Stopped(was_running=before.running, killed=killed)
 
 
+def signal(ex: Executor, process: Process, sig: str) -> bool:
+    """`kill --signal SIG` to the container (through its init, to the process); whether it ran."""
+    c = _container(process)
+    now = state(ex, process)
+    if now is None or not now.running:
+        return False
+    done = ex.run(f"{_rt(c)} kill --signal {shlex.quote(sig)} {shlex.quote(c.name)} >/dev/null", timeout=60)
+    if not done.ok:
+        raise NodeError(ex.node.name, f"could not signal {process.name}: {done.stderr.strip()}")
+    return True
+
+
 def log_tail(ex: Executor, process: Process, lines: int = 50) -> str:
     c = _container(process)
     done = ex.run(f"{_rt(c)} logs --tail {int(lines)} {shlex.quote(c.name)} 2>&1", timeout=30)

@@ -155,6 +155,32 @@ rm -f {pidfile}
     return Stopped(was_running=word != "absent", killed=word == "killed")
 
 
+SIGNALS = ("KILL", "TERM")  # what `bench --fault` sends: kill -9, or a polite stop
+
+
+def signal(ex: Executor, process: Process, sig: str) -> bool:
+    """Send `sig` (one of SIGNALS) to the process's group, not waiting for it to end (a fault
+    a benchmark injects); whether it was running. Only a group with a marked member is signalled."""
+    if sig not in SIGNALS:
+        raise ValueError(f"signal {sig!r} is not one of {SIGNALS}")
+    pidfile, mark = shlex.quote(process.pidfile), shlex.quote(marker(process))
+    script = (
+        _MEMBERS
+        + f"""
+[ -s {pidfile} ] || {{ echo absent; exit 0; }}
+g=$(cat {pidfile})
+case "$g" in *[!0-9]*|''|0|1) echo absent; exit 0 ;; esac
+[ "$(members "$g" {mark})" -gt 0 ] || {{ echo absent; exit 0; }}
+kill -{sig} -"$g" && echo signalled
+"""
+    )
+    done = ex.run(script, timeout=30)
+    if not done.ok:
+        raise NodeError(ex.node.name, f"could not signal {process.name}: {done.stderr.strip()}")
+    said = done.stdout.split()
+    return bool(said) and said[-1] == "signalled"
+
+
 def log_tail(ex: Executor, process: Process, lines: int = 50) -> str:
     done = ex.run(f"tail -n {int(lines)} {shlex.quote(process.log)} 2>/dev/null", timeout=30)
     return done.stdout

@@ -224,7 +224,7 @@ async def instances_list(request: web.Request) -> web.Response:
 def _describe(insts: list[Instance]) -> list[dict[str, object]]:
     return [
         {"url": i.url, "role": i.role, "healthy": i.healthy, "requests_in_flight": i.requests,
-         "tokens_in_flight": i.tokens}
+         "requests_streaming": i.streaming, "tokens_in_flight": i.tokens}
         for i in insts
     ]  # fmt: skip
 

@@ -23,6 +23,7 @@ class Instance:
     removed: bool = False
     requests: int = 0  # in flight
     tokens: int = 0  # prompt tokens in flight
+    streaming: int = 0  # of those in flight, the answers whose first token went to the client
     consecutive_failures: int = 0
     requests_total: int = 0
     failures_total: int = 0

@@ -15,7 +15,7 @@ from aiohttp import web
 from ucmctl.proxy import rewrite
 from ucmctl.proxy.balancer import Instance, LoadKind, Pool
 from ucmctl.proxy.config import ProxyConfig
-from ucmctl.proxy.health import record_failure, record_success
+from ucmctl.proxy.health import log, record_failure, record_success
 from ucmctl.proxy.metrics import Metrics
 
 # errors of the upstream exchange itself (not of the client's side)
@@ -99,10 +99,12 @@ async def serve_generate(request: web.Request, state: ProxyState, path: str) -> 
         return error_response(exc.status, exc.message, rid)
     except _Answered as answered:
         return answered.response
+    inst.streaming += 1
     try:
         return await _relay(request, state, inst, resp, first, body.get("stream") is True, t0, rid)
     finally:
         resp.close()  # on any early exit this drops the upstream connection: the instance stops the request
+        inst.streaming -= 1
         inst.release(tokens)
 
 
@@ -385,8 +387,12 @@ async def _upstream_broke(
     take the cut answer for a complete one."""
     state.metrics.errors["upstream_mid_stream"] += 1
     record_failure(inst, state.config.unhealthy_after)
+    log.warning("%s instance %s failed mid-stream: %s", inst.role, inst.url, _why(exc))
     if stream:
-        message = f"{inst.role} instance {inst.url} failed mid-stream: {_why(exc)}; the answer is incomplete"
+        # the exception's own words (aiohttp's payload errors run to hundreds of characters)
+        # go to the proxy's log; the client is told what happened
+        why = type(exc).__name__
+        message = f"{inst.role} instance {inst.url} failed mid-stream ({why}): the answer is incomplete"
         event = {"error": {"message": message, "type": "upstream_error", "code": 502}}
         # after a cut event, two newlines end it first, so the error event is read alone
         head = b"" if sent.endswith(b"\n\n") else b"\n\n"

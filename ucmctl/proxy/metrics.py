@@ -93,6 +93,12 @@ class Metrics:
             ("instance_healthy", "gauge", "1 while the instance is in routing.", lambda i: int(i.healthy)),
             ("instance_requests_in_flight", "gauge", "Requests in flight.", lambda i: i.requests),
             (
+                "instance_requests_streaming",
+                "gauge",
+                "Requests in flight whose first token went to the client.",
+                lambda i: i.streaming,
+            ),
+            (
                 "instance_tokens_in_flight",
                 "gauge",
                 "Prompt tokens of the requests in flight.",

@@ -5,7 +5,6 @@ the run at once; `status --watch` shows the kill at its next look."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -20,7 +19,7 @@ from typing import IO
 import pytest
 import yaml
 
-from tests.integration.deploy.test_local_lifecycle import processes_of, spawn, topology, ucmctl
+from tests.integration.deploy.test_local_lifecycle import deployed, spawn, topology, ucmctl
 from tests.support.openai_checks import counter
 from tests.support.processes import wait_for
 
@@ -46,15 +45,8 @@ BENCH = [
 def deployment(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
     """A 1P1D of the simulator on this machine: (its state folder, its work folder)."""
     home, workdir = tmp_path / "home", tmp_path / "work"
-    up = ucmctl(home, "up", str(topology(tmp_path, "t-watch", workdir)))
-    assert up.returncode == 0, up.stderr
-    try:
+    with deployed(home, topology(tmp_path, "t-watch", workdir), workdir):
         yield home, workdir
-    finally:
-        ucmctl(home, "down")
-        for pid in processes_of(workdir):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(os.getpgid(pid), signal.SIGKILL)
 
 
 def timed_lines(stream: IO[str] | None) -> list[tuple[float, str]]:

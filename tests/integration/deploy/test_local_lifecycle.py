@@ -22,7 +22,8 @@ pytestmark = pytest.mark.slow
 ODD_WORKDIR = "run[1] *.? \\x (a+b)|c$ ^d"
 
 
-def topology(tmp: Path, name: str, workdir: Path) -> Path:
+def topology(tmp: Path, name: str, workdir: Path, decode: str = "") -> Path:
+    """A 1P1D of the simulator on this machine; `decode` adds keys to its decode side."""
     path = tmp / f"{name}.yaml"
     path.write_text(
         f"""
@@ -35,11 +36,25 @@ nodes:
         workdir: {json.dumps(str(workdir))}}}
 storage: {{storage_backends: {json.dumps(str(workdir / "store"))}, cache_buffer_capacity_gb: 0.25}}
 prefill: {{nodes: [me], port: {free_port()}}}
-decode: {{nodes: [me], port: {free_port()}}}
+decode: {{nodes: [me], port: {free_port()}{", " + decode if decode else ""}}}
 proxy: {{node: me, port: {free_port()}}}
 """
     )
     return path
+
+
+@contextlib.contextmanager
+def deployed(home: Path, topo: Path, workdir: Path) -> Iterator[None]:
+    """`up` of `topo`, then `down` and SIGKILL to anything of `workdir` left."""
+    up = ucmctl(home, "up", str(topo))
+    assert up.returncode == 0, up.stderr
+    try:
+        yield
+    finally:
+        ucmctl(home, "down")
+        for pid in processes_of(workdir):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(os.getpgid(pid), signal.SIGKILL)
 
 
 def ucmctl(home: Path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:

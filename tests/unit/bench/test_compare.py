@@ -140,3 +140,19 @@ def test_a_phase_that_lost_a_process_is_refused_unless_allowed(tmp_path: Path) -
     fine = cell(1024, 100.0)
     fine["measure"]["lost"] = []
     assert invoke("compare", str(base), str(write_result(tmp_path / "fine.json", [fine])))[0] == ExitStatus.OK
+
+
+def test_a_phase_with_a_fault_injected_is_refused_unless_allowed(tmp_path: Path) -> None:
+    base = write_result(tmp_path / "base.json", [cell(1024, 100.0)])
+    stopped = cell(1024, 100.0)  # a SIGTERM the process shrugged off: nothing lost, still a fault
+    stopped["measure"]["lost"] = []
+    stopped["measure"]["fault"] = {"spec": "stop:decode-0@30s", "injected": True}
+    faulted = write_result(tmp_path / "fault.json", [stopped])
+    code, text = invoke("compare", str(base), str(faulted))
+    assert code == ExitStatus.BAD_INPUT
+    assert "run/1024: its measure phase had the fault stop:decode-0@30s injected" in text
+    assert invoke("compare", str(base), str(faulted), "--allow-lost")[0] == ExitStatus.OK
+    # a fault whose time never came changed nothing: judged as ever
+    stopped["measure"]["fault"] = {"spec": "stop:decode-0@30s", "injected": False}
+    never = write_result(tmp_path / "never.json", [stopped])
+    assert invoke("compare", str(base), str(never))[0] == ExitStatus.OK

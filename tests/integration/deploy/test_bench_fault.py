@@ -1,0 +1,97 @@
+"""`ucmctl bench --fault` on a local 1P2D of the simulator: decode-0 killed with SIGKILL 8 s into
+the measure phase. The requests that failed are exactly the answers cut after tokens had gone
+out (none failed before its first token: the proxy sent those again), the requests sent after
+the kill were all served by the decode that stayed, the loss was reported within 10 s, and a
+fault that names no process or no time in the phase is refused before anything is sent."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.integration.deploy.test_local_lifecycle import deployed, topology, ucmctl
+from tests.support.openai_checks import counter
+
+pytestmark = pytest.mark.slow
+
+# 80 requests at 4/s, each 60 tokens at 25 ms a step (1.5 s): ~3 answers streaming per decode
+BENCH = ["bench", "--prefix-ratio", "0", "--input-len", "64", "--output-len", "60",
+         "--num-prompts", "80", "--request-rate", "4", "-q"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def pd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dict[str, int]]]:
+    """(the state folder, the ports) of a running 1P2D of the simulator on this machine."""
+    tmp = tmp_path_factory.mktemp("fault")
+    home, workdir = tmp / "home", tmp / "work"
+    topo = topology(tmp, "t-fault", workdir, decode="servers_per_node: 2, flags: {decode-step-ms: 25}")
+    sides = yaml.safe_load(topo.read_text())
+    ports = {side: sides[side]["port"] for side in ("prefill", "decode", "proxy")}
+    assert ports["decode"] + 1 not in ports.values()
+    with deployed(home, topo, workdir):
+        yield home, ports
+
+
+@pytest.mark.parametrize(
+    ("fault", "said"),
+    [
+        ("kill:decode-9@5s", "deployment 't-fault' has no process 'decode-9'"),
+        ("kill:decode-0@0s", "the time must be after the phase's start"),
+        ("kill:decode-0@30s", "sends its 80 requests within about 20 s at 4/s, before 30 s"),
+        ("pause:decode-0@5s", "'pause' is not an action"),
+        ("kill:decode-0", "is not a fault"),
+    ],
+)
+def test_a_fault_outside_the_deployment_or_the_phase_is_refused(
+    pd: tuple[Path, dict[str, int]], fault: str, said: str
+) -> None:
+    home, ports = pd
+    decode = f"http://127.0.0.1:{ports['decode']}"
+    before = counter(decode, "vllm:request_success_total")
+    done = ucmctl(home, *BENCH, "--fault", fault)
+    assert done.returncode == 2, done.stderr
+    assert said in done.stderr and "--fault" in done.stderr, done.stderr
+    assert counter(decode, "vllm:request_success_total") == before  # nothing was sent
+
+
+def test_fault_with_url_is_refused(pd: tuple[Path, dict[str, int]]) -> None:
+    home, ports = pd
+    done = ucmctl(home, *BENCH, "--url", f"http://127.0.0.1:{ports['proxy']}", "--fault", "kill:decode-0@5s")
+    assert done.returncode == 2 and "with --url there is none" in done.stderr, done.stderr
+
+
+def test_a_decode_killed_mid_phase_costs_only_the_answers_it_was_streaming(
+    tmp_path: Path, pd: tuple[Path, dict[str, int]]
+) -> None:
+    home, ports = pd
+    save = tmp_path / "run.json"
+    done = ucmctl(home, *BENCH, "--fault", "kill:decode-0@8s", "--save", str(save), timeout=300)
+    (cell,) = json.loads(save.read_text())["cells"]
+    f = cell["measure"]["fault"]
+    assert f["injected"] and f["was_running"] and f["spec"] == "kill:decode-0@8s", f
+    assert 7.5 <= f["into_s"] <= 10, f
+    # Every failed request is an answer cut after its tokens began; none failed before its first
+    # token (the proxy sent those to decode-1): failed <= what streamed from decode-0 then.
+    assert f["failed"] == cell["measure"]["failed"] == f["cut_mid_stream"], f
+    assert done.returncode == (6 if f["failed"] else 0), done.stderr
+    assert f["streaming_on_it"] is not None and f["in_flight_on_it"] >= f["streaming_on_it"], f
+    # The 8 s after it: every request sent was served (by the decode that stayed).
+    assert f["window_s"] == 8 and f["after"]["requests"] >= 20 and f["after"]["failed"] == 0, f
+    # those cut were sent before it (and their TTFT and E2EL are not in its figures)
+    assert f["before"]["requests"] >= 20 and f["before"]["failed"] == f["failed"], f
+    assert f["after"]["p50_ttft_ms"] is not None and f["after"]["p50_e2el_ms"] >= 60 * 25, f
+    assert f["detected_after_s"] is not None and f["detected_after_s"] <= 10, f
+    assert f["back_after_s"] is None, f  # no restart policy: it stays down
+    (lost,) = cell["measure"]["lost"]
+    assert lost["process"] == "decode-0" and lost["how"] == "stopped", lost
+    assert "measure 64: fault kill:decode-0@8s sent " in done.stdout, done.stdout
+    assert "reported lost " in done.stdout and "8 s after: " in done.stdout, done.stdout
+    assert max(len(line) for line in done.stdout.splitlines()) <= 80, done.stdout
+    decode1 = f"http://127.0.0.1:{ports['decode'] + 1}"
+    assert counter(decode1, "vllm:request_success_total") >= 40  # it kept serving
+    refused = ucmctl(home, "bench", "compare", str(save), str(save))
+    assert refused.returncode == 2 and "--allow-lost" in refused.stderr, refused.stderr

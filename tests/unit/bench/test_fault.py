@@ -1,0 +1,140 @@
+"""`bench --fault`: the spec as users type it, and the figures of what the fault cost."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from ucmctl.bench.client import RequestResult
+from ucmctl.bench.fault import (
+    Fault,
+    FaultSpec,
+    cost_at_proxy,
+    fault_lines,
+    parse_fault,
+    proxy_samples,
+    window_figures,
+)
+from ucmctl.core.errors import UcmctlError
+
+
+@pytest.mark.parametrize(
+    ("text", "spec"),
+    [
+        ("kill:decode-0@30s", FaultSpec("kill", "decode-0", 30.0)),
+        ("stop:prefill-1@2m", FaultSpec("stop", "prefill-1", 120.0)),
+        (" kill:proxy@12.5 ", FaultSpec("kill", "proxy", 12.5)),
+    ],
+)
+def test_specs_as_users_type_them(text: str, spec: FaultSpec) -> None:
+    assert parse_fault(text) == spec
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("kill:decode-0", "is not a fault"),
+        ("kill:decode 0@3s", "is not a fault"),
+        ("kill:$(id)@3s", "is not a fault"),
+        ("freeze:decode-0@3s", "'freeze' is not an action"),
+        ("kill:decode-0@0s", "the time must be after the phase's start"),
+        ("kill:decode-0@-3s", "is not a fault"),
+        ("kill:decode-0@3h", "is not a fault"),
+    ],
+)
+def test_bad_specs_are_one_line_naming_the_option(text: str, said: str) -> None:
+    with pytest.raises(UcmctlError) as caught:
+        parse_fault(text)
+    assert said in str(caught.value) and "--fault" in str(caught.value)
+
+
+def _result(start: float, ok: bool, ttft: float = 0.1, latency: float = 1.0) -> RequestResult:
+    r = RequestResult(0, 8, ok=ok, ttft=ttft, latency=latency, start_time=start)
+    return r
+
+
+def test_window_figures_count_what_was_sent_in_it() -> None:
+    results = [_result(9.0, True, 0.010, 1.0), _result(10.0, False), _result(10.5, True, 0.030, 3.0),
+               _result(11.0, True, 0.020, 2.0), _result(20.0, True)]  # fmt: skip
+    w = window_figures(results, 10.0, 20.0)
+    assert (w["requests"], w["failed"]) == (3, 1)
+    assert w["mean_ttft_ms"] == 25.0 and w["p50_ttft_ms"] == 25.0
+    assert w["mean_e2el_ms"] == 2500.0 and w["p99_e2el_ms"] == 2990.0
+    empty = window_figures(results, 30.0, 40.0)
+    assert empty["requests"] == 0 and empty["p50_ttft_ms"] is None
+
+
+PROXY = """# HELP ucmctl_proxy_retries_total x
+ucmctl_proxy_retries_total{leg="decode"} 3
+ucmctl_proxy_retries_total{leg="prefill"} 2
+ucmctl_proxy_first_token_retries_total{leg="decode"} 1
+ucmctl_proxy_errors_total{reason="upstream_mid_stream"} 4
+ucmctl_proxy_errors_total{reason="upstream"} 7
+ucmctl_proxy_instance_requests_streaming{instance="http://a:1",role="decode"} 2
+ucmctl_proxy_instance_requests_streaming{instance="http://a:10",role="decode"} 9
+ucmctl_proxy_instance_requests_in_flight{instance="http://a:1",role="decode"} 3
+"""
+
+
+def test_the_proxy_is_read_for_the_victim_only_and_the_counters_over_the_rest_of_the_phase() -> None:
+    before = proxy_samples(PROXY, "http://a:1")
+    assert before == {"retries": 5, "first_token_retries": 1, "mid_stream": 4, "streaming": 2, "in_flight": 3}
+    after = proxy_samples(PROXY.replace("} 3\n", "} 6\n", 1).replace("} 4\n", "} 7\n"), "http://a:1")
+    cost = cost_at_proxy(before, after)
+    assert cost == {"streaming_on_it": 2, "in_flight_on_it": 3, "cut_mid_stream": 3, "retried": 3,
+                    "retried_before_first_token": 0}  # fmt: skip
+    assert set(cost_at_proxy(None, None).values()) == {None}  # no proxy: unknown, not 0
+
+
+def test_a_fault_whose_time_never_came_says_so() -> None:
+    fired: list[bool] = []
+    fault = Fault(FaultSpec("kill", "decode-0", 30.0), lambda: fired.append(True) or True)
+    assert not fault.wants("preseed 64 tokens") and fault.wants("measure 64 tokens")
+    assert not fault.wants("measure 128 tokens")  # the first measure phase only
+
+    async def go() -> dict[str, Any]:
+        import aiohttp
+
+        async with aiohttp.ClientSession() as http:
+            task = asyncio.ensure_future(fault.during(http, 0.0 + asyncio.get_running_loop().time()))
+            await asyncio.sleep(0.05)
+            task.cancel()
+            return await fault.report(http, [], 12.0)
+
+    report = asyncio.run(go())
+    assert fired == [] and report["injected"] is False
+    assert report["why"] == "the phase ended 12 s in, before 30 s"
+    assert fault_lines("measure 64", report) == [
+        "measure 64: fault kill:decode-0@30s not injected: the phase ended 12 s in, before 30 s"
+    ]
+
+
+def test_a_fault_is_sent_at_its_time_and_reported() -> None:
+    fault = Fault(FaultSpec("kill", "decode-0", 0.2), lambda: True)
+    assert fault.wants("measure 64 tokens")
+
+    async def go() -> dict[str, Any]:
+        import time
+
+        import aiohttp
+
+        start = time.perf_counter()
+        async with aiohttp.ClientSession() as http:
+            await fault.during(http, start)
+            sent = time.perf_counter()  # just after the signal went
+            assert 0.2 <= sent - start < 0.5
+            results = [_result(sent - 0.5, True, 0.01, 0.5), _result(sent - 0.1, False),
+                       _result(sent + 0.05, True, 0.02, 0.6)]  # fmt: skip
+            return await fault.report(http, results, 1.0)
+
+    f = asyncio.run(go())
+    assert f["injected"] and f["was_running"] and 0.4 <= f["into_s"] <= 0.5  # from the first request
+    assert f["failed"] == 1 and f["window_s"] == 0.2
+    assert (f["before"]["requests"], f["before"]["failed"]) == (1, 1)  # the first: > 0.2 s before
+    assert (f["after"]["requests"], f["after"]["failed"]) == (1, 0)
+    assert f["detected_after_s"] is None and f["streaming_on_it"] is None
+    lines = fault_lines("measure 64", f)
+    assert lines[0].startswith("measure 64: fault kill:decode-0@0.2s sent 0.")
+    assert "not reported lost; not back" in lines[3] and all(len(x) <= 80 for x in lines)

@@ -1,0 +1,241 @@
+"""`bench --fault ACTION:PROCESS@TIME`: one process of the deployment killed (SIGKILL) or stopped
+(SIGTERM) at a time into the first measure phase, and what that cost, measured in the same phase.
+
+What is reported: whether and when the signal went out; how many answers were streaming from
+the process then (the proxy's gauge, read just before); the phase's failed requests, and of
+the proxy's counters across the rest of the phase how many answers were cut mid-stream and how
+many attempts it retried (those before the first token included); when the watch reported the
+process lost and when back; TTFT and E2EL of the requests sent in the window after the fault
+against those sent in the same window before it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import aiohttp
+import numpy as np
+
+from ucmctl.bench.client import RequestResult
+from ucmctl.core.errors import UcmctlError
+
+ACTIONS = ("kill", "stop")  # SIGKILL, SIGTERM (ucmctl.deploy.fault sends them)
+WINDOW_S = 30.0  # the requests compared: sent this long before the fault, and after
+_SPEC = re.compile(
+    r"(?P<action>[a-z]+):(?P<process>[A-Za-z0-9][A-Za-z0-9._-]*)@(?P<at>\d+(?:\.\d+)?)(?P<unit>s|m)?"
+)
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)$")
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    action: str  # a key of ACTIONS
+    process: str  # a process of the deployment: decode-0, prefill-1, proxy
+    at_s: float  # seconds into the measure phase
+
+    def text(self) -> str:
+        return f"{self.action}:{self.process}@{self.at_s:g}s"
+
+
+def parse_fault(text: str) -> FaultSpec:
+    """`kill:decode-0@30s` (or `stop:`, `@2m`, `@30`); a one-line error naming --fault."""
+    m = _SPEC.fullmatch(text.strip())
+    fix = "write ACTION:PROCESS@TIME, e.g. kill:decode-0@30s (ACTION: kill or stop; TIME in s or m)"
+    if m is None:
+        raise UcmctlError.one(f"'{text}' is not a fault", key="--fault", fix=fix)
+    if m["action"] not in ACTIONS:
+        raise UcmctlError.one(f"'{m['action']}' is not an action", key="--fault", fix=fix)
+    at = float(m["at"]) * (60 if m["unit"] == "m" else 1)
+    if at <= 0:
+        raise UcmctlError.one(f"'{text}': the time must be after the phase's start", key="--fault", fix=fix)
+    return FaultSpec(m["action"], m["process"], at)
+
+
+class Watched(Protocol):
+    """What the report reads of the deployment's watch (ucmctl.deploy.watch.Watch)."""
+
+    def losses_since(self, mark: float) -> list[Any]: ...
+
+    def back_since(self, process: str, mark: float) -> float | None: ...
+
+
+@dataclass
+class _Fired:
+    perf: float  # time.perf_counter() once the signal was sent (the requests' clock)
+    mono: float  # time.monotonic() then (the watch's clock)
+    was_running: bool
+    proxy: dict[str, float] | None  # the proxy's samples just before
+
+
+class Fault:
+    """Fires `spec` once, in the first measure phase, through `fire` (blocking: it goes to the
+    node), then `report`s what it cost. `proxy_url` is read for its counters and gauges;
+    `victim_url` is the process's own API server URL (its gauges in the proxy), if it has one."""
+
+    def __init__(
+        self,
+        spec: FaultSpec,
+        fire: Callable[[], bool],
+        *,
+        proxy_url: str | None = None,
+        victim_url: str | None = None,
+        watch: Watched | None = None,
+    ) -> None:
+        self.spec = spec
+        self._fire = fire
+        self._proxy = proxy_url
+        self._victim = victim_url
+        self._watch = watch
+        self._fired: _Fired | None = None
+        self._phase: str | None = None
+
+    def wants(self, label: str) -> bool:
+        """Whether the phase of `label` is the one this fault is for (the first measure phase)."""
+        if self._phase is None and label.startswith("measure"):
+            self._phase = label
+        return label == self._phase
+
+    async def during(self, http: aiohttp.ClientSession, start: float) -> None:
+        """Wait until `spec.at_s` after `start` (perf_counter), then fire; cancelled when the
+        phase ends first."""
+        await asyncio.sleep(max(0.0, start + self.spec.at_s - time.perf_counter()))
+        before = await self._proxy_samples(http)
+        was_running = await asyncio.to_thread(self._fire)
+        self._fired = _Fired(time.perf_counter(), time.monotonic(), was_running, before)
+
+    async def _proxy_samples(self, http: aiohttp.ClientSession) -> dict[str, float] | None:
+        if self._proxy is None:
+            return None
+        try:
+            async with http.get(f"{self._proxy}/metrics", timeout=aiohttp.ClientTimeout(total=5)) as r:
+                return proxy_samples(await r.text(), self._victim) if r.status == 200 else None
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+            return None
+
+    async def report(
+        self, http: aiohttp.ClientSession, results: Sequence[RequestResult], duration: float
+    ) -> dict[str, Any]:
+        """What the fault cost, for the phase's summary (`fault`)."""
+        spec = self.spec
+        out: dict[str, Any] = {"spec": spec.text(), "action": spec.action, "process": spec.process,
+                               "at_s": spec.at_s}  # fmt: skip
+        fired = self._fired
+        if fired is None:
+            out.update(injected=False, why=f"the phase ended {duration:.0f} s in, before {spec.at_s:g} s")
+            return out
+        first = min((r.start_time for r in results), default=fired.perf)
+        out.update(injected=True, into_s=round(fired.perf - first, 2), was_running=fired.was_running)
+        after = await self._proxy_samples(http) if fired.proxy is not None else None
+        out.update(cost_at_proxy(fired.proxy, after))
+        out["failed"] = sum(1 for r in results if not r.ok)
+        out.update(self._watched(fired))
+        window = min(WINDOW_S, spec.at_s)
+        out["window_s"] = window
+        out["before"] = window_figures(results, fired.perf - window, fired.perf)
+        out["after"] = window_figures(results, fired.perf, fired.perf + window)
+        return out
+
+    def _watched(self, fired: _Fired) -> dict[str, float | None]:
+        if self._watch is None:
+            return {"detected_after_s": None, "back_after_s": None}
+        lost = [x for x in self._watch.losses_since(fired.mono) if x.process == self.spec.process]
+        back = self._watch.back_since(self.spec.process, fired.mono)
+        return {
+            "detected_after_s": round(lost[0].at - fired.mono, 1) if lost else None,
+            "back_after_s": round(back - fired.mono, 1) if back is not None else None,
+        }
+
+
+def proxy_samples(text: str, victim: str | None) -> dict[str, float]:
+    """The proxy's counters a fault is judged by, and the victim's gauges, from its /metrics."""
+    out = dict.fromkeys(("retries", "first_token_retries", "mid_stream"), 0.0)
+    for line in text.splitlines():
+        m = _SAMPLE.match(line)
+        if m is None:
+            continue
+        name, labels, value = m[1], dict(_LABEL.findall(m[2] or "")), float(m[3])
+        if name == "ucmctl_proxy_retries_total":
+            out["retries"] += value
+        elif name == "ucmctl_proxy_first_token_retries_total":
+            out["first_token_retries"] += value
+        elif name == "ucmctl_proxy_errors_total" and labels.get("reason") == "upstream_mid_stream":
+            out["mid_stream"] += value
+        elif victim is not None and labels.get("instance") == victim:
+            if name == "ucmctl_proxy_instance_requests_streaming":
+                out["streaming"] = value
+            elif name == "ucmctl_proxy_instance_requests_in_flight":
+                out["in_flight"] = value
+    return out
+
+
+def cost_at_proxy(before: dict[str, float] | None, after: dict[str, float] | None) -> dict[str, int | None]:
+    """The victim's answers streaming and in flight at the fault; the proxy's counts from the
+    fault to the phase's end: answers cut mid-stream, attempts retried, of those before the
+    first token. None where the proxy was not read."""
+
+    def at(key: str) -> int | None:
+        return int(before[key]) if before is not None and key in before else None
+
+    def delta(key: str) -> int | None:
+        return int(after[key] - before[key]) if before is not None and after is not None else None
+
+    return {
+        "streaming_on_it": at("streaming"),
+        "in_flight_on_it": at("in_flight"),
+        "cut_mid_stream": delta("mid_stream"),
+        "retried": delta("retries"),
+        "retried_before_first_token": delta("first_token_retries"),
+    }
+
+
+def window_figures(results: Sequence[RequestResult], begin: float, end: float) -> dict[str, Any]:
+    """Requests sent in [begin, end): how many, how many failed, TTFT and E2EL (ms) of the rest."""
+    sent = [r for r in results if begin <= r.start_time < end]
+    ok = [r for r in sent if r.ok]
+    out: dict[str, Any] = {"requests": len(sent), "failed": len(sent) - len(ok)}
+    for key, values in (("ttft", [r.ttft for r in ok]), ("e2el", [r.latency for r in ok])):
+        ms = np.asarray(values) * 1000.0
+        out[f"mean_{key}_ms"] = round(float(ms.mean()), 2) if len(ms) else None
+        out[f"p50_{key}_ms"] = round(float(np.percentile(ms, 50)), 2) if len(ms) else None
+        out[f"p99_{key}_ms"] = round(float(np.percentile(ms, 99)), 2) if len(ms) else None
+    return out
+
+
+def fault_lines(name: str, f: dict[str, Any]) -> list[str]:
+    """The fault as `bench` prints it: a few lines, each under 80 columns for a short name."""
+    if not f.get("injected"):
+        return [f"{name}: fault {f['spec']} not injected: {f.get('why', '')}"]
+    was = "" if f.get("was_running") else f" ({f['process']} was not running)"
+    lines = [f"{name}: fault {f['spec']} sent {f['into_s']:.1f} s in{was}"]
+
+    def n(key: str) -> str:
+        return "?" if f.get(key) is None else str(f[key])
+
+    lines.append(f"  streaming from it then {n('streaming_on_it')} (in flight {n('in_flight_on_it')})")
+    lines.append(
+        f"  failed {f['failed']}; at the proxy: cut mid-stream {n('cut_mid_stream')}, retried "
+        f"{n('retried')} ({n('retried_before_first_token')} before the first token)"
+    )
+    seen, back = f.get("detected_after_s"), f.get("back_after_s")
+    lines.append(
+        "  " + (f"reported lost {seen:.1f} s after" if seen is not None else "not reported lost")
+        + "; " + (f"back in {back:.1f} s" if back is not None else "not back")
+    )  # fmt: skip
+    w = f["window_s"]
+    for side in ("before", "after"):
+        s = f[side]
+        lines.append(
+            f"  {w:g} s {side}: {s['requests']} sent, {s['failed']} failed; TTFT p50 "
+            f"{_ms(s['p50_ttft_ms'])} p99 {_ms(s['p99_ttft_ms'])}; E2EL p50 {_ms(s['p50_e2el_ms'])} ms"
+        )
+    return lines
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"
