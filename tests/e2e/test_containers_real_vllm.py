@@ -7,12 +7,13 @@ as `exited (137)`, `down` leaves no container and no process on either host."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -32,7 +33,8 @@ def hosts() -> Iterator[Cluster]:
         yield c
 
 
-def topology(c: Cluster, model: Path, name: str, container: str = "") -> str:
+def topology(c: Cluster, model: Path, name: str, container: str = "", decode_nodes: str = "[h2]",
+             decode: str = "") -> str:  # fmt: skip
     env = (
         'VLLM_CPU_KVCACHE_SPACE: "1", HF_HUB_OFFLINE: "1", TRANSFORMERS_OFFLINE: "1", '
         'TORCHDYNAMO_DISABLE: "1"'
@@ -51,7 +53,8 @@ nodes:
 {nodes}
 storage: {{storage_backends: {c.shared / name}, cache_buffer_capacity_gb: 0.25}}
 prefill: {{nodes: [h1], port: 8100, env: {{{env}, VLLM_CPU_OMP_THREADS_BIND: "0"}}, flags: {flags}}}
-decode: {{nodes: [h2], port: 8200, env: {{{env}, VLLM_CPU_OMP_THREADS_BIND: "1"}}, flags: {flags}}}
+decode: {{nodes: {decode_nodes}, port: 8200, env: {{{env}, VLLM_CPU_OMP_THREADS_BIND: "1"}},
+         flags: {flags}{decode}}}
 proxy: {{node: h1, port: 8000}}
 """
 
@@ -82,12 +85,15 @@ def test_1p1d_in_containers_answers_as_the_bare_one(hosts: Cluster, tmp_path: Pa
     proxy = f"http://{hosts.host('h1').address}:8000"
     decode = f"http://{hosts.host('h2').address}:8200"
 
+    # bare: 1P2D, decode-0 on h1 beside prefill, decode-1 on h2, decode restarted on failure
     bare = tmp_path / "bare.yaml"
-    bare.write_text(topology(hosts, model, "e2e-bare"))
+    bare.write_text(topology(hosts, model, "e2e-bare", decode_nodes="[h1, h2]",
+                             decode=", restart: {policy: on-failure, backoff_s: 1}"))  # fmt: skip
     up = ucmctl("up", str(bare))
     assert up.returncode == 0, up.stderr[-3000:]
     try:
         reference = greedy_with_logprobs(proxy, prompt)
+        decode_lost_and_back(ucmctl, hosts, tmp_path / "fault.json", prompt, reference[0])
     finally:
         assert ucmctl("down", "e2e-bare").returncode == 0
 
@@ -131,3 +137,43 @@ def test_1p1d_in_containers_answers_as_the_bare_one(hosts: Cluster, tmp_path: Pa
     for host in ("h1", "h2"):
         assert podman_on(hosts, host, "ps", "-a", "--format", "{{.Names}}").split() == []
     assert hosts.processes_of("e2e-pod") == []
+
+
+def decode_lost_and_back(
+    ucmctl: Callable[..., subprocess.CompletedProcess[str]], hosts: Cluster, save: Path, prompt: list[int],
+    tokens: list[int],
+) -> None:  # fmt: skip
+    """`bench --fault kill:decode-1@6s` on the bare 1P2D (SIGKILL to decode-1 on h2 over SSH):
+    the failed requests are exactly the answers cut mid-stream, decode-0 serves every request
+    sent after the kill, the loss is reported within 10 s; decode-1's supervisor starts it
+    again, and once back its first answer comes from the store, token for token."""
+    run = ucmctl("bench", "--prefix-ratio", "0", "--input-len", "256", "--output-len", "32",
+                 "--num-prompts", "20", "--request-rate", "1", "-q", "--fault", "kill:decode-1@6s",
+                 "--save", str(save))  # fmt: skip
+    assert save.exists(), run.stderr[-3000:]
+    (cell,) = json.loads(save.read_text())["cells"]
+    f = cell["measure"]["fault"]
+    assert f["injected"] and f["was_running"], f
+    assert f["failed"] == cell["measure"]["failed"] == f["cut_mid_stream"], (f, run.stdout)
+    assert f["failed"] <= f["streaming_on_it"], f  # what was streaming from it then, at most
+    assert run.returncode == (6 if f["failed"] else 0), run.stderr[-3000:]
+    assert f["after"]["requests"] >= 4 and f["after"]["failed"] == 0, f  # decode-0 kept serving
+    assert f["detected_after_s"] is not None and f["detected_after_s"] <= 10, f
+    decode1 = f"http://{hosts.host('h2').address}:8200"
+    prefill = f"http://{hosts.host('h1').address}:8100"
+    deadline = time.monotonic() + 240
+    status = ""
+    while time.monotonic() < deadline:
+        status = ucmctl("status", "e2e-bare").stdout
+        row = next(line for line in status.splitlines() if line.startswith("decode-1 "))
+        if "restarted 1x" in row and "healthy" in status.split("decode-1 ")[1].split("proxy")[0]:
+            break
+        time.sleep(2)
+    assert "running, restarted 1x" in row, status
+    # a prompt prefill stores, then sent to the restarted decode-1 itself: loaded from the store
+    fresh = [(i * 41) % 3000 + 20 for i in range(3 * BLOCK + 40)]
+    stored = greedy_with_logprobs(prefill, fresh)
+    before = counter(decode1, "vllm:external_prefix_cache_hits_total")
+    assert greedy_with_logprobs(decode1, fresh)[0] == stored[0]
+    assert counter(decode1, "vllm:external_prefix_cache_hits_total") - before == 3 * BLOCK
+    assert greedy_with_logprobs(decode1, prompt)[0] == tokens

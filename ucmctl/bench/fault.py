@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import aiohttp
 import numpy as np
 
+from ucmctl.bench import hitrate
 from ucmctl.bench.client import RequestResult
 from ucmctl.core.errors import UcmctlError
 
@@ -71,6 +72,7 @@ class _Fired:
     mono: float  # time.monotonic() then (the watch's clock)
     was_running: bool
     proxy: dict[str, float] | None  # the proxy's samples just before
+    proxy_after: dict[str, float] | None = None  # ... and just after
 
 
 class Fault:
@@ -107,7 +109,9 @@ class Fault:
         await asyncio.sleep(max(0.0, start + self.spec.at_s - time.perf_counter()))
         before = await self._proxy_samples(http)
         was_running = await asyncio.to_thread(self._fire)
-        self._fired = _Fired(time.perf_counter(), time.monotonic(), was_running, before)
+        fired = _Fired(time.perf_counter(), time.monotonic(), was_running, before)
+        self._fired = fired
+        fired.proxy_after = await self._proxy_samples(http)
 
     async def _proxy_samples(self, http: aiohttp.ClientSession) -> dict[str, float] | None:
         if self._proxy is None:
@@ -132,14 +136,35 @@ class Fault:
         first = min((r.start_time for r in results), default=fired.perf)
         out.update(injected=True, into_s=round(fired.perf - first, 2), was_running=fired.was_running)
         after = await self._proxy_samples(http) if fired.proxy is not None else None
-        out.update(cost_at_proxy(fired.proxy, after))
+        out.update(cost_at_proxy(fired.proxy, fired.proxy_after, after))
         out["failed"] = sum(1 for r in results if not r.ok)
         out.update(self._watched(fired))
+        out["store_since_back"] = (
+            await self._store_since_back(http) if out["back_after_s"] is not None else None
+        )
         window = min(WINDOW_S, spec.at_s)
         out["window_s"] = window
         out["before"] = window_figures(results, fired.perf - window, fired.perf)
         out["after"] = window_figures(results, fired.perf, fired.perf + window)
         return out
+
+    async def _store_since_back(self, http: aiohttp.ClientSession) -> dict[str, int] | None:
+        """The restarted server's external (store) queries and hits, in tokens: its counters
+        began again at its restart, so these are its requests since it was back."""
+        if self._victim is None:
+            return None
+        try:
+            async with http.get(f"{self._victim}/metrics", timeout=aiohttp.ClientTimeout(total=5)) as r:
+                text = await r.text() if r.status == 200 else None
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+            return None
+        if text is None:
+            return None
+        counters = hitrate.parse_counters(text)
+        return {
+            "queried_tokens": int(counters["external_queries"]),
+            "hit_tokens": int(counters["external_hits"]),
+        }
 
     def _watched(self, fired: _Fired) -> dict[str, float | None]:
         if self._watch is None:
@@ -174,16 +199,26 @@ def proxy_samples(text: str, victim: str | None) -> dict[str, float]:
     return out
 
 
-def cost_at_proxy(before: dict[str, float] | None, after: dict[str, float] | None) -> dict[str, int | None]:
-    """The victim's answers streaming and in flight at the fault; the proxy's counts from the
-    fault to the phase's end: answers cut mid-stream, attempts retried, of those before the
-    first token. None where the proxy was not read."""
+def cost_at_proxy(
+    before: dict[str, float] | None, just_after: dict[str, float] | None, end: dict[str, float] | None
+) -> dict[str, int | None]:
+    """The victim's answers streaming and in flight when the signal went, and the proxy's counts
+    from then to the phase's end: answers cut mid-stream, attempts retried, of those before the
+    first token. None where the proxy was not read.
+
+    The gauges are read just before the signal and just after: one that began streaming in
+    between is in the later read, or already among the cuts (the larger figure is taken)."""
 
     def at(key: str) -> int | None:
-        return int(before[key]) if before is not None and key in before else None
+        if before is None or key not in before:
+            return None
+        now = before[key]
+        if just_after is not None and key in just_after:
+            now = max(now, just_after[key] + just_after["mid_stream"] - before["mid_stream"])
+        return int(now)
 
     def delta(key: str) -> int | None:
-        return int(after[key] - before[key]) if before is not None and after is not None else None
+        return int(end[key] - before[key]) if before is not None and end is not None else None
 
     return {
         "streaming_on_it": at("streaming"),
@@ -227,6 +262,11 @@ def fault_lines(name: str, f: dict[str, Any]) -> list[str]:
         "  " + (f"reported lost {seen:.1f} s after" if seen is not None else "not reported lost")
         + "; " + (f"back in {back:.1f} s" if back is not None else "not back")
     )  # fmt: skip
+    store = f.get("store_since_back")
+    if store is not None:
+        lines.append(
+            f"  since back: {store['hit_tokens']} of {store['queried_tokens']} prompt tokens from the store"
+        )
     w = f["window_s"]
     for side in ("before", "after"):
         s = f[side]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 import textwrap
 import time
@@ -68,8 +69,15 @@ def look(launcher: Launcher, p: Process, health_timeout: float = 2.0) -> tuple[s
             if container is None or not container.running:
                 return (container.words() if container else "stopped (no container)"), "-"
             state = container.words()
-        elif launcher.alive(p) is None:
-            return "stopped", "-"
+        else:
+            running = launcher.alive(p) is not None
+            supervisor = launcher.supervised(p) if p.restart is not None else None
+            if supervisor is not None and p.restart is not None:
+                state = supervisor.words(running, p.restart.max_restarts)
+                if not state.startswith("running"):
+                    return state, "-"
+            elif not running:
+                return "stopped", "-"
     except NodeError:
         return "node unreachable", "?"
     if not p.health:
@@ -171,12 +179,16 @@ def render_status(
     for p, (state, health) in zip(record.plan.processes, looks, strict=True):
         ps = record.processes.get(p.name)
         started = ps.started_at if ps else None
-        uptime = _duration(now - started) if started and state.startswith("running") else "-"
+        restarted = restarts_in(state)  # by its restart policy, since `up`
+        # after a restart of its own the time since `up` is not its uptime
+        uptime = (
+            _duration(now - started) if started and state.startswith("running") and not restarted else "-"
+        )
         color = "green" if health == "healthy" else "red" if health.startswith("unhealthy") else "dim"
         ports = " ".join(f"{k}:{v}" for k, v in p.ports.items()) or "-"
         said = state if health in ("-", "?") else f"{state}, [{color}]{escape(health)}[/]"
         rows.append([escape(p.name), escape(p.node), str(p.role), ports, said, uptime,
-                     str(ps.restarts if ps else 0)])  # fmt: skip
+                     str((ps.restarts if ps else 0) + restarted)])  # fmt: skip
     lead = [("process", NAME), ("node", NAME)]
     rest = [("role", NAME), ("ports", NAME), ("state", TEXT), ("uptime", FIGURE), ("restarts", FIGURE)]
     title = f"deployment {escape(record.deployment)} ({record.status})"
@@ -253,3 +265,13 @@ def _print(console: Console, p: Process, text: str) -> None:
     prefix = f"{p.name}@{p.node} | "
     for line in text.splitlines():
         console.print(prefix + line, markup=False, highlight=False, soft_wrap=True)
+
+
+_RESTARTED = re.compile(r"restarted (\d+)x")
+
+
+def restarts_in(state: str) -> int:
+    """How often a process was restarted by its restart policy, as its state says
+    (`running, restarted 2x (last exit 137)`: ucmctl's supervisor; `running, restarted 2x`: a runtime)."""
+    m = _RESTARTED.search(state)
+    return int(m[1]) if m else 0

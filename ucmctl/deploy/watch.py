@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ucmctl.deploy.inspect import look, tail_of
+from ucmctl.deploy.inspect import look, restarts_in, tail_of
 from ucmctl.deploy.state import Record
 from ucmctl.launch import launcher_for
 from ucmctl.nodes.fanout import parallel
@@ -74,6 +74,7 @@ class Watch:
         self._lost: set[str] = set()  # lost and not back
         self._down_at: dict[float, set[str]] = {}  # a phase's mark: what was lost when it began
         self._bad_looks: dict[str, int] = {}
+        self._restart_counts: dict[str, int] = {}  # as the last look saw them
         self._phase = ("", time.monotonic())
         self._stop = threading.Event()
         self.lost_one = threading.Event()  # set at the first loss (for --fail-fast)
@@ -134,6 +135,13 @@ class Watch:
             launcher.close()
 
     def _judge(self, launcher: Any, p: Process, state: str, health: str) -> None:
+        restarts = restarts_in(state)
+        before = self._restart_counts.get(p.name)
+        self._restart_counts[p.name] = restarts
+        if before is not None and restarts > before and p.name not in self._lost:
+            # it ended and was started again between two looks (its restart policy)
+            self._lose(launcher, p, state)
+            return
         running = state.startswith("running")
         dead = not running and state != "node unreachable"
         unhealthy = health.startswith("unhealthy")
@@ -151,7 +159,9 @@ class Watch:
         seen = self._bad_looks[p.name] = self._bad_looks.get(p.name, 0) + 1
         if p.name in self._lost or (not dead and seen < self._unhealthy_after):
             return
-        how = state if not running else health
+        self._lose(launcher, p, state if not running else health)
+
+    def _lose(self, launcher: Any, p: Process, how: str) -> None:
         now = time.monotonic()
         tail = tail_of(launcher, p, TAIL_LINES)
         with self._lock:

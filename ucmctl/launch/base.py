@@ -145,11 +145,19 @@ class Launcher:
             return containers.stop(self[process.node], process, grace=grace)
         return lifecycle.stop(self[process.node], process, grace=grace)
 
+    def supervised(self, process: Process) -> lifecycle.Supervised | None:
+        """What ucmctl's supervisor of the process last wrote (None: none, or nothing yet)."""
+        if process.restart is None or process.restart.state is None:
+            return None
+        return lifecycle.supervised(self[process.node], process, process.restart.state)
+
     def signal(self, process: Process, sig: str) -> bool:
-        """Send `sig` (KILL or TERM) to the process and return at once; whether it was running."""
+        """Send `sig` (KILL or TERM) to the process and return at once; whether it was running.
+        A supervised process's server gets it, not ucmctl's supervisor (which may restart it)."""
         if process.detached:
             return containers.signal(self[process.node], process, sig)
-        return lifecycle.signal(self[process.node], process, sig)
+        spare = process.restart is not None and process.restart.by == "supervisor"
+        return lifecycle.signal(self[process.node], process, sig, spare_leader=spare)
 
     def sweep(self, *, grace: float = 10) -> list[tuple[str, str]]:
         """Stop and remove what is left of the deployment's containers on its nodes (found by

@@ -128,12 +128,15 @@ def stop(ex: Executor, process: Process, *, grace: float = 10) -> Stopped:
 
 
 def signal(ex: Executor, process: Process, sig: str) -> bool:
-    """`kill --signal SIG` to the container (through its init, to the process); whether it ran."""
-    c = _container(process)
+    """`sig` (KILL or TERM) to the container's main process from the node, as a crash or an
+    outside stop would come (`podman kill` would count as the user stopping it, and docker then
+    skips its restart policy); whether it ran."""
+    if sig not in ("KILL", "TERM"):
+        raise ValueError(f"signal {sig!r} is not KILL or TERM")
     now = state(ex, process)
-    if now is None or not now.running:
+    if now is None or not now.running or now.pid <= 1:
         return False
-    done = ex.run(f"{_rt(c)} kill --signal {shlex.quote(sig)} {shlex.quote(c.name)} >/dev/null", timeout=60)
+    done = ex.run(f"kill -{sig} {int(now.pid)}", timeout=30)
     if not done.ok:
         raise NodeError(ex.node.name, f"could not signal {process.name}: {done.stderr.strip()}")
     return True

@@ -155,15 +155,58 @@ rm -f {pidfile}
     return Stopped(was_running=word != "absent", killed=word == "killed")
 
 
+@dataclass(frozen=True)
+class Supervised:
+    """What ucmctl's supervisor (restart: on-failure) last wrote of a process's ends."""
+
+    restarts: int  # so far
+    last_exit: int
+    at: int  # unix time of that line
+    what: str  # running (restarted), waiting (to restart), gave-up, done, stopped
+
+    def words(self, running: bool, max_restarts: int) -> str:
+        """How `status` says the process: `exited (137), restarting (1 of 3)`, `running,
+        restarted 1x (last exit 137)`, `exited (137) after 3 restarts`."""
+        if running and self.what == "waiting":
+            return f"exited ({self.last_exit}), restarting ({self.restarts + 1} of {max_restarts})"
+        if running:
+            return (
+                f"running, restarted {self.restarts}x (last exit {self.last_exit})"
+                if self.restarts
+                else "running"
+            )
+        if self.what == "gave-up":
+            return f"exited ({self.last_exit}) after {self.restarts} restarts"
+        return "stopped"
+
+
+def supervised(ex: Executor, process: Process, state: str) -> Supervised | None:
+    """The supervisor's last line (in its `state` file); None before the first end."""
+    done = ex.run(f"cat {shlex.quote(state)} 2>/dev/null || true", timeout=30)
+    parts = done.stdout.split()
+    if len(parts) != 4 or not all(x.lstrip("-").isdigit() for x in parts[:3]):
+        return None
+    return Supervised(int(parts[0]), int(parts[1]), int(parts[2]), parts[3])
+
+
 SIGNALS = ("KILL", "TERM")  # what `bench --fault` sends: kill -9, or a polite stop
 
 
-def signal(ex: Executor, process: Process, sig: str) -> bool:
+def signal(ex: Executor, process: Process, sig: str, *, spare_leader: bool = False) -> bool:
     """Send `sig` (one of SIGNALS) to the process's group, not waiting for it to end (a fault
-    a benchmark injects); whether it was running. Only a group with a marked member is signalled."""
+    a benchmark injects); whether it was running. Only a group with a marked member is signalled.
+    `spare_leader`: every member but the group's leader (ucmctl's supervisor, which then sees
+    its server end as the server would on its own)."""
     if sig not in SIGNALS:
         raise ValueError(f"signal {sig!r} is not one of {SIGNALS}")
     pidfile, mark = shlex.quote(process.pidfile), shlex.quote(marker(process))
+    if spare_leader:
+        send = f"""pids=$(ps -e -o pid=,pgid=,stat= |
+  awk -v g="$g" '$2 == g && $1 != g && $3 !~ /^Z/ {{print $1}}')
+[ -n "$pids" ] || {{ echo absent; exit 0; }}
+kill -{sig} $pids 2>/dev/null; echo signalled"""
+    else:
+        send = f'kill -{sig} -"$g" && echo signalled'
     script = (
         _MEMBERS
         + f"""
@@ -171,7 +214,7 @@ def signal(ex: Executor, process: Process, sig: str) -> bool:
 g=$(cat {pidfile})
 case "$g" in *[!0-9]*|''|0|1) echo absent; exit 0 ;; esac
 [ "$(members "$g" {mark})" -gt 0 ] || {{ echo absent; exit 0; }}
-kill -{sig} -"$g" && echo signalled
+{send}
 """
     )
     done = ex.run(script, timeout=30)

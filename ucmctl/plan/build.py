@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import posixpath
-from typing import Any
+from typing import Any, Literal
 
 from ucmctl.core.names import SERVER_ROLES
 from ucmctl.core.platforms import DEVICE_VARIABLE, NIC_VARIABLES, Platform
@@ -18,6 +18,7 @@ from ucmctl.plan.model import (
     PlacedFile,
     Plan,
     Process,
+    RestartPlan,
     Role,
     SlurmPlan,
     SshClusterPlan,
@@ -28,7 +29,7 @@ from ucmctl.plan.model import (
 from ucmctl.plan.render import render
 from ucmctl.topology.container import Container, Mount
 from ucmctl.topology.layout import Server, is_external_dp, servers
-from ucmctl.topology.model import Mode, Node, Side, SlurmCluster, Storage, Topology, Transport
+from ucmctl.topology.model import Mode, Node, Restart, Side, SlurmCluster, Storage, Topology, Transport
 
 LOCAL_ADDRESS = "127.0.0.1"
 
@@ -169,9 +170,11 @@ def _process(
     extra_files: dict[str, str],
     container: Container,
     cache_dirs: list[str] | None = None,
+    restart: Restart | None = None,
     **fields: Any,
 ) -> Process:
     work = posixpath.join(nodes[node].run_dir, name)
+    on_failure = restart is not None and restart.on
     files = [PlacedFile(path=posixpath.join(work, f), content=c) for f, c in extra_files.items()]
     launch = posixpath.join(work, "launch.sh")
     contained = None
@@ -184,6 +187,7 @@ def _process(
             container, deployment=t.name, process=name, topology_digest=t.digest(),
             platform=t.nodes[node].platform, argv=argv, env=env, cards=list(fields.get("devices", [])),
             device_variable=fields.get("device_variable"), workdir=work, mounts=mounts,
+            max_restarts=restart.max_restarts if restart is not None and on_failure else None,
         )  # fmt: skip
         options = contained.argv[: len(contained.argv) - len(argv) - 1]
         script = render("container.sh.j2", deployment=t.name, process=name, container=contained,
@@ -197,6 +201,21 @@ def _process(
                                  model=t.model.path, backends=every)  # fmt: skip
         script = render("launch.sh.j2", deployment=t.name, process=name, workdir=work, env=env, argv=argv)
     files.append(PlacedFile(path=launch, content=script, mode=0o755))
+    planned = None
+    if restart is not None and on_failure:
+        if contained is not None and contained.runtime in ("podman", "docker"):
+            runtime: Literal["podman", "docker"] = "podman" if contained.runtime == "podman" else "docker"
+            planned = RestartPlan(by=runtime, max_restarts=restart.max_restarts, backoff_s=None)
+        else:  # ucmctl's supervisor runs the launch script (what a Slurm step or the node starts)
+            state = posixpath.join(work, "restarts")
+            planned = RestartPlan(by="supervisor", max_restarts=restart.max_restarts,
+                                  backoff_s=restart.backoff_s, state=state)  # fmt: skip
+            supervise = posixpath.join(work, "supervise.sh")
+            script = render("supervise.sh.j2", deployment=t.name, process=name, launch=launch,
+                            state=state, max_restarts=restart.max_restarts,
+                            backoff_s=f"{restart.backoff_s:g}")  # fmt: skip
+            files.append(PlacedFile(path=supervise, content=script, mode=0o755))
+            launch = supervise
     return Process(
         name=name,
         role=role,
@@ -210,6 +229,7 @@ def _process(
         pidfile=posixpath.join(work, "pid"),
         health_timeout=default_health_timeout(role, t.engine.value),
         container=contained,
+        restart=planned,
         **fields,
     )
 
@@ -315,8 +335,8 @@ def _server(t: Topology, nodes: dict[str, NodePlan], s: Server, deps: list[str])
         ports["dp_rpc"] = s.dp_rpc_port
     return _process(
         t, nodes, name=s.name, role=s.side, node=s.node, stage=Stage.servers, argv=argv, env=env,
-        extra_files=files, container=container, cache_dirs=cache_dirs, ports=ports, url=base,
-        health=[f"{base}/health", f"{base}/v1/models"],
+        extra_files=files, container=container, cache_dirs=cache_dirs, restart=side.restart, ports=ports,
+        url=base, health=[f"{base}/health", f"{base}/v1/models"],
         depends_on=deps, devices=list(s.devices), device_variable=device_variable,
         dp_rank=s.dp_rank, server=spec,
     )  # fmt: skip
@@ -435,6 +455,7 @@ def _proxy(t: Topology, nodes: dict[str, NodePlan], upstream: list[Process]) -> 
     base = f"http://{_address(node)}:{proxy.port}"
     return _process(
         t, nodes, name="proxy", role="proxy", node=proxy.node, stage=Stage.proxy, argv=argv,
-        env=dict(node.env), extra_files={}, container=container, ports={"http": proxy.port}, url=base,
-        health=[f"{base}/health"], depends_on=[p.name for p in upstream],
+        env=dict(node.env), extra_files={}, container=container, restart=proxy.restart,
+        ports={"http": proxy.port}, url=base, health=[f"{base}/health"],
+        depends_on=[p.name for p in upstream],
     )  # fmt: skip

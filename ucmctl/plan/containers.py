@@ -89,6 +89,7 @@ def container_plan(
     device_variable: str | None,
     workdir: str,
     mounts: list[Mount],
+    max_restarts: int | None = None,
 ) -> tuple[ContainerPlan, dict[str, str]]:
     """The container of one process, and the environment it runs with inside (its own cards'
     numbering in the visible-devices variable, then the container's `env`)."""
@@ -113,6 +114,8 @@ def container_plan(
 
     image = derived_image(spec.image) if spec.derived else spec.image
     run = [runtime, "run", "--detach", "--init", f"--name={name}"]
+    if max_restarts is not None:  # the topology's restart: on-failure, by the runtime itself
+        run.append(f"--restart=on-failure:{max_restarts}")
     run += [f"--label={k}={v}" for k, v in labels.items()]
     run.append(f"--network={spec.network}")
     ipc = spec.ipc or ("private" if spec.shm_size else "host")

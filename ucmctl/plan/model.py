@@ -79,6 +79,24 @@ class ContainerPlan(Frozen):
         return self.runtime in ("podman", "docker")
 
 
+class RestartPlan(Frozen):
+    """A process started again when it fails (the topology's `restart: on-failure`), and by what."""
+
+    by: Literal["supervisor", "podman", "docker"]  # supervisor: ucmctl's, on the node (supervise.sh)
+    max_restarts: int
+    backoff_s: float | None  # None: the runtime's own delay
+    state: str | None = None  # supervisor: the file it writes each end of the process to
+
+    def words(self) -> str:
+        """How `ucmctl plan` says it."""
+        if self.by == "supervisor":
+            return (f"on-failure, at most {self.max_restarts}x, {self.backoff_s:g} s apart, by "
+                    "ucmctl's supervisor on the node")  # fmt: skip
+        return (
+            f"on-failure, at most {self.max_restarts}x, by {self.by} --restart=on-failure:{self.max_restarts}"
+        )
+
+
 class Process(Frozen):
     name: str  # unique in the plan: mooncake-master, prefill-0, decode-3, proxy
     role: Role
@@ -100,6 +118,7 @@ class Process(Frozen):
     dp_rank: int | None = None
     server: ServerSpec | None = None  # an API server's structured spec: argv is its engine's argv of it
     container: ContainerPlan | None = None  # None: runs on the node's own Python (launch runs argv)
+    restart: RestartPlan | None = None  # None: never restarted
 
     @property
     def is_server(self) -> bool:

@@ -56,6 +56,8 @@ def print_plan(plan: Plan, console: Console) -> None:
                 _print(console, f"    cmd {escape(shlex.join(p.argv))}", soft_wrap=True)
             if p.health:
                 _print(console, f"    health {' then '.join(p.health)}")
+            if p.restart is not None:
+                _print(console, f"    restart {escape(p.restart.words())}")
             for f in p.files:
                 _print(console, f"    file {escape(f.path)}")
             if p.depends_on:

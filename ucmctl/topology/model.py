@@ -267,6 +267,31 @@ class Mooncake(Strict):
     default_kv_lease_ttl: int = Field(11000, ge=1, description="ms")
 
 
+class Restart(Strict):
+    """What happens when a process of the side ends on its own with a failure."""
+
+    policy: Literal["never", "on-failure"] = Field(
+        default="never",
+        description="never (default), or on-failure: started again, at most max_restarts times",
+    )
+    max_restarts: int = Field(default=3, ge=1, le=100, description="restarts at most, then it stays down")
+    backoff_s: float = Field(
+        default=5.0,
+        ge=0,
+        le=600,
+        description="seconds before a restart (ucmctl's supervisor; runtimes use their own)",
+    )
+
+    @classmethod
+    def parse(cls, value: Any) -> Any:
+        """`restart: on-failure` is `restart: {policy: on-failure}`."""
+        return {"policy": value} if isinstance(value, str) else value
+
+    @property
+    def on(self) -> bool:
+        return self.policy == "on-failure"
+
+
 class Proxy(Strict):
     node: str = Field(description="node that runs the proxy")
     port: Port = Field(7802, description="port clients connect to")
@@ -276,6 +301,12 @@ class Proxy(Strict):
     routing: Literal["load", "prefix"] = Field(
         "load", description="load: least loaded; prefix: same leading block, same prefill instance"
     )
+    restart: Restart = Field(default_factory=Restart, description="never, or on-failure (see the sides)")
+
+    @field_validator("restart", mode="before")
+    @classmethod
+    def _restart(cls, v: Any) -> Any:
+        return Restart.parse(v)
 
     @field_validator("host")
     @classmethod
@@ -318,6 +349,16 @@ class Side(Strict):
     container: Container | None = Field(
         None, description="where the side's servers run (default: their node's `container`)"
     )
+    restart: Restart = Field(
+        default_factory=Restart,
+        description="never, or on-failure: a server that fails is started again (its runtime's "
+        "--restart in a container, else ucmctl's supervisor on the node)",
+    )
+
+    @field_validator("restart", mode="before")
+    @classmethod
+    def _restart(cls, v: Any) -> Any:
+        return Restart.parse(v)
 
     def placement(self) -> list[tuple[str, int]]:
         """(node, number of API servers) in rank order."""
@@ -362,6 +403,11 @@ class Topology(Strict):
         for role in SERVER_ROLES:
             if data.get(role) is not None and data[role]["container"] is None:
                 del data[role]["container"]
+        # ... and so does the default restart policy (never) before restart policies existed
+        never = Restart().model_dump(mode="json")
+        for part in (*SERVER_ROLES, "proxy"):
+            if data.get(part) is not None and data[part].get("restart") == never:
+                del data[part]["restart"]
         canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 

@@ -85,7 +85,8 @@ def test_failures_are_counted_and_fail_the_run(tmp_path: Path) -> None:
             "-q",
         )
     assert code == ExitStatus.REQUESTS_FAILED == 6
-    assert "4 x HTTP 400" in text and "maximum context length is 900" in text
+    said = " ".join(text.split())  # messages wrap at the width
+    assert "4 x HTTP 400" in said and "maximum context length is 900" in said
     assert "4 request(s) failed" in text  # the 1000-token measure fails; its 500-token preseed fits
 
 

@@ -121,7 +121,7 @@ nodes:
       pull: never
       options: [--cgroup-parent={cgroup}]
 storage: {{storage_backends: {json.dumps(str(work / "store"))}, cache_buffer_capacity_gb: 0.25}}
-prefill: {{nodes: [me], port: {free_port()}}}
+prefill: {{nodes: [me], port: {free_port()}, restart: on-failure}}
 decode: {{nodes: [me], port: {free_port()}}}
 proxy: {{node: me, port: {free_port()}}}
 """)
@@ -172,6 +172,22 @@ def test_a_containerized_1p1d_builds_runs_crashes_and_goes(runtime: Runtime, tmp
     assert "exited (137)" in decode_line, status.stdout
     prefill_line = next(line for line in status.stdout.splitlines() if "prefill-0" in line)
     assert "healthy" in prefill_line, status.stdout
+
+    # prefill's restart: on-failure is the runtime's own --restart: a SIGKILL of its main
+    # process (what `bench --fault kill:prefill-0` sends) brings it back by itself
+    fmt = "{{.HostConfig.RestartPolicy.Name}} {{.HostConfig.RestartPolicy.MaximumRetryCount}}"
+    assert runtime("inspect", "--format", fmt, f"ucmctl-{NAME}-prefill-0").split() == ["on-failure", "3"]
+    pid = int(runtime("inspect", "--format", "{{.State.Pid}}", f"ucmctl-{NAME}-prefill-0").strip())
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    prefill_line = ""
+    while time.monotonic() < deadline:
+        status = ucmctl(env, home, "status", NAME)
+        prefill_line = next(line for line in status.stdout.splitlines() if "prefill-0" in line)
+        if "restarted 1x" in prefill_line and "healthy" in status.stdout.split("prefill-0")[1]:
+            break
+        time.sleep(1)
+    assert "running, restarted 1x" in prefill_line and prefill_line.split()[-1] == "1", status.stdout
 
     # another plan's container of this deployment (found by its label), and someone else's
     sleeper = ["--init", f"localhost/{BASE}", "python3", "-c", "import time; time.sleep(600)"]

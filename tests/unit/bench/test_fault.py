@@ -81,11 +81,15 @@ ucmctl_proxy_instance_requests_in_flight{instance="http://a:1",role="decode"} 3
 def test_the_proxy_is_read_for_the_victim_only_and_the_counters_over_the_rest_of_the_phase() -> None:
     before = proxy_samples(PROXY, "http://a:1")
     assert before == {"retries": 5, "first_token_retries": 1, "mid_stream": 4, "streaming": 2, "in_flight": 3}
-    after = proxy_samples(PROXY.replace("} 3\n", "} 6\n", 1).replace("} 4\n", "} 7\n"), "http://a:1")
-    cost = cost_at_proxy(before, after)
+    end = proxy_samples(PROXY.replace("} 3\n", "} 6\n", 1).replace("} 4\n", "} 7\n"), "http://a:1")
+    cost = cost_at_proxy(before, None, end)
     assert cost == {"streaming_on_it": 2, "in_flight_on_it": 3, "cut_mid_stream": 3, "retried": 3,
                     "retried_before_first_token": 0}  # fmt: skip
-    assert set(cost_at_proxy(None, None).values()) == {None}  # no proxy: unknown, not 0
+    # read again just after the signal: one more had begun streaming (2 cut by then, 1 left)
+    just_after = {**before, "mid_stream": 6.0, "streaming": 1.0, "in_flight": 1.0}
+    assert cost_at_proxy(before, just_after, end)["streaming_on_it"] == 3
+    assert cost_at_proxy(before, just_after, end)["in_flight_on_it"] == 3  # 3 before, 1 + 2 after
+    assert set(cost_at_proxy(None, None, None).values()) == {None}  # no proxy: unknown, not 0
 
 
 def test_a_fault_whose_time_never_came_says_so() -> None:

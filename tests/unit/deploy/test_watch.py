@@ -113,3 +113,31 @@ def test_the_proxy_answering_503_for_a_lost_upstream_is_not_lost_itself(
     w._judge(None, proxy, "running", "unhealthy (connection refused)")
     w._judge(None, proxy, "running", "unhealthy (connection refused)")
     assert said == ["LOST proxy on a: unhealthy (connection refused), 0 s into measure 512"]
+
+
+def test_a_restart_between_two_looks_is_a_loss_then_a_return(seen: tuple[Watch, list[str], Any]) -> None:
+    w, said, decode = seen
+    mark = w.begin("measure 512")
+    w._judge(None, decode, "running", "healthy")
+    # the supervisor restarted it and it answers already: the count says it ended in between
+    w._judge(None, decode, "running, restarted 1x (last exit 137)", "healthy")
+    assert said == ["LOST decode-0 on b: running, restarted 1x (last exit 137), 0 s into measure 512"]
+    assert w.back_since("decode-0", mark) is None
+    w._judge(None, decode, "running, restarted 1x (last exit 137)", "healthy")
+    assert said[-1] == "BACK decode-0 on b: running, restarted 1x (last exit 137), healthy"
+    back = w.back_since("decode-0", mark)
+    assert back is not None and back >= mark
+    w._judge(None, decode, "running, restarted 1x (last exit 137)", "healthy")  # nothing new
+    assert len(said) == 2
+
+
+def test_restarting_is_a_death_reported_at_once(seen: tuple[Watch, list[str], Any]) -> None:
+    w, said, decode = seen
+    w.begin("measure 512")
+    w._judge(None, decode, "running", "healthy")
+    w._judge(None, decode, "exited (137), restarting (1 of 3)", "-")
+    assert said == ["LOST decode-0 on b: exited (137), restarting (1 of 3), 0 s into measure 512"]
+    w._judge(None, decode, "running, restarted 1x (last exit 137)", "unhealthy (connection refused)")
+    assert len(said) == 1  # lost already; starting up
+    w._judge(None, decode, "running, restarted 1x (last exit 137)", "healthy")
+    assert said[-1].startswith("BACK decode-0 on b: running, restarted 1x")

@@ -1,0 +1,134 @@
+"""What a lost decode instance costs, measured: `ucmctl bench --fault` on a local 1P2D of the
+simulator at about half its capacity, the same workload three times in one session.
+
+    python benchmarks/lost_instance.py [--prompts 160] [--rate 4] [--at 10]
+
+The deployment: one prefill and two decode servers of the simulator on this machine (decode
+25 ms a step, 60 output tokens a request: 1.5 s each), centralized through the UCM store,
+`restart: {policy: on-failure, backoff_s: 1}` on decode (ucmctl's supervisor). Runs:
+
+- reference: no fault;
+- kill: `--fault kill:decode-0@AT` (SIGKILL to the server; the supervisor restarts it);
+- stop: `--fault stop:decode-1@AT` (SIGTERM: the simulator ends with 143 on it, a failure,
+  so its supervisor starts it again too).
+
+Printed per run: failed requests, answers cut mid-stream, attempts the proxy retried, when the
+loss was reported and the server back, its store hits since, and p50 / p99 TTFT and p50 E2EL
+of the requests sent in the window after the fault against the window before (and the
+reference's whole phase), as ratios. Targets (issue #26): failed <= answers streaming from the
+killed server then, reported <= 10 s after, back in routing with store hits > 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.support.processes import free_port
+
+
+def ucmctl(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "UCMCTL_HOME": str(home), "COLUMNS": "100"}
+    return subprocess.run([sys.executable, "-m", "ucmctl", *args], capture_output=True, text=True, env=env,
+                          timeout=900, check=False)  # fmt: skip
+
+
+def topology(folder: Path) -> Path:
+    work = folder / "work"
+    decode = free_port()  # and the next port, the second decode's
+    path = folder / "lost.yaml"
+    path.write_text(f"""
+name: bench-lost
+mode: centralized
+engine: sim
+model: {{path: sim-model}}
+nodes:
+  me: {{host: 127.0.0.1, transport: local, platform: cpu, python: {sys.executable},
+        workdir: {json.dumps(str(work))}}}
+storage: {{storage_backends: {json.dumps(str(work / "store"))}, cache_buffer_capacity_gb: 0.25}}
+prefill: {{nodes: [me], port: {free_port()}}}
+decode: {{nodes: [me], servers_per_node: 2, port: {decode}, flags: {{decode-step-ms: 25}},
+          restart: {{policy: on-failure, backoff_s: 1}}}}
+proxy: {{node: me, port: {free_port()}}}
+""")
+    return path
+
+
+def ratio(a: float | None, b: float | None) -> str:
+    return f"{a / b:.2f}x" if a is not None and b else "-"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--prompts", type=int, default=160)
+    ap.add_argument("--rate", type=float, default=4.0)
+    ap.add_argument("--at", type=float, default=10.0, help="seconds into the measure phase")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="ucmctl-lost-") as tmp:
+        folder = Path(tmp)
+        home = folder / "home"
+        up = ucmctl(home, "up", str(topology(folder)))
+        if up.returncode != 0:
+            print(up.stderr, file=sys.stderr)
+            return 1
+        try:
+            bench = ["bench", "--prefix-ratio", "0", "--input-len", "256", "--output-len", "60", "-q",
+                     "--num-prompts", str(args.prompts), "--request-rate", f"{args.rate:g}"]  # fmt: skip
+            runs: dict[str, dict[str, Any]] = {}
+            for seed, (name, fault) in enumerate(
+                [
+                    ("reference", None),
+                    ("kill", f"kill:decode-0@{args.at:g}s"),
+                    ("stop", f"stop:decode-1@{args.at:g}s"),
+                ]
+            ):
+                save = folder / f"{name}.json"
+                extra = ["--fault", fault] if fault else []
+                done = ucmctl(home, *bench, "--seed", str(seed), "--save", str(save), *extra)
+                if not save.exists():
+                    print(done.stdout + done.stderr, file=sys.stderr)
+                    return 1
+                (cell,) = json.loads(save.read_text())["cells"]
+                runs[name] = cell["measure"]
+                print(f"--- {name}{' ' + fault if fault else ''}: exit {done.returncode}")
+                said = done.stdout.splitlines()  # from the first message under the tables
+                first = next((i for i, x in enumerate(said) if x.startswith("measure")), len(said))
+                print("\n".join(said[first:]))
+        finally:
+            ucmctl(home, "down")
+    ref = runs["reference"]
+    print(f"\nreference: {ref['completed']} ok, {ref['failed']} failed; TTFT p50 {ref['median_ttft_ms']:.0f} "
+          f"p99 {ref['p99_ttft_ms']:.0f} ms; E2EL p50 {ref['median_e2el_ms']:.0f} ms")  # fmt: skip
+    met = True
+    for name in ("kill", "stop"):
+        f = runs[name]["fault"]
+        before, after = f["before"], f["after"]
+        print(
+            f"{name}: failed {f['failed']} (streaming from it then {f['streaming_on_it']}, cut mid-stream "
+            f"{f['cut_mid_stream']}), retried {f['retried']} ({f['retried_before_first_token']} before the "
+            f"first token); reported {f['detected_after_s']} s after, back {f['back_after_s']} s after, "
+            f"store since {f['store_since_back']}; window {f['window_s']:g} s: TTFT p50 after/before "
+            f"{ratio(after['p50_ttft_ms'], before['p50_ttft_ms'])}, p99 "
+            f"{ratio(after['p99_ttft_ms'], before['p99_ttft_ms'])}, E2EL p50 "
+            f"{ratio(after['p50_e2el_ms'], before['p50_e2el_ms'])}; after/reference TTFT p99 "
+            f"{ratio(after['p99_ttft_ms'], ref['p99_ttft_ms'])}"
+        )
+        if name == "kill":
+            met &= f["failed"] <= (f["streaming_on_it"] or 0) and f["failed"] == f["cut_mid_stream"]
+            met &= f["detected_after_s"] is not None and f["detected_after_s"] <= 10
+            met &= f["back_after_s"] is not None and (f["store_since_back"] or {}).get("hit_tokens", 0) > 0
+    said = "met" if met else "MISSED"
+    print(f"targets (failed <= streaming then, reported <= 10 s, back with store hits): {said}")
+    return 0 if met else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
