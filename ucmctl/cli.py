@@ -6,7 +6,7 @@ import shlex
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
@@ -300,6 +300,17 @@ def logs(
 ) -> None:
     """Logs of a deployment's processes, from every node, prefixed with process@node."""
     from ucmctl.deploy.inspect import show_logs
+
+    record, names = _deployment_and_processes("logs", deployment, processes)
+    show_logs(record, names, lines, follow, out)
+
+
+def _deployment_and_processes(
+    command: str, deployment: str | None, processes: list[str] | None
+) -> tuple[Any, list[str]]:
+    """The record of DEPLOYMENT and the PROCESS names after it, checked (exit 2). The name may
+    be left out when this machine has one deployment: `ucmctl logs prefill-0` names a process
+    of it, not a deployment."""
     from ucmctl.deploy.state import StateStore
 
     store = StateStore()
@@ -308,11 +319,17 @@ def logs(
     if deployment is None:
         from ucmctl.deploy.inspect import the_deployment
 
-        deployment = the_deployment("logs")
+        deployment = the_deployment(command)
     elif not _is_name(deployment) or store.load(deployment) is None:
-        # `ucmctl logs prefill-0`: a process of the only deployment, not a deployment's name
         only = store.all()
-        if len(only) == 1 and deployment in {p.name for p in only[0].plan.processes}:
+        if len(only) == 1:
+            known = [p.name for p in only[0].plan.processes]
+            if deployment not in known:
+                raise UcmctlError.one(
+                    f"'{deployment}' is neither a deployment on this machine nor a process of "
+                    f"{only[0].deployment}",
+                    fix=f"its processes: {', '.join(known)}",
+                )
             names.insert(0, deployment)
             deployment = only[0].deployment
     if _is_name(deployment):
@@ -327,8 +344,36 @@ def logs(
         raise UcmctlError.one(
             f"no process {', '.join(unknown)} in {deployment}", fix=f"known: {', '.join(known)}"
         )
-    processes = names
-    show_logs(record, processes or [], lines, follow, out)
+    return record, names
+
+
+@app.command()
+def restart(
+    deployment: str | None = typer.Argument(
+        None, help="deployment name (default: the only deployment)", show_default=False
+    ),
+    processes: list[str] | None = typer.Argument(None, help="process names (default: every API server)"),
+    rolling: bool = typer.Option(False, "--rolling", help="one process at a time"),
+    drain_timeout: float = typer.Option(
+        60.0, "--drain-timeout", min=0.0, help="seconds a drained server's requests in flight may take"
+    ),
+    grace: float = typer.Option(15.0, "--grace", help="seconds between SIGTERM and SIGKILL"),
+    force: bool = typer.Option(
+        False, "--force", help="restart even when no other instance of its role is left in routing"
+    ),
+) -> None:
+    """Restart processes of a running deployment: each server drained at the proxy (its requests
+    in flight finish), stopped, started, gated on its health, then routed to again."""
+    from ucmctl.deploy.restart import restart as restart_processes
+
+    record, names = _deployment_and_processes("restart", deployment, processes)
+    done = restart_processes(record.deployment, names, rolling=rolling, drain_timeout=drain_timeout,
+                             grace=grace, force=force, console=err)  # fmt: skip
+    cut = sum(r.cut for r in done)
+    out.print(
+        f"{counted(len(done), 'process')} restarted"
+        + (f"; {cut} request(s) cut at the drain timeout" if cut else "")
+    )
 
 
 def _is_name(text: str) -> bool:

@@ -40,6 +40,8 @@ def make_app(config: ProxyConfig) -> web.Application:
     app.router.add_post("/reset_prefix_cache", reset_prefix_cache)
     app.router.add_post("/instances/add", instances_add)
     app.router.add_post("/instances/remove", instances_remove)
+    app.router.add_post("/instances/drain", instances_drain)
+    app.router.add_post("/instances/resume", instances_resume)
     app.router.add_get("/instances", instances_list)
     return app
 
@@ -216,6 +218,28 @@ async def instances_remove(request: web.Request) -> web.Response:
     return web.json_response({"removed": True, "instances": _describe(gone)})
 
 
+async def instances_drain(request: web.Request) -> web.Response:
+    """Take an instance out of routing while it stays listed: its requests in flight finish
+    (their count is in /instances), no new one goes there until /instances/resume."""
+    return await _set_draining(request, True)
+
+
+async def instances_resume(request: web.Request) -> web.Response:
+    """Route to a drained instance again (once its health answers)."""
+    return await _set_draining(request, False)
+
+
+async def _set_draining(request: web.Request, draining: bool) -> web.Response:
+    state = request.app[STATE]
+    url, role = await _instance_request(request)
+    found = state.pool.find(url, role)
+    if not found:
+        return web.json_response({"error": {"message": f"no instance {url}", "code": 404}}, status=404)
+    for inst in found:
+        inst.draining = draining
+    return web.json_response({"instances": _describe(found)})
+
+
 async def instances_list(request: web.Request) -> web.Response:
     """Every instance with its state."""
     return web.json_response({"instances": _describe(request.app[STATE].pool.all())})
@@ -223,8 +247,8 @@ async def instances_list(request: web.Request) -> web.Response:
 
 def _describe(insts: list[Instance]) -> list[dict[str, object]]:
     return [
-        {"url": i.url, "role": i.role, "healthy": i.healthy, "requests_in_flight": i.requests,
-         "requests_streaming": i.streaming, "tokens_in_flight": i.tokens}
+        {"url": i.url, "role": i.role, "healthy": i.healthy, "draining": i.draining,
+         "requests_in_flight": i.requests, "requests_streaming": i.streaming, "tokens_in_flight": i.tokens}
         for i in insts
     ]  # fmt: skip
 

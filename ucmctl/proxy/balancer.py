@@ -21,6 +21,7 @@ class Instance:
     role: str
     healthy: bool = True
     removed: bool = False
+    draining: bool = False  # out of routing on purpose (a restart): its requests in flight finish
     requests: int = 0  # in flight
     tokens: int = 0  # prompt tokens in flight
     streaming: int = 0  # of those in flight, the answers whose first token went to the client
@@ -90,7 +91,11 @@ class Pool:
 
     def healthy(self, role: str) -> int:
         """How many instances of `role` are in routing now."""
-        return sum(1 for i in self.by_role[role] if i.healthy)
+        return sum(1 for i in self.by_role[role] if i.healthy and not i.draining)
+
+    def find(self, url: str, role: str | None = None) -> list[Instance]:
+        """The instances at `url` (of `role`)."""
+        return [i for r in ([role] if role else ROLES) for i in self.by_role.get(r, []) if i.url == url]
 
     def pick(
         self,
@@ -102,7 +107,7 @@ class Pool:
     ) -> Instance | None:
         """The instance for the next request of `role`, or None when no healthy one is left."""
         skip = set(exclude) if exclude else ()
-        cands = [i for i in self.by_role[role] if i.healthy and i not in skip]
+        cands = [i for i in self.by_role[role] if i.healthy and not i.draining and i not in skip]
         if not cands:
             return None
         if affinity_key is not None:

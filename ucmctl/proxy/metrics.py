@@ -90,7 +90,18 @@ class Metrics:
             out.extend(hist.lines(PREFIX + name))
         insts = list(instances)
         per_instance = (
-            ("instance_healthy", "gauge", "1 while the instance is in routing.", lambda i: int(i.healthy)),
+            (
+                "instance_healthy",
+                "gauge",
+                "1 while the instance answers its health checks.",
+                lambda i: int(i.healthy),
+            ),
+            (
+                "instance_draining",
+                "gauge",
+                "1 while it is drained (out of routing on purpose).",
+                lambda i: int(i.draining),
+            ),
             ("instance_requests_in_flight", "gauge", "Requests in flight.", lambda i: i.requests),
             (
                 "instance_requests_streaming",

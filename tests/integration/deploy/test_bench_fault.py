@@ -1,4 +1,4 @@
-"""`ucmctl bench --fault` on a local 1P2D of the simulator: decode-0 killed with SIGKILL 8 s into
+"""`ucmctl bench --fault` on a local 2P2D of the simulator: decode-0 killed with SIGKILL 8 s into
 the measure phase. The requests that failed are exactly the answers cut after tokens had gone
 out (none failed before its first token: the proxy sent those again), the requests sent after
 the kill were all served by the decode that stayed, the loss was reported within 10 s, and a
@@ -7,13 +7,15 @@ fault that names no process or no time in the phase is refused before anything i
 from __future__ import annotations
 
 import json
+import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.integration.deploy.test_local_lifecycle import deployed, topology, ucmctl
+from tests.integration.deploy.test_local_lifecycle import deployed, spawn, topology, ucmctl
 from tests.support.openai_checks import counter
 
 pytestmark = pytest.mark.slow
@@ -25,14 +27,15 @@ BENCH = ["bench", "--prefix-ratio", "0", "--input-len", "64", "--output-len", "6
 
 @pytest.fixture(scope="module")
 def pd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dict[str, int]]]:
-    """(the state folder, the ports) of a running 1P2D of the simulator on this machine."""
+    """(the state folder, the ports) of a running 2P2D of the simulator on this machine."""
     tmp = tmp_path_factory.mktemp("fault")
     home, workdir = tmp / "home", tmp / "work"
     decode = "servers_per_node: 2, flags: {decode-step-ms: 25}, restart: {policy: on-failure, backoff_s: 1}"
-    topo = topology(tmp, "t-fault", workdir, decode=decode)
+    topo = topology(tmp, "t-fault", workdir, decode=decode, prefill="servers_per_node: 2")
     sides = yaml.safe_load(topo.read_text())
     ports = {side: sides[side]["port"] for side in ("prefill", "decode", "proxy")}
-    assert ports["decode"] + 1 not in ports.values()
+    taken = [*ports.values(), ports["prefill"] + 1, ports["decode"] + 1]
+    assert len(set(taken)) == len(taken), ports
     with deployed(home, topo, workdir):
         yield home, ports
 
@@ -106,3 +109,48 @@ def test_a_decode_killed_mid_phase_costs_only_the_answers_it_was_streaming_and_c
     assert "running, restarted 1x" in row and "(last exit 137), healthy" in status.stdout, status.stdout
     refused = ucmctl(home, "bench", "compare", str(save), str(save))
     assert refused.returncode == 2 and "--allow-lost" in refused.stderr, refused.stderr
+
+
+def test_a_rolling_restart_during_a_run_loses_no_request(
+    tmp_path: Path, pd: tuple[Path, dict[str, int]]
+) -> None:
+    home, _ = pd
+    save = tmp_path / "run.json"
+    run = spawn(home, *BENCH, "--save", str(save))
+    time.sleep(3)  # the measure phase is under way
+    restarted = ucmctl(home, "restart", "--rolling", "--drain-timeout", "30", timeout=300)
+    out, err = run.communicate(timeout=300)
+    assert restarted.returncode == 0, restarted.stderr
+    assert restarted.stdout.strip() == "4 processes restarted", restarted.stdout
+    for name in ("prefill-0", "prefill-1", "decode-0", "decode-1"):  # one at a time, in plan order
+        assert re.search(rf"^{name} on me: restarted in [0-9.]+ s \(drained in [0-9.]+ s\)$",
+                         restarted.stderr, re.MULTILINE), restarted.stderr  # fmt: skip
+    (cell,) = json.loads(save.read_text())["cells"]
+    # every request of the run was answered, while each server in turn was drained and restarted
+    assert cell["measure"]["failed"] == 0 and cell["measure"]["completed"] == 80, (out, err)
+    assert run.returncode == 0, err
+    record = json.loads((home / "deployments" / "t-fault.json").read_text())
+    assert {n: s["restarts"] for n, s in record["processes"].items()} == {
+        "prefill-0": 1, "prefill-1": 1, "decode-0": 1, "decode-1": 1, "proxy": 0}  # fmt: skip
+    status = ucmctl(home, "status")
+    assert status.stdout.count(", healthy") == 5, status.stdout
+
+
+def test_a_restart_that_would_leave_a_role_unrouted_or_names_no_process_is_refused(
+    pd: tuple[Path, dict[str, int]],
+) -> None:
+    home, _ = pd
+    both = ucmctl(home, "restart", "prefill-0", "prefill-1")
+    assert both.returncode == 2, both.stderr
+    assert "restarting prefill-0, prefill-1 leaves no prefill instance in routing" in both.stderr
+    unknown = ucmctl(home, "restart", "decode-9")
+    assert unknown.returncode == 2, unknown.stderr
+    assert "'decode-9' is neither a deployment on this machine nor a process of t-fault" in unknown.stderr
+    named = ucmctl(home, "restart", "t-fault", "decode-9")
+    assert named.returncode == 2 and "no process decode-9 in t-fault" in named.stderr, named.stderr
+    first = spawn(home, "restart", "decode-1")
+    time.sleep(1)
+    second = ucmctl(home, "restart", "decode-0")
+    first.communicate(timeout=120)
+    assert first.returncode == 0
+    assert second.returncode == 4 and "deployment 't-fault' is busy" in second.stderr, second.stderr

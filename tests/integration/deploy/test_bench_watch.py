@@ -131,11 +131,12 @@ def test_fail_fast_stops_the_run_at_once(tmp_path: Path, deployment: tuple[Path,
     assert "Traceback" not in text
 
 
-def test_status_watch_shows_a_kill_at_the_next_look(deployment: tuple[Path, Path]) -> None:
+def test_status_watch_shows_a_kill_at_the_next_look(tmp_path: Path, deployment: tuple[Path, Path]) -> None:
     home, workdir = deployment
     env = {**os.environ, "UCMCTL_HOME": str(home), "COLUMNS": "80"}
+    said = (tmp_path / "stderr").open("w")  # a file: a pipe nobody reads could fill and block it
     watch = subprocess.Popen([sys.executable, "-m", "ucmctl", "status", "--watch", "--interval", "1"],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
+                             stdout=subprocess.PIPE, stderr=said, text=True, env=env)  # fmt: skip
     lines = timed_lines(watch.stdout)
     try:
         assert wait_for(
@@ -149,8 +150,9 @@ def test_status_watch_shows_a_kill_at_the_next_look(deployment: tuple[Path, Path
         )
     finally:
         watch.send_signal(signal.SIGINT)
-        watch.wait(timeout=30)
-    assert watch.returncode == 130
+        watch.wait(timeout=60)
+        said.close()
+    assert watch.returncode == 130, (tmp_path / "stderr").read_text()
     frames = [line for _, line in lines if line.startswith("--- ")]
     assert len(frames) >= 2, lines  # a look every second, each under its time
     assert max(len(line) for _, line in lines) <= 80, [line for _, line in lines if len(line) > 80]

@@ -22,8 +22,8 @@ pytestmark = pytest.mark.slow
 ODD_WORKDIR = "run[1] *.? \\x (a+b)|c$ ^d"
 
 
-def topology(tmp: Path, name: str, workdir: Path, decode: str = "") -> Path:
-    """A 1P1D of the simulator on this machine; `decode` adds keys to its decode side."""
+def topology(tmp: Path, name: str, workdir: Path, decode: str = "", prefill: str = "") -> Path:
+    """A 1P1D of the simulator on this machine; `decode` and `prefill` add keys to the sides."""
     path = tmp / f"{name}.yaml"
     path.write_text(
         f"""
@@ -35,7 +35,7 @@ nodes:
   me: {{host: 127.0.0.1, transport: local, platform: cpu, python: {sys.executable},
         workdir: {json.dumps(str(workdir))}}}
 storage: {{storage_backends: {json.dumps(str(workdir / "store"))}, cache_buffer_capacity_gb: 0.25}}
-prefill: {{nodes: [me], port: {free_port()}}}
+prefill: {{nodes: [me], port: {free_port()}{", " + prefill if prefill else ""}}}
 decode: {{nodes: [me], port: {free_port()}{", " + decode if decode else ""}}}
 proxy: {{node: me, port: {free_port()}}}
 """

@@ -171,6 +171,30 @@ def test_instances_remove_and_add(pd: PD) -> None:
     assert metric(gone.url, "vllm:request_success_total") > before  # back in routing
 
 
+def test_a_drained_instance_gets_nothing_new_and_says_what_is_in_flight(pd: PD) -> None:
+    url, drained = pd.proxy.url, pd.decode[0]
+    status, _, raw = post(url + "/instances/drain", {"url": drained.url, "role": "decode"})
+    assert status == 200 and json.loads(raw)["instances"][0]["draining"] is True
+    try:
+        before = metric(drained.url, "vllm:request_success_total")
+        for _ in range(4):
+            assert post(url + "/v1/completions", completion(2))[0] == 200
+        assert metric(drained.url, "vllm:request_success_total") == before  # nothing new went there
+        listed = json.loads(get(url + "/instances")[2])["instances"]
+        mine = next(i for i in listed if i["url"] == drained.url)  # still listed, with its count
+        assert mine["draining"] is True and mine["requests_in_flight"] == 0 and mine["healthy"] is True
+        assert metric(url, "ucmctl_proxy_instance_draining", instance=drained.url) == 1
+        assert json.loads(get(url + "/health")[2])["healthy"]["decode"] == 1
+        assert post(url + "/instances/drain", {"url": "http://127.0.0.1:1", "role": "decode"})[0] == 404
+    finally:
+        status, _, raw = post(url + "/instances/resume", {"url": drained.url, "role": "decode"})
+    assert status == 200 and json.loads(raw)["instances"][0]["draining"] is False
+    before = metric(drained.url, "vllm:request_success_total")
+    for _ in range(4):
+        assert post(url + "/v1/completions", completion(2))[0] == 200
+    assert metric(drained.url, "vllm:request_success_total") > before  # routed to again
+
+
 def test_ttft_is_small_on_an_idle_setup(pd: PD) -> None:
     # a sanity bound, far above the benchmark's target: catches a proxy that buffers the answer
     t0 = time.perf_counter()

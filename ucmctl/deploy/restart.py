@@ -1,0 +1,202 @@
+"""`ucmctl restart`: processes of a running deployment stopped and started again without losing
+a request: each server is drained at the proxy first (no new request goes there, those in
+flight finish up to the drain timeout), stopped, started, gated on its health, and routed to
+again. `--rolling` does one at a time; the record stays exact (pid, start time, restarts)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from rich.console import Console
+from rich.markup import escape
+
+from ucmctl.core.errors import ExitStatus, UcmctlError
+from ucmctl.deploy.health import wait_healthy
+from ucmctl.deploy.state import Record, StateStore
+from ucmctl.launch import Launcher, launcher_for
+from ucmctl.nodes.executor import NodeError
+from ucmctl.nodes.fanout import parallel
+from ucmctl.plan.model import Process
+
+API_KEY_ENV = "UCMCTL_PROXY_API_KEY"  # the proxy's own key, when it has one (ucmctl.proxy.config)
+
+
+@dataclass(frozen=True)
+class Restarted:
+    process: str
+    node: str
+    drained_s: float  # waited for its requests in flight
+    cut: int  # requests still in flight at the drain timeout (cut by the stop)
+    took_s: float  # from the drain to back in routing
+
+
+class Proxy:
+    """The deployment's proxy, over its /instances routes."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url.rstrip("/")
+
+    def _ask(self, path: str, body: dict[str, str] | None = None) -> dict[str, object]:
+        """GET (or POST `body` to) `path`; its JSON answer. The proxy's API key, when it has
+        one, comes from UCMCTL_PROXY_API_KEY here too."""
+        headers = {"Content-Type": "application/json"}
+        key = os.environ.get(API_KEY_ENV)
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.url + path, data=data, headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                return dict(json.loads(r.read()))
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            raise UcmctlError.one(
+                f"the proxy at {self.url} did not answer {path}: {exc}",
+                status=ExitStatus.FAILURE,
+                fix="check `ucmctl status`",
+            ) from None
+
+    def drain(self, server: Process) -> None:
+        self._ask("/instances/drain", {"url": str(server.url), "role": server.role})
+
+    def resume(self, server: Process) -> None:
+        self._ask("/instances/resume", {"url": str(server.url), "role": server.role})
+
+    def _listed(self) -> list[dict[str, object]]:
+        listed = self._ask("/instances").get("instances")
+        return [i for i in listed if isinstance(i, dict)] if isinstance(listed, list) else []
+
+    def in_flight(self, server: Process) -> int:
+        """The server's requests in flight at the proxy."""
+        return sum(int(str(i["requests_in_flight"])) for i in self._listed() if i["url"] == server.url)
+
+    def routed(self, role: str, besides: set[str]) -> int:
+        """How many instances of `role` the proxy routes to, those at `besides` not counted."""
+        return sum(1 for i in self._listed() if i["role"] == role and i["healthy"] and not i["draining"]
+                   and i["url"] not in besides)  # fmt: skip
+
+
+def chosen(record: Record, names: list[str]) -> list[Process]:
+    """The processes named (every API server when none is), checked: exit 2 on a name the
+    deployment does not have."""
+    plan = record.plan
+    if not names:
+        return [p for p in plan.processes if p.is_server]
+    known = {p.name: p for p in plan.processes}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise UcmctlError.one(f"deployment '{record.deployment}' has no process '{unknown[0]}'",
+                              fix=f"name one of {', '.join(known)}")  # fmt: skip
+    return [known[n] for n in dict.fromkeys(names)]
+
+
+def restart(
+    deployment: str,
+    names: list[str],
+    *,
+    rolling: bool,
+    drain_timeout: float,
+    grace: float,
+    force: bool = False,
+    console: Console | None = None,
+    store: StateStore | None = None,
+    say: Callable[[str], None] | None = None,
+) -> list[Restarted]:
+    """Restart the named processes of a running deployment (one at a time with `rolling`)."""
+    console = console or Console(stderr=True, emoji=False)
+    store = store or StateStore()
+    tell = say or (lambda line: console.print(escape(line), soft_wrap=True))
+    with store.lock(deployment, "restart"):
+        record = store.load(deployment)
+        if record is None:
+            raise UcmctlError.one(
+                f"no deployment named '{deployment}' on this machine", fix="see `ucmctl status`"
+            )
+        if record.status != "up":
+            raise UcmctlError.one(f"deployment '{deployment}' is {record.status}, not up",
+                                  fix="`ucmctl up` it first")  # fmt: skip
+        targets = chosen(record, names)
+        proxy_process = next((p for p in record.plan.processes if p.role == "proxy" and p.url), None)
+        proxy = Proxy(proxy_process.url) if proxy_process is not None and proxy_process.url else None
+        batches = [[p] for p in targets] if rolling else [targets]
+        if proxy is not None and not force:
+            _refuse_an_outage(proxy, batches)
+        launcher = launcher_for(record.plan, record.allocation, connect_timeout=10)
+        done: list[Restarted] = []
+        try:
+            for batch in batches:
+
+                def one(p: Process) -> Restarted:
+                    return _restart_one(launcher, record, store, p, proxy, drain_timeout, grace, tell)
+
+                done += parallel(batch, one)
+        finally:
+            launcher.close()
+    return done
+
+
+def _refuse_an_outage(proxy: Proxy, batches: list[list[Process]]) -> None:
+    """A batch that would drain every routed instance of a role: requests would fail meanwhile."""
+    for batch in batches:
+        for role in sorted({p.role for p in batch if p.is_server}):
+            urls = {str(p.url) for p in batch if p.role == role}
+            if proxy.routed(role, urls) == 0:
+                what = ", ".join(p.name for p in batch if p.role == role)
+                raise UcmctlError.one(
+                    f"restarting {what} leaves no {role} instance in routing: requests would fail meanwhile",
+                    fix="use --rolling with more than one instance, or --force to accept the outage",
+                )
+
+
+def _restart_one(
+    launcher: Launcher,
+    record: Record,
+    store: StateStore,
+    p: Process,
+    proxy: Proxy | None,
+    drain_timeout: float,
+    grace: float,
+    tell: Callable[[str], None],
+) -> Restarted:
+    t0 = time.monotonic()
+    routed = proxy is not None and p.is_server
+    cut = 0
+    if routed:
+        assert proxy is not None
+        proxy.drain(p)
+        while (cut := proxy.in_flight(p)) and time.monotonic() - t0 < drain_timeout:
+            time.sleep(0.2)
+    drained = time.monotonic() - t0
+    if cut:
+        tell(f"{p.name}: {cut} request(s) still in flight after --drain-timeout {drain_timeout:g} s: cut")
+    try:
+        launcher.stop(p, grace=grace)
+        started = launcher.start(p)
+    except NodeError as exc:
+        raise UcmctlError.one(f"{p.name} on node {p.node}: {exc.reason}", status=ExitStatus.FAILURE,
+                              fix="see `ucmctl status` and `ucmctl logs`") from None  # fmt: skip
+    state = record.processes[p.name]
+    state.pgid, state.started_at, state.restarts = started.pgid, time.time(), state.restarts + 1
+    store.save(record)
+    reason = wait_healthy(
+        p.health, timeout=p.health_timeout, still_alive=lambda: launcher.alive(p) is not None
+    )
+    if reason is not None:
+        tail = launcher.log_tail(p, 20)
+        raise UcmctlError.one(
+            f"{p.name} on node {p.node} did not come back: {reason}"
+            + (f"; its last log lines:\n{tail}" if tail else ""),
+            status=ExitStatus.FAILURE,
+            fix="see `ucmctl logs`; it stays out of routing" if routed else None,
+        )
+    if routed:
+        assert proxy is not None
+        proxy.resume(p)
+    took = time.monotonic() - t0
+    tell(f"{p.name} on {p.node}: restarted in {took:.1f} s (drained in {drained:.1f} s)")
+    return Restarted(p.name, p.node, drained, cut, took)
