@@ -376,6 +376,35 @@ def restart(
     )
 
 
+@app.command()
+def scale(
+    deployment: str | None = typer.Argument(
+        None, help="deployment name (default: the only deployment)", show_default=False
+    ),
+    prefill: int | None = typer.Option(None, "--prefill", help="prefill instances wanted"),
+    decode: int | None = typer.Option(None, "--decode", help="decode instances wanted"),
+    mixed: int | None = typer.Option(None, "--mixed", help="mixed instances wanted"),
+    drain_timeout: float = typer.Option(
+        60.0, "--drain-timeout", min=0.0, help="seconds a removed server's requests in flight may take"
+    ),
+    grace: float = typer.Option(15.0, "--grace", help="seconds between SIGTERM and SIGKILL"),
+) -> None:
+    """Add or take out instances of a running deployment, the others left running: a new one is
+    started, gated on its health and added to the proxy; one taken out is drained first."""
+    from ucmctl.deploy.scale import scale as scale_sides
+
+    counts = {k: v for k, v in (("prefill", prefill), ("decode", decode), ("mixed", mixed)) if v is not None}
+    if not counts:
+        raise UcmctlError.one("say how many: --prefill N, --decode M (or --mixed N)")
+    record, _ = _deployment_and_processes("scale", deployment, [])
+    done = scale_sides(record.deployment, counts, drain_timeout=drain_timeout, grace=grace, console=err)
+    parts = [
+        f"added {', '.join(done.added)}" if done.added else "",
+        f"took out {', '.join(done.removed)}" if done.removed else "",
+    ]
+    out.print("; ".join(x for x in parts if x) or "nothing changed")
+
+
 def _is_name(text: str) -> bool:
     import re
 

@@ -61,11 +61,23 @@ class Proxy:
                 fix="check `ucmctl status`",
             ) from None
 
-    def drain(self, server: Process) -> None:
+    def drain(self, server: Process, timeout: float) -> int:
+        """Out of routing, then wait up to `timeout` s for its requests in flight; how many
+        are still in flight then."""
+        t0 = time.monotonic()
         self._ask("/instances/drain", {"url": str(server.url), "role": server.role})
+        while (left := self.in_flight(server)) and time.monotonic() - t0 < timeout:
+            time.sleep(0.2)
+        return left
 
     def resume(self, server: Process) -> None:
         self._ask("/instances/resume", {"url": str(server.url), "role": server.role})
+
+    def add(self, server: Process) -> None:
+        self._ask("/instances/add", {"url": str(server.url), "role": server.role})
+
+    def remove(self, server: Process) -> None:
+        self._ask("/instances/remove", {"url": str(server.url), "role": server.role})
 
     def _listed(self) -> list[dict[str, object]]:
         listed = self._ask("/instances").get("instances")
@@ -79,6 +91,26 @@ class Proxy:
         """How many instances of `role` the proxy routes to, those at `besides` not counted."""
         return sum(1 for i in self._listed() if i["role"] == role and i["healthy"] and not i["draining"]
                    and i["url"] not in besides)  # fmt: skip
+
+
+def running_record(store: StateStore, deployment: str) -> Record:
+    """The record of a deployment that is up (exit 2 otherwise); its lock held by the caller."""
+    record = store.load(deployment)
+    if record is None:
+        raise UcmctlError.one(
+            f"no deployment named '{deployment}' on this machine", fix="see `ucmctl status`"
+        )
+    if record.status != "up":
+        raise UcmctlError.one(
+            f"deployment '{deployment}' is {record.status}, not up", fix="`ucmctl up` it first"
+        )
+    return record
+
+
+def proxy_of(record: Record) -> Proxy | None:
+    """The deployment's proxy, if it has one."""
+    found = next((p for p in record.plan.processes if p.role == "proxy" and p.url), None)
+    return Proxy(found.url) if found is not None and found.url else None
 
 
 def chosen(record: Record, names: list[str]) -> list[Process]:
@@ -112,17 +144,9 @@ def restart(
     store = store or StateStore()
     tell = say or (lambda line: console.print(escape(line), soft_wrap=True))
     with store.lock(deployment, "restart"):
-        record = store.load(deployment)
-        if record is None:
-            raise UcmctlError.one(
-                f"no deployment named '{deployment}' on this machine", fix="see `ucmctl status`"
-            )
-        if record.status != "up":
-            raise UcmctlError.one(f"deployment '{deployment}' is {record.status}, not up",
-                                  fix="`ucmctl up` it first")  # fmt: skip
+        record = running_record(store, deployment)
         targets = chosen(record, names)
-        proxy_process = next((p for p in record.plan.processes if p.role == "proxy" and p.url), None)
-        proxy = Proxy(proxy_process.url) if proxy_process is not None and proxy_process.url else None
+        proxy = proxy_of(record)
         batches = [[p] for p in targets] if rolling else [targets]
         if proxy is not None and not force:
             _refuse_an_outage(proxy, batches)
@@ -168,9 +192,7 @@ def _restart_one(
     cut = 0
     if routed:
         assert proxy is not None
-        proxy.drain(p)
-        while (cut := proxy.in_flight(p)) and time.monotonic() - t0 < drain_timeout:
-            time.sleep(0.2)
+        cut = proxy.drain(p, drain_timeout)
     drained = time.monotonic() - t0
     if cut:
         tell(f"{p.name}: {cut} request(s) still in flight after --drain-timeout {drain_timeout:g} s: cut")

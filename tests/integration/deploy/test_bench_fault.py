@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -34,7 +35,12 @@ def pd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dict[st
     topo = topology(tmp, "t-fault", workdir, decode=decode, prefill="servers_per_node: 2")
     sides = yaml.safe_load(topo.read_text())
     ports = {side: sides[side]["port"] for side in ("prefill", "decode", "proxy")}
-    taken = [*ports.values(), ports["prefill"] + 1, ports["decode"] + 1]
+    taken = [
+        *ports.values(),
+        ports["prefill"] + 1,
+        ports["decode"] + 1,
+        ports["decode"] + 2,
+    ]  # + a scaled one
     assert len(set(taken)) == len(taken), ports
     with deployed(home, topo, workdir):
         yield home, ports
@@ -154,3 +160,51 @@ def test_a_restart_that_would_leave_a_role_unrouted_or_names_no_process_is_refus
     first.communicate(timeout=120)
     assert first.returncode == 0
     assert second.returncode == 4 and "deployment 't-fault' is busy" in second.stderr, second.stderr
+
+
+def test_scale_decode_up_and_down_during_a_run_loses_no_request(
+    tmp_path: Path, pd: tuple[Path, dict[str, int]]
+) -> None:
+    home, ports = pd
+    save = tmp_path / "run.json"
+    run = spawn(home, *BENCH, "--save", str(save))
+    time.sleep(2)
+    up = ucmctl(home, "scale", "--decode", "3", timeout=300)
+    assert up.returncode == 0, up.stderr
+    assert up.stdout.strip() == "added decode-2", up.stdout
+    assert re.search(r"^decode-2 on me: added in [0-9.]+ s$", up.stderr, re.MULTILINE), up.stderr
+    decode2 = f"http://127.0.0.1:{ports['decode'] + 2}"
+    time.sleep(4)  # it takes its share of the run
+    served = counter(decode2, "vllm:request_success_total")
+    assert served >= 1
+    down = ucmctl(home, "scale", "--decode", "2", timeout=300)
+    assert down.returncode == 0, down.stderr
+    assert down.stdout.strip() == "took out decode-2", down.stdout
+    out, err = run.communicate(timeout=300)
+    (cell,) = json.loads(save.read_text())["cells"]
+    assert cell["measure"]["failed"] == 0 and cell["measure"]["completed"] == 80, (out, err)
+    record = json.loads((home / "deployments" / "t-fault.json").read_text())
+    assert [p["name"] for p in record["plan"]["processes"] if p["role"] == "decode"] == [
+        "decode-0",
+        "decode-1",
+    ]
+    assert "decode-2" not in record["processes"]
+    status = ucmctl(home, "status")
+    assert "decode-2" not in status.stdout and status.stdout.count(", healthy") == 5, status.stdout
+    listed = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{ports['proxy']}/instances").read())
+    assert sorted(i["url"] for i in listed["instances"] if i["role"] == "decode") == [
+        f"http://127.0.0.1:{ports['decode']}", f"http://127.0.0.1:{ports['decode'] + 1}"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--decode", "0"], "--decode 0: a side keeps at least 1 instance"),
+        ([], "say how many: --prefill N, --decode M"),
+        (["--mixed", "2"], "deployment 't-fault' has no mixed side"),
+    ],
+)
+def test_scale_refuses_what_it_cannot_do(pd: tuple[Path, dict[str, int]], args: list[str], said: str) -> None:
+    home, _ = pd
+    done = ucmctl(home, "scale", *args)
+    assert done.returncode == 2 and said in done.stderr, done.stderr
