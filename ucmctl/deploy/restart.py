@@ -113,6 +113,20 @@ def proxy_of(record: Record) -> Proxy | None:
     return Proxy(found.url) if found is not None and found.url else None
 
 
+def reach(launcher: Launcher, processes: list[Process]) -> None:
+    """Every process's node answers (a Slurm job still runs them) before anything is changed:
+    exit 3 otherwise, nothing touched."""
+    for p in processes:
+        try:
+            launcher.alive(p)
+        except NodeError as exc:
+            raise UcmctlError.one(
+                f"{p.name}: node {p.node}: {exc.reason}; nothing was changed",
+                status=ExitStatus.NOT_READY,
+                fix="see `ucmctl status`",
+            ) from None
+
+
 def chosen(record: Record, names: list[str]) -> list[Process]:
     """The processes named (every API server when none is), checked: exit 2 on a name the
     deployment does not have."""
@@ -153,6 +167,7 @@ def restart(
         launcher = launcher_for(record.plan, record.allocation, connect_timeout=10)
         done: list[Restarted] = []
         try:
+            reach(launcher, targets)
             for batch in batches:
 
                 def one(p: Process) -> Restarted:

@@ -23,7 +23,7 @@ from rich.markup import escape
 
 from ucmctl.core.errors import ExitStatus, UcmctlError
 from ucmctl.deploy.health import wait_healthy
-from ucmctl.deploy.restart import Proxy, proxy_of, running_record
+from ucmctl.deploy.restart import Proxy, proxy_of, reach, running_record
 from ucmctl.deploy.staging import stage_node
 from ucmctl.deploy.state import ProcessState, Record, StateStore
 from ucmctl.launch import Launcher, launcher_for
@@ -127,6 +127,7 @@ def scale(
         proxy = proxy_of(record)
         launcher = launcher_for(new, record.allocation, connect_timeout=10)
         try:
+            reach(launcher, [*removed, *[p for p in new.processes if p.node in {a.node for a in added}]])
             cut = sum(parallel(removed, lambda p: _take_out(launcher, proxy, p, drain_timeout, grace, tell)))
             record.plan = new
             for p in removed:

@@ -32,6 +32,7 @@ from tests.support.containers import (
 )
 from tests.support.docker import docker_daemon, load_from_podman, unmount_below
 from tests.support.processes import free_port
+from ucmctl.deploy.health import why_not
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 
@@ -179,15 +180,17 @@ def test_a_containerized_1p1d_builds_runs_crashes_and_goes(runtime: Runtime, tmp
     assert runtime("inspect", "--format", fmt, f"ucmctl-{NAME}-prefill-0").split() == ["on-failure", "3"]
     pid = int(runtime("inspect", "--format", "{{.State.Pid}}", f"ucmctl-{NAME}-prefill-0").strip())
     os.kill(pid, signal.SIGKILL)
+    prefill_url = next(p["url"] for p in record["plan"]["processes"] if p["name"] == "prefill-0")
     deadline = time.monotonic() + 60
     prefill_line = ""
     while time.monotonic() < deadline:
         status = ucmctl(env, home, "status", NAME)
         prefill_line = next(line for line in status.stdout.splitlines() if "prefill-0" in line)
-        if "restarted 1x" in prefill_line and "healthy" in status.stdout.split("prefill-0")[1]:
+        if "restarted 1x" in prefill_line and why_not(prefill_url + "/health") is None:
             break
         time.sleep(1)
     assert "running, restarted 1x" in prefill_line and prefill_line.split()[-1] == "1", status.stdout
+    assert why_not(prefill_url + "/health") is None  # it answers again
 
     # another plan's container of this deployment (found by its label), and someone else's
     sleeper = ["--init", f"localhost/{BASE}", "python3", "-c", "import time; time.sleep(600)"]
