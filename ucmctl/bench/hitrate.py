@@ -47,9 +47,13 @@ class Instance:
     url: str  # base URL: /metrics and /reset_prefix_cache live under it
 
 
+STARTED = "process_start_time_seconds"  # prometheus_client's, in vLLM's /metrics (one API server)
+
+
 def parse_counters(text: str) -> dict[str, float]:
-    """Our counters from a Prometheus exposition, summed over label sets (engines)."""
-    wanted: dict[str, str] = {}
+    """Our counters from a Prometheus exposition, summed over label sets (engines); with
+    `started`, the server's process start time when it says it (a restart changes it)."""
+    wanted: dict[str, str] = {STARTED: "started"}
     for key, name in COUNTERS.items():
         wanted[name] = key
         wanted[name + "_total"] = key
@@ -61,7 +65,7 @@ def parse_counters(text: str) -> dict[str, float]:
         found = wanted.get(head.split("{", 1)[0])
         if found is not None:
             try:
-                out[found] += float(value)
+                out[found] = out.get(found, 0.0) + float(value)
             except ValueError:
                 continue
     return out
@@ -106,6 +110,7 @@ def merge(phases: list[dict[str, Any]]) -> dict[str, Any]:
         "by_role": {r: total([(p.get("by_role") or {}).get(r) for p in phases]) for r in roles},
         "by_instance": per,
         "missing": sorted({m for p in phases for m in p.get("missing") or []}),
+        "restarted": sorted({m for p in phases for m in p.get("restarted") or []}),
     }
 
 
@@ -125,17 +130,25 @@ def hit_rates(
     before: dict[str, dict[str, float] | None],
     after: dict[str, dict[str, float] | None],
 ) -> dict[str, Any]:
-    """Rates over all instances, per role and per instance; `missing` names unreadable ones."""
+    """Rates over all instances, per role and per instance; `missing` names unreadable ones,
+    `restarted` those that started again within the phase (their process start time changed, or,
+    where the server does not say it, a counter went down): their counts since then are taken,
+    those before it are lost with the old process, as Prometheus's increase() takes a reset."""
     total = dict.fromkeys(COUNTERS, 0.0)
     roles: dict[str, dict[str, float]] = {}
     per: dict[str, Any] = {}
     missing = []
+    restarted = []
     for inst in instances:
         a, b = before.get(inst.name), after.get(inst.name)
         if a is None or b is None:
             missing.append(inst.name)
             continue
         delta = {k: b.get(k, 0.0) - a.get(k, 0.0) for k in COUNTERS}
+        started_again = a.get("started") is not None and b.get("started") not in (None, a.get("started"))
+        if started_again or any(v < 0 for v in delta.values()):
+            restarted.append(inst.name)
+            delta = {k: b.get(k, 0.0) for k in COUNTERS}
         per[inst.name] = {"role": inst.role, **_rates(delta)}
         role = roles.setdefault(inst.role, dict.fromkeys(COUNTERS, 0.0))
         for k in COUNTERS:
@@ -146,6 +159,7 @@ def hit_rates(
         "by_role": {r: _rates(c) for r, c in roles.items()},
         "by_instance": per,
         "missing": missing,
+        "restarted": restarted,
     }
 
 

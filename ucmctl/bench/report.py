@@ -521,6 +521,10 @@ def print_cells(cells: list[dict[str, Any]], console: Console) -> None:
                     "already cached (a run with the same --seed before?): the measured hit rate "
                     "includes them; use another --seed or reset the caches[/]"
                 )
+            restarted = (p.get("hit_rate") or {}).get("restarted")
+            if restarted:
+                say(f"[yellow]{name}: {', '.join(restarted)} started again within the phase: its hits "
+                    "before that were lost with the old process and are not counted[/]")  # fmt: skip
             missing = (p.get("hit_rate") or {}).get("missing")
             if missing:
                 say(f"[yellow]no /metrics from {', '.join(missing)}: hit rate without them[/]")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import time
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
@@ -78,8 +79,15 @@ class Histogram:
         yield f"{name}_sum{{{labels}}} {self.total}"
 
 
+STARTED = time.time()  # the process's start, as prometheus_client's process collector says it
+
+
 def exposition(model: str, engines: Sequence[Engine]) -> str:
-    out: list[str] = []
+    out: list[str] = [
+        "# HELP process_start_time_seconds Start time of the process since unix epoch in seconds.",
+        "# TYPE process_start_time_seconds gauge",
+        f"process_start_time_seconds {STARTED:.2f}",
+    ]
 
     def family(name: str, kind: str, help_text: str) -> None:
         out.append(f"# HELP {name} {help_text}")

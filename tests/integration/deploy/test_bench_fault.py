@@ -18,6 +18,7 @@ import yaml
 
 from tests.integration.deploy.test_local_lifecycle import deployed, spawn, topology, ucmctl
 from tests.support.openai_checks import counter
+from ucmctl.deploy.state import StateStore
 
 pytestmark = pytest.mark.slow
 
@@ -99,6 +100,9 @@ def test_a_decode_killed_mid_phase_costs_only_the_answers_it_was_streaming_and_c
     # from the store (centralized: the prefill leg had saved every prompt)
     assert f["back_after_s"] is not None and f["back_after_s"] <= 15, f
     assert f["store_since_back"]["hit_tokens"] > 0, f
+    # its counters began again: the phase's hit rate takes them from its restart, and says so
+    assert cell["measure"]["hit_rate"]["restarted"] == ["decode-0"], cell["measure"]["hit_rate"]
+    assert "decode-0 started again within the phase" in " ".join(done.stdout.split()), done.stdout
     (lost,) = cell["measure"]["lost"]
     assert lost["process"] == "decode-0" and "137" in lost["how"], lost
     assert "measure 64: fault kill:decode-0@6s sent " in done.stdout, done.stdout
@@ -154,12 +158,11 @@ def test_a_restart_that_would_leave_a_role_unrouted_or_names_no_process_is_refus
     assert "'decode-9' is neither a deployment on this machine nor a process of t-fault" in unknown.stderr
     named = ucmctl(home, "restart", "t-fault", "decode-9")
     assert named.returncode == 2 and "no process decode-9 in t-fault" in named.stderr, named.stderr
-    first = spawn(home, "restart", "decode-1")
-    time.sleep(1)
-    second = ucmctl(home, "restart", "decode-0")
-    first.communicate(timeout=120)
-    assert first.returncode == 0
-    assert second.returncode == 4 and "deployment 't-fault' is busy" in second.stderr, second.stderr
+    with StateStore(home / "deployments").lock("t-fault", "up"):  # as a running `up` holds it
+        busy = ucmctl(home, "restart", "decode-0")
+        scaling = ucmctl(home, "scale", "--decode", "3")
+    assert busy.returncode == 4 and "deployment 't-fault' is busy" in busy.stderr, busy.stderr
+    assert scaling.returncode == 4 and "deployment 't-fault' is busy" in scaling.stderr, scaling.stderr
 
 
 def test_scale_decode_up_and_down_during_a_run_loses_no_request(

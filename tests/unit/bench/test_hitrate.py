@@ -83,3 +83,29 @@ def test_rates_are_deltas_per_instance_role_and_total() -> None:
     total = r["total"]
     assert total["local_queries"] == 2000 and total["external_hits"] == 800
     assert total["hit_rate"] == pytest.approx((800 + 800) / 2000)
+
+
+def test_a_server_restarted_within_the_phase_counts_from_its_restart() -> None:
+    insts = [Instance("d0", "decode", "http://b"), Instance("d1", "decode", "http://c")]
+    zero = dict.fromkeys(("local_queries", "local_hits", "external_queries", "external_hits"), 0.0)
+    before = {"d0": dict(zero, external_queries=5000.0, external_hits=4000.0), "d1": dict(zero)}
+    # d0 was killed and started again: its counters began again at 0 (a delta would be -4000)
+    after = {"d0": dict(zero, external_queries=1000.0, external_hits=900.0),
+             "d1": dict(zero, external_queries=2000.0, external_hits=1000.0)}  # fmt: skip
+    r = hit_rates(insts, before, after)
+    assert r["restarted"] == ["d0"] and r["missing"] == []
+    assert r["by_instance"]["d0"]["external_hit_rate"] == pytest.approx(0.9)
+    assert r["by_role"]["decode"]["external_hits"] == 1900
+    assert r["by_role"]["decode"]["external_hit_rate"] == pytest.approx(1900 / 3000)
+
+
+def test_a_restart_is_seen_by_the_process_start_time_even_when_counters_grew_past_it() -> None:
+    insts = [Instance("d0", "decode", "http://b")]
+    zero = dict.fromkeys(("local_queries", "local_hits", "external_queries", "external_hits"), 0.0)
+    before = {"d0": dict(zero, external_queries=500.0, external_hits=400.0, started=1000.0)}
+    after = {"d0": dict(zero, external_queries=1500.0, external_hits=1400.0, started=2000.0)}
+    r = hit_rates(insts, before, after)
+    assert r["restarted"] == ["d0"]
+    assert r["by_instance"]["d0"]["external_hits"] == 1400  # since its restart, not 1400 - 400
+    same = hit_rates(insts, before, {"d0": dict(after["d0"], started=1000.0)})
+    assert same["restarted"] == [] and same["by_instance"]["d0"]["external_hits"] == 1000
