@@ -12,6 +12,7 @@ effect at its next start)."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -133,11 +134,38 @@ def scale(
             for p in removed:
                 record.processes.pop(p.name, None)
             store.save(record)  # what runs now: `down` must not look for what was stopped
-            _bring_in(launcher, record, store, added, proxy, tell)
+            try:
+                _bring_in(launcher, record, store, added, proxy, tell)
+            except UcmctlError as exc:
+                _roll_back(launcher, record, store, old, counts, added, proxy, grace)
+                raise UcmctlError.one(
+                    f"{exc.problems[0].message}; the instances this scale added are stopped again",
+                    status=ExitStatus.FAILURE,
+                    fix=f"see the log lines above; `ucmctl status {record.deployment}` shows what runs",
+                ) from None
             _restage_changed(launcher, old, new)
         finally:
             launcher.close()
     return Scaled([p.name for p in added], [p.name for p in removed], cut)
+
+
+def _roll_back(
+    launcher: Launcher, record: Record, store: StateStore, old: Plan, counts: dict[str, int],
+    added: list[Process], proxy: Proxy | None, grace: float,
+) -> None:  # fmt: skip
+    """All or nothing for what this scale added: out of the proxy, stopped, out of the record
+    (what it took out stays out)."""
+    for p in added:
+        with contextlib.suppress(UcmctlError, NodeError):
+            if proxy is not None:
+                proxy.remove(p)
+        with contextlib.suppress(NodeError):
+            launcher.stop(p, grace=grace)
+        record.processes.pop(p.name, None)
+    had = {side: sum(1 for p in old.processes if p.role == side) for side in counts}
+    kept = {side: n for side, n in counts.items() if n <= had[side]}  # the sides it shrank
+    record.plan = build_plan(scaled_topology(record.model_copy(update={"plan": old}), kept)) if kept else old
+    store.save(record)
 
 
 def _diff(old: Plan, new: Plan) -> tuple[list[Process], list[Process]]:

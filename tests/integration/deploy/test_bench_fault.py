@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -211,3 +212,20 @@ def test_scale_refuses_what_it_cannot_do(pd: tuple[Path, dict[str, int]], args: 
     home, _ = pd
     done = ucmctl(home, "scale", *args)
     assert done.returncode == 2 and said in done.stderr, done.stderr
+
+
+def test_a_scale_whose_new_instance_fails_is_undone(pd: tuple[Path, dict[str, int]]) -> None:
+    home, ports = pd
+    before = json.loads((home / "deployments" / "t-fault.json").read_text())
+    with socket.socket() as taken:  # decode-2's port is in use: it cannot start
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past an earlier run's TIME_WAIT
+        taken.bind(("127.0.0.1", ports["decode"] + 2))
+        taken.listen()
+        done = ucmctl(home, "scale", "--decode", "3", timeout=300)
+    assert done.returncode == 1, done.stderr
+    assert "decode-2 on node me did not come up" in done.stderr
+    assert "the instances this scale added are stopped again" in " ".join(done.stderr.split())
+    after = json.loads((home / "deployments" / "t-fault.json").read_text())
+    assert after["plan"] == before["plan"] and after["processes"].keys() == before["processes"].keys()
+    status = ucmctl(home, "status")
+    assert "decode-2" not in status.stdout and status.stdout.count(", healthy") == 5, status.stdout
