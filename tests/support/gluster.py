@@ -81,15 +81,19 @@ class Volume:
         return subprocess.run([*enter, *argv], capture_output=True, text=True, timeout=timeout, check=False)
 
     def mount_on(
-        self, host: str, timeout: float = 30, at: Path | None = None, coherent: bool | None = None
-    ) -> Path:
+        self, host: str, timeout: float = 30, at: Path | None = None, coherent: bool | None = None,
+        options: list[str] | None = None,
+    ) -> Path:  # fmt: skip
         """The FUSE client on `host` (at the volume's mount, or `at`: a second client of the
         same volume; coherent or with GlusterFS's default caching as the volume is, unless
-        said), ready when the mount answers a stat as GlusterFS; the mount point."""
+        said; `options`: more client flags), ready when the mount answers a stat as GlusterFS;
+        the mount point."""
         at = at or self.mount
         log, pid = self._client_files(host, at)
         self._wait_gone(pid)  # an earlier client with this pidfile must be gone first
-        options = COHERENT_MOUNT if (self.coherent if coherent is None else coherent) else []
+        options = (COHERENT_MOUNT if (self.coherent if coherent is None else coherent) else []) + (
+            options or []
+        )
         done = self.on(host, "glusterfs", f"--volfile-server={self.address}", f"--volfile-id={self.name}",
                        *options, f"--log-file={log}", f"--pid-file={pid}", str(at))  # fmt: skip
         if done.returncode:

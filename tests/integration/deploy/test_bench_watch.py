@@ -135,8 +135,11 @@ def test_status_watch_shows_a_kill_at_the_next_look(tmp_path: Path, deployment: 
     home, workdir = deployment
     env = {**os.environ, "UCMCTL_HOME": str(home), "COLUMNS": "80"}
     said = (tmp_path / "stderr").open("w")  # a file: a pipe nobody reads could fill and block it
+    # Ctrl-C as a terminal sends it: a run started in the background (`.ci/run &`) hands its
+    # children SIGINT ignored, and Python then keeps it ignored.
     watch = subprocess.Popen([sys.executable, "-m", "ucmctl", "status", "--watch", "--interval", "1"],
-                             stdout=subprocess.PIPE, stderr=said, text=True, env=env)  # fmt: skip
+                             stdout=subprocess.PIPE, stderr=said, text=True, env=env,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
     lines = timed_lines(watch.stdout)
     try:
         assert wait_for(
