@@ -172,9 +172,17 @@ def up(
         help="Slurm: seconds to wait for the allocation to start "
         "(default: the topology's cluster.wait_allocation, 300); then it is cancelled",
     ),
+    drain_timeout: float = typer.Option(
+        60.0,
+        "--drain-timeout",
+        min=0.0,
+        help="when it is up already: seconds a server taken out or restarted may take for its requests",
+    ),
 ) -> None:
     """Check the nodes, then start Mooncake, the servers and the proxy, each gated on health,
-    then prove with one request through the proxy that KV reaches decode."""
+    then prove with one request through the proxy that KV reaches decode. Of a deployment that
+    is up already: start what the topology adds, stop what it drops, restart (one at a time,
+    drained first) the servers whose command line it changes; the rest keeps running."""
     from ucmctl.deploy.api import Options, deploy_up
     from ucmctl.plan.build import build_plan
     from ucmctl.plan.model import SlurmPlan
@@ -197,7 +205,8 @@ def up(
         return
     options = Options(keep_on_failure=keep_on_failure, skip_preflight=skip_preflight,
                       health_timeout=health_timeout, kv_probe=not skip_kv_probe,
-                      accept_new_host_keys=accept_new_host_keys, wait_allocation=wait_allocation)  # fmt: skip
+                      accept_new_host_keys=accept_new_host_keys, wait_allocation=wait_allocation,
+                      drain_timeout=drain_timeout)  # fmt: skip
     record = deploy_up(topo, str(topology.resolve()), options=options, console=err)
     proxy = next((p.url for p in record.plan.processes if p.role == "proxy"), None)
     out.print(f"deployment {record.deployment} is up: {counted(len(record.plan.processes), 'process')}"

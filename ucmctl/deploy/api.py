@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import posixpath
 import shlex
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,11 +14,12 @@ from rich.markup import escape
 from ucmctl.core.errors import ExitStatus, Problem, UcmctlError
 from ucmctl.core.words import counted
 from ucmctl.deploy import kv_probe
+from ucmctl.deploy.change import apply, diff
 from ucmctl.deploy.guard import node_guard
-from ucmctl.deploy.health import wait_healthy
 from ucmctl.deploy.preflight import preflight
 from ucmctl.deploy.progress import Progress
 from ucmctl.deploy.staging import stage_node
+from ucmctl.deploy.starting import start_gated
 from ucmctl.deploy.state import ProcessState, Record, StateStore
 from ucmctl.launch import Allocation, Launcher, LaunchError, launcher_for
 from ucmctl.nodes import lifecycle
@@ -40,6 +40,7 @@ class Options:
     kv_probe: bool = True  # after the health gate, prove KV reaches decode (deploy/kv_probe.py)
     accept_new_host_keys: bool = False  # record unknown SSH host keys instead of refusing them
     wait_allocation: float | None = None  # Slurm: overrides the topology's cluster.wait_allocation
+    drain_timeout: float = 60.0  # of a server taken out or restarted by an `up` of a changed topology
 
 
 def deploy_up(
@@ -59,6 +60,9 @@ def deploy_up(
     store = store or StateStore()
     plan = build_plan(topology)
     with store.lock(plan.deployment, "up"):
+        existing = store.load(plan.deployment)
+        if existing is not None and existing.status == "up":
+            return _change_running(existing, plan, topology_path, options, console, store)
         launcher = launcher_for(plan, connect_timeout=options.connect_timeout,
                                 accept_new_host_keys=options.accept_new_host_keys)  # fmt: skip
         try:
@@ -113,6 +117,49 @@ def _give_back(launcher: Launcher, store: StateStore, console: Console) -> bool:
         console.print(f"the allocation is still listed: `ucmctl down {launcher.plan.deployment}` "
                       "cancels it", markup=False)  # fmt: skip
     return released
+
+
+def _change_running(
+    record: Record, plan: Plan, topology_path: str, options: Options, console: Console, store: StateStore
+) -> Record:
+    """`up` of a deployment that is up: nothing to do for the topology it runs; for an edited one,
+    what is missing is started and what is gone is stopped, the rest left running
+    (deploy/change.py). Refused while a process of it is not running (exit 2)."""
+    name = record.deployment
+    if record.allocation is not None:
+        raise UcmctlError.one(
+            f"deployment '{name}' is already up: a Slurm deployment is not changed from its "
+            "topology while it runs yet",
+            fix=f"`ucmctl scale {name}`, or `ucmctl down {name}` first",
+        )
+    earlier = launcher_for(record.plan, connect_timeout=options.connect_timeout)
+    try:
+        alive = parallel(record.plan.processes, lambda p: _alive(earlier, p))
+    finally:
+        earlier.close()
+    dead = [p.name for p, a in zip(record.plan.processes, alive, strict=True) if not a]
+    if dead:
+        raise UcmctlError.one(
+            f"deployment '{name}' is already up, but {', '.join(dead)} is not running",
+            fix=f"`ucmctl restart {name} {' '.join(dead)}`, or `ucmctl down {name}` and `up` again",
+        )
+    d = diff(record.plan, plan, restart_changed=True, how="this topology")
+    tell = lambda line: console.print(escape(line), soft_wrap=True)  # noqa: E731
+    if d.empty:
+        tell(f"deployment '{name}' is already up with this topology: nothing to change")
+    else:
+        what = [f"start {', '.join(p.name for p in d.added)}" if d.added else "",
+                f"take out {', '.join(p.name for p in d.removed)}" if d.removed else "",
+                f"restart {', '.join(was.name for was, _ in d.changed)}" if d.changed else ""]  # fmt: skip
+        tell(f"deployment '{name}' is up: this topology will " + "; ".join(w for w in what if w)
+             + " (the rest stays running)")  # fmt: skip
+        apply(
+            record, store, plan, d, drain_timeout=options.drain_timeout, grace=options.stop_grace, tell=tell,
+            check=not options.skip_preflight, probe=options.kv_probe, connect_timeout=options.connect_timeout,
+        )  # fmt: skip
+    record.plan, record.topology_path, record.topology_digest = plan, topology_path, plan.topology_digest
+    store.save(record)
+    return record
 
 
 def _refuse_if_running(existing: Record | None, options: Options) -> None:
@@ -269,26 +316,12 @@ def _start_stage(
 ) -> tuple[Process, str] | None:
     def start_one(process: Process) -> str | None:
         progress.set(process.name, "starting")
-        try:
-            started = launcher.start(process)
-        except NodeError as exc:
-            return exc.reason
-        record.processes[process.name].pgid = started.pgid
-        record.processes[process.name].started_at = time.time()
-        store.save(record)
-        progress.set(process.name, "waiting for health")
-        watch = launcher.watch(process)
-        try:
-            reason = wait_healthy(
-                process.health,
-                timeout=_health_timeout(process, options),
-                # The watch ending is the news; one direct look confirms it (not a lost channel).
-                still_alive=lambda: not watch.finished() or launcher.alive(process) is not None,
-                alive_every=0.5,
-                cancelled=cancelled.is_set,
-            )
-        finally:
-            watch.close()
+        reason = start_gated(
+            launcher, record, store, process,
+            timeout=_health_timeout(process, options),
+            on_started=lambda: progress.set(process.name, "waiting for health"),
+            cancelled=cancelled.is_set,
+        )  # fmt: skip
         progress.set(process.name, "healthy" if reason is None else "failed")
         return reason
 

@@ -26,7 +26,7 @@ from pydantic import BaseModel
 
 from ucmctl.core.store_errors import describe, errors_from_metrics
 from ucmctl.engines import engine_for
-from ucmctl.plan.model import Plan
+from ucmctl.plan.model import Plan, Process
 
 PROBE_TOKENS = 1100  # several whole blocks at any block size vLLM uses (16 .. 512)
 MAX_TOKENS = 2
@@ -78,9 +78,10 @@ def _post(url: str, body: dict, timeout: float) -> dict:
         return json.loads(r.read())
 
 
-def _reading(plan: Plan, get: Callable[[str], str]) -> tuple[str, float]:
-    """(metric used, its sum over the decode instances)."""
-    texts = [get(f"{p.url}/metrics") for p in plan.processes if p.role == "decode"]
+def _reading(plan: Plan, get: Callable[[str], str], decode: list[Process] | None = None) -> tuple[str, float]:
+    """(metric used, its sum over the decode instances, or over those of `decode`)."""
+    decodes = decode if decode is not None else [p for p in plan.processes if p.role == "decode"]
+    texts = [get(f"{p.url}/metrics") for p in decodes]
     metrics = engine_for(plan.engine).metrics
     transfer = (metrics.prompt_tokens_by_source + "_total", f'source="{metrics.transfer_source}"')
     external_hits = (metrics.external_hits + "_total", "")
@@ -95,16 +96,11 @@ def _reading(plan: Plan, get: Callable[[str], str]) -> tuple[str, float]:
 def run_probe(plan: Plan, *, timeout: float = 300.0) -> ProbeResult:
     """Send one request through the proxy; say whether KV reached decode."""
     proxy = next(p for p in plan.processes if p.role == "proxy")
-    served = _served_name(plan)
     get = lambda url: _get(url, timeout=10.0)  # noqa: E731
-    rng = random.Random(time.time_ns())
-    length = probe_tokens(plan)
-    prompt = [rng.randrange(*TOKEN_RANGE) for _ in range(length)]
-    now = time.time()
+    body, length, now = _probe_body(plan), probe_tokens(plan), time.time()
     errors_before = _store_errors(plan, get)
     try:
         metric, before = _reading(plan, get)
-        body = {"model": served, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0}
         _post(f"{proxy.url}/v1/completions", body, timeout)
         # a counter moves when the engine logs its step's stats: give it a few seconds
         deadline = time.monotonic() + 15.0
@@ -130,6 +126,43 @@ def run_probe(plan: Plan, *, timeout: float = 300.0) -> ProbeResult:
     what = "KV-transfer tokens" if p2p else "external prefix hits"
     detail = f"{plan.mode}: decode's {what} grew by {moved:.0f} for a {length}-token probe"
     return ProbeResult(mode=plan.mode, ok=True, at=now, detail=detail)
+
+
+def probe_pair(plan: Plan, prefill: Process, decode: Process, *, timeout: float = 300.0) -> ProbeResult:
+    """Centralized mode, one instance added to a running deployment: a prompt prefilled on
+    `prefill` (which stores its blocks), then sent to `decode` directly, as the proxy's two legs
+    do; ok when `decode`'s external prefix hits grew. The new instance is not in routing yet."""
+    get = lambda url: _get(url, timeout=10.0)  # noqa: E731
+    body, length, now = _probe_body(plan), probe_tokens(plan), time.time()
+    pair = f"{prefill.name} -> {decode.name}"
+    try:
+        metric, before = _reading(plan, get, [decode])
+        leg = _post(f"{prefill.url}/v1/completions", {**body, "max_tokens": 1}, timeout)
+        params = leg.get("kv_transfer_params") if isinstance(leg, dict) else None
+        _post(f"{decode.url}/v1/completions", {**body, **({"kv_transfer_params": params} if params else {})},
+              timeout)  # fmt: skip
+        deadline = time.monotonic() + 15.0
+        while True:
+            _, after = _reading(plan, get, [decode])
+            if after > before or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+    except (OSError, ValueError) as exc:
+        return ProbeResult(mode=plan.mode, ok=False, at=now, detail=f"the probe {pair} failed: {_why(exc)}")
+    moved = after - before
+    if moved <= 0:
+        detail = (f"{pair}: {decode.name} found nothing {prefill.name} stored ({metric} did not grow "
+                  f"for a {length}-token probe): it would recompute every prompt")  # fmt: skip
+        return ProbeResult(mode=plan.mode, ok=False, at=now, detail=detail)
+    detail = f"{pair}: external prefix hits grew by {moved:.0f} for a {length}-token probe"
+    return ProbeResult(mode=plan.mode, ok=True, at=now, detail=detail)
+
+
+def _probe_body(plan: Plan) -> dict:
+    """A completion of a prompt of random token ids no cache holds."""
+    rng = random.Random(time.time_ns())
+    prompt = [rng.randrange(*TOKEN_RANGE) for _ in range(probe_tokens(plan))]
+    return {"model": _served_name(plan), "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0}
 
 
 def _store_errors(plan: Plan, get: Callable[[str], str]) -> dict[str, dict[str, float]]:

@@ -5,11 +5,7 @@ again. `--rolling` does one at a time; the record stays exact (pid, start time, 
 
 from __future__ import annotations
 
-import json
-import os
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -17,14 +13,14 @@ from rich.console import Console
 from rich.markup import escape
 
 from ucmctl.core.errors import ExitStatus, UcmctlError
-from ucmctl.deploy.health import wait_healthy
+from ucmctl.deploy.proxy_client import Proxy
+from ucmctl.deploy.staging import stage_node
+from ucmctl.deploy.starting import start_gated
 from ucmctl.deploy.state import Record, StateStore
 from ucmctl.launch import Launcher, launcher_for
 from ucmctl.nodes.executor import NodeError
 from ucmctl.nodes.fanout import parallel
 from ucmctl.plan.model import Process
-
-API_KEY_ENV = "UCMCTL_PROXY_API_KEY"  # the proxy's own key, when it has one (ucmctl.proxy.config)
 
 
 @dataclass(frozen=True)
@@ -34,63 +30,6 @@ class Restarted:
     drained_s: float  # waited for its requests in flight
     cut: int  # requests still in flight at the drain timeout (cut by the stop)
     took_s: float  # from the drain to back in routing
-
-
-class Proxy:
-    """The deployment's proxy, over its /instances routes."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url.rstrip("/")
-
-    def _ask(self, path: str, body: dict[str, str] | None = None) -> dict[str, object]:
-        """GET (or POST `body` to) `path`; its JSON answer. The proxy's API key, when it has
-        one, comes from UCMCTL_PROXY_API_KEY here too."""
-        headers = {"Content-Type": "application/json"}
-        key = os.environ.get(API_KEY_ENV)
-        if key:
-            headers["Authorization"] = f"Bearer {key}"
-        data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(self.url + path, data=data, headers=headers)
-        try:
-            with urllib.request.urlopen(req, timeout=10) as r:
-                return dict(json.loads(r.read()))
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            raise UcmctlError.one(
-                f"the proxy at {self.url} did not answer {path}: {exc}",
-                status=ExitStatus.FAILURE,
-                fix="check `ucmctl status`",
-            ) from None
-
-    def drain(self, server: Process, timeout: float) -> int:
-        """Out of routing, then wait up to `timeout` s for its requests in flight; how many
-        are still in flight then."""
-        t0 = time.monotonic()
-        self._ask("/instances/drain", {"url": str(server.url), "role": server.role})
-        while (left := self.in_flight(server)) and time.monotonic() - t0 < timeout:
-            time.sleep(0.2)
-        return left
-
-    def resume(self, server: Process) -> None:
-        self._ask("/instances/resume", {"url": str(server.url), "role": server.role})
-
-    def add(self, server: Process) -> None:
-        self._ask("/instances/add", {"url": str(server.url), "role": server.role})
-
-    def remove(self, server: Process) -> None:
-        self._ask("/instances/remove", {"url": str(server.url), "role": server.role})
-
-    def _listed(self) -> list[dict[str, object]]:
-        listed = self._ask("/instances").get("instances")
-        return [i for i in listed if isinstance(i, dict)] if isinstance(listed, list) else []
-
-    def in_flight(self, server: Process) -> int:
-        """The server's requests in flight at the proxy."""
-        return sum(int(str(i["requests_in_flight"])) for i in self._listed() if i["url"] == server.url)
-
-    def routed(self, role: str, besides: set[str]) -> int:
-        """How many instances of `role` the proxy routes to, those at `besides` not counted."""
-        return sum(1 for i in self._listed() if i["role"] == role and i["healthy"] and not i["draining"]
-                   and i["url"] not in besides)  # fmt: skip
 
 
 def running_record(store: StateStore, deployment: str) -> Record:
@@ -171,7 +110,7 @@ def restart(
             for batch in batches:
 
                 def one(p: Process) -> Restarted:
-                    return _restart_one(launcher, record, store, p, proxy, drain_timeout, grace, tell)
+                    return restart_one(launcher, record, store, p, proxy, drain_timeout, grace, tell)
 
                 done += parallel(batch, one)
         finally:
@@ -192,7 +131,7 @@ def _refuse_an_outage(proxy: Proxy, batches: list[list[Process]]) -> None:
                 )
 
 
-def _restart_one(
+def restart_one(
     launcher: Launcher,
     record: Record,
     store: StateStore,
@@ -201,7 +140,11 @@ def _restart_one(
     drain_timeout: float,
     grace: float,
     tell: Callable[[str], None],
+    new: Process | None = None,
 ) -> Restarted:
+    """Drain `p` at the proxy, stop it, start it (as `new` when given: its files staged first),
+    gate it on its health, route to it again. Exit 1 when it does not come back: it stays out
+    of routing."""
     t0 = time.monotonic()
     routed = proxy is not None and p.is_server
     cut = 0
@@ -211,29 +154,30 @@ def _restart_one(
     drained = time.monotonic() - t0
     if cut:
         tell(f"{p.name}: {cut} request(s) still in flight after --drain-timeout {drain_timeout:g} s: cut")
+    then = new or p
     try:
         launcher.stop(p, grace=grace)
-        started = launcher.start(p)
+        if new is not None and stage_node(launcher[new.node], [new]):
+            raise NodeError(new.node, "it still runs after the stop")
     except NodeError as exc:
         raise UcmctlError.one(f"{p.name} on node {p.node}: {exc.reason}", status=ExitStatus.FAILURE,
                               fix="see `ucmctl status` and `ucmctl logs`") from None  # fmt: skip
-    state = record.processes[p.name]
-    state.pgid, state.started_at, state.restarts = started.pgid, time.time(), state.restarts + 1
-    store.save(record)
-    reason = wait_healthy(
-        p.health, timeout=p.health_timeout, still_alive=lambda: launcher.alive(p) is not None
-    )
+    reason = start_gated(launcher, record, store, then, again=True)
     if reason is not None:
-        tail = launcher.log_tail(p, 20)
+        tail = launcher.log_tail(then, 20)
         raise UcmctlError.one(
-            f"{p.name} on node {p.node} did not come back: {reason}"
+            f"{p.name} on node {then.node} did not come back: {reason}"
             + (f"; its last log lines:\n{tail}" if tail else ""),
             status=ExitStatus.FAILURE,
             fix="see `ucmctl logs`; it stays out of routing" if routed else None,
         )
     if routed:
         assert proxy is not None
-        proxy.resume(p)
+        if then.url == p.url:
+            proxy.resume(p)
+        else:
+            proxy.remove(p)
+            proxy.add(then)
     took = time.monotonic() - t0
-    tell(f"{p.name} on {p.node}: restarted in {took:.1f} s (drained in {drained:.1f} s)")
-    return Restarted(p.name, p.node, drained, cut, took)
+    tell(f"{p.name} on {then.node}: restarted in {took:.1f} s (drained in {drained:.1f} s)")
+    return Restarted(p.name, then.node, drained, cut, took)

@@ -177,6 +177,7 @@ def test_scale_decode_up_and_down_during_a_run_loses_no_request(
     assert up.returncode == 0, up.stderr
     assert up.stdout.strip() == "added decode-2", up.stdout
     assert re.search(r"^decode-2 on me: added in [0-9.]+ s$", up.stderr, re.MULTILINE), up.stderr
+    assert "decode-2: KV probe: prefill-0 -> decode-2: external prefix hits grew by " in up.stderr, up.stderr
     decode2 = f"http://127.0.0.1:{ports['decode'] + 2}"
     time.sleep(4)  # it takes its share of the run
     served = counter(decode2, "vllm:request_success_total")
@@ -214,18 +215,86 @@ def test_scale_refuses_what_it_cannot_do(pd: tuple[Path, dict[str, int]], args: 
     assert done.returncode == 2 and said in done.stderr, done.stderr
 
 
-def test_a_scale_whose_new_instance_fails_is_undone(pd: tuple[Path, dict[str, int]]) -> None:
+def test_a_scale_onto_a_taken_port_is_refused_before_anything_changes(
+    pd: tuple[Path, dict[str, int]],
+) -> None:
     home, ports = pd
     before = json.loads((home / "deployments" / "t-fault.json").read_text())
-    with socket.socket() as taken:  # decode-2's port is in use: it cannot start
+    with socket.socket() as taken:  # decode-2's port is in use: `up`'s preflight says so
         taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past an earlier run's TIME_WAIT
         taken.bind(("127.0.0.1", ports["decode"] + 2))
         taken.listen()
         done = ucmctl(home, "scale", "--decode", "3", timeout=300)
+    assert done.returncode == 3, done.stderr
+    assert f"port {ports['decode'] + 2} (decode-2 http) is already in use" in done.stderr, done.stderr
+    assert json.loads((home / "deployments" / "t-fault.json").read_text()) == before
+
+
+def test_a_scale_whose_new_instance_fails_is_undone(pd: tuple[Path, dict[str, int]]) -> None:
+    home, _ = pd
+    before = json.loads((home / "deployments" / "t-fault.json").read_text())
+    decode1 = next(p for p in before["plan"]["processes"] if p["name"] == "decode-1")
+    log = Path(decode1["log"].replace("decode-1", "decode-2"))
+    log.unlink(missing_ok=True)  # an earlier scale's
+    log.mkdir(parents=True, exist_ok=True)  # its log cannot be opened: decode-2 cannot start
+    try:
+        done = ucmctl(home, "scale", "--decode", "3", timeout=300)
+    finally:
+        log.rmdir()
     assert done.returncode == 1, done.stderr
     assert "decode-2 on node me did not come up" in done.stderr
-    assert "the instances this scale added are stopped again" in " ".join(done.stderr.split())
+    assert "the instances this change added are stopped again" in " ".join(done.stderr.split())
     after = json.loads((home / "deployments" / "t-fault.json").read_text())
     assert after["plan"] == before["plan"] and after["processes"].keys() == before["processes"].keys()
+    status = ucmctl(home, "status")
+    assert "decode-2" not in status.stdout and status.stdout.count(", healthy") == 5, status.stdout
+
+
+def test_up_of_an_edited_topology_starts_restarts_and_stops_only_what_changed_during_a_run(
+    tmp_path: Path, pd: tuple[Path, dict[str, int]]
+) -> None:
+    home, ports = pd
+    record = json.loads((home / "deployments" / "t-fault.json").read_text())
+    original = Path(record["topology_path"])
+    edited = tmp_path / "t-fault.yaml"  # decode: a third instance, and a flag changed
+    text = original.read_text()
+    assert text.count("servers_per_node: 2, flags: {decode-step-ms: 25}") == 1, text
+    edited.write_text(text.replace("servers_per_node: 2, flags: {decode-step-ms: 25}",
+                                   "servers_per_node: 3, flags: {decode-step-ms: 20}"))  # fmt: skip
+    pids = {n: s["pgid"] for n, s in record["processes"].items()}
+    save = tmp_path / "run.json"
+    run = spawn(home, *[("160" if a == "80" else a) for a in BENCH], "--save", str(save))
+    time.sleep(2)
+    grown = ucmctl(home, "up", str(edited), timeout=300)
+    assert grown.returncode == 0, grown.stderr
+    said = " ".join(grown.stderr.split())
+    assert "will start decode-2; restart decode-0, decode-1 (the rest stays running)" in said, said
+    assert "decode-2: KV probe: prefill-0 -> decode-2: external prefix hits grew by " in said, said
+    assert re.search(r"^decode-2 on me: added in [0-9.]+ s$", grown.stderr, re.MULTILINE), grown.stderr
+    for name in ("decode-0", "decode-1"):
+        assert re.search(rf"^{name} on me: restarted in [0-9.]+ s", grown.stderr, re.MULTILINE), grown.stderr
+    again = ucmctl(home, "up", str(edited))
+    assert again.returncode == 0 and "already up with this topology: nothing to change" in again.stderr
+    middle = json.loads((home / "deployments" / "t-fault.json").read_text())
+    assert middle["topology_path"] == str(edited.resolve())
+    decodes = [p for p in middle["plan"]["processes"] if p["role"] == "decode"]
+    assert [p["name"] for p in decodes] == ["decode-0", "decode-1", "decode-2"]
+    assert all(p["argv"][p["argv"].index("--decode-step-ms") + 1] == "20" for p in decodes), decodes
+    kept = {n: s["pgid"] for n, s in middle["processes"].items() if not n.startswith("decode")}
+    assert kept == {n: pid for n, pid in pids.items() if not n.startswith("decode")}  # left running
+    back = ucmctl(home, "up", str(original), timeout=300)  # and back: decode-2 goes, the flag too
+    assert back.returncode == 0, back.stderr
+    assert "this topology will take out decode-2; restart decode-0, decode-1" in " ".join(back.stderr.split())
+    out, err = run.communicate(timeout=300)
+    (cell,) = json.loads(save.read_text())["cells"]
+    assert cell["measure"]["failed"] == 0 and cell["measure"]["completed"] == 160, (out, err)
+    decode2 = f"http://127.0.0.1:{ports['decode'] + 2}"
+    with pytest.raises(OSError):
+        urllib.request.urlopen(decode2 + "/health", timeout=2)
+    after = json.loads((home / "deployments" / "t-fault.json").read_text())
+    assert after["topology_path"] == str(original)
+    assert after["plan"]["topology_digest"] == after["topology_digest"] == record["topology_digest"]
+    assert [p for p in after["plan"]["processes"] if p["name"] != "proxy"] == [
+        p for p in record["plan"]["processes"] if p["name"] != "proxy"]  # fmt: skip
     status = ucmctl(home, "status")
     assert "decode-2" not in status.stdout and status.stdout.count(", healthy") == 5, status.stdout

@@ -8,9 +8,11 @@ from pathlib import Path
 import pytest
 
 from ucmctl.core.errors import UcmctlError
-from ucmctl.deploy.scale import _diff, scaled_topology
+from ucmctl.deploy.change import Diff, diff
+from ucmctl.deploy.scale import scaled_topology
 from ucmctl.deploy.state import Record
 from ucmctl.plan.build import build_plan
+from ucmctl.plan.model import Plan, Process
 from ucmctl.topology.load import load_topology
 
 SIM = """
@@ -45,6 +47,12 @@ def _record(tmp: Path, text: str) -> Record:
     topology = load_topology(path)
     return Record(deployment=topology.name, topology_path=str(path), topology_digest=topology.digest(),
                   plan=build_plan(topology), status="up")  # fmt: skip
+
+
+def _diff(old: Plan, new: Plan) -> tuple[list[Process], list[Process]]:
+    d: Diff = diff(old, new, restart_changed=False, how="this scale")
+    assert d.changed == [] and [was.name for was, _ in d.restaged] in ([], ["proxy"])
+    return d.added, d.removed
 
 
 def test_decode_grows_and_shrinks_on_its_last_node_and_the_rest_stays_the_same(tmp_path: Path) -> None:

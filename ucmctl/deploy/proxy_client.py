@@ -1,0 +1,72 @@
+"""The deployment's proxy as ucmctl drives it: its /instances routes (add, remove, drain,
+resume, what each instance has in flight)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+
+from ucmctl.core.errors import ExitStatus, UcmctlError
+from ucmctl.plan.model import Process
+
+API_KEY_ENV = "UCMCTL_PROXY_API_KEY"  # the proxy's own key, when it has one (ucmctl.proxy.config)
+
+
+class Proxy:
+    """The deployment's proxy, over its /instances routes."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url.rstrip("/")
+
+    def _ask(self, path: str, body: dict[str, str] | None = None) -> dict[str, object]:
+        """GET (or POST `body` to) `path`; its JSON answer. The proxy's API key, when it has
+        one, comes from UCMCTL_PROXY_API_KEY here too."""
+        headers = {"Content-Type": "application/json"}
+        key = os.environ.get(API_KEY_ENV)
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.url + path, data=data, headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                return dict(json.loads(r.read()))
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            raise UcmctlError.one(
+                f"the proxy at {self.url} did not answer {path}: {exc}",
+                status=ExitStatus.FAILURE,
+                fix="check `ucmctl status`",
+            ) from None
+
+    def drain(self, server: Process, timeout: float) -> int:
+        """Out of routing, then wait up to `timeout` s for its requests in flight; how many
+        are still in flight then."""
+        t0 = time.monotonic()
+        self._ask("/instances/drain", {"url": str(server.url), "role": server.role})
+        while (left := self.in_flight(server)) and time.monotonic() - t0 < timeout:
+            time.sleep(0.2)
+        return left
+
+    def resume(self, server: Process) -> None:
+        self._ask("/instances/resume", {"url": str(server.url), "role": server.role})
+
+    def add(self, server: Process) -> None:
+        self._ask("/instances/add", {"url": str(server.url), "role": server.role})
+
+    def remove(self, server: Process) -> None:
+        self._ask("/instances/remove", {"url": str(server.url), "role": server.role})
+
+    def _listed(self) -> list[dict[str, object]]:
+        listed = self._ask("/instances").get("instances")
+        return [i for i in listed if isinstance(i, dict)] if isinstance(listed, list) else []
+
+    def in_flight(self, server: Process) -> int:
+        """The server's requests in flight at the proxy."""
+        return sum(int(str(i["requests_in_flight"])) for i in self._listed() if i["url"] == server.url)
+
+    def routed(self, role: str, besides: set[str]) -> int:
+        """How many instances of `role` the proxy routes to, those at `besides` not counted."""
+        return sum(1 for i in self._listed() if i["role"] == role and i["healthy"] and not i["draining"]
+                   and i["url"] not in besides)  # fmt: skip
