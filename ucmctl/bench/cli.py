@@ -493,13 +493,15 @@ def _faulting(record: Any, spec: FaultSpec | None, target: Any) -> Iterator[None
     if spec is None:
         yield
         return
-    from ucmctl.bench.fault import Fault
+    from ucmctl.bench.fault import ALL, Fault
     from ucmctl.deploy.fault import process_named, signaller
 
     victim = process_named(record, spec.process)
     with signaller(record, victim, spec.action) as fire:
         proxy = target.url if any(p.role == "proxy" for p in record.plan.processes) else None
         victim_url = victim.url.rstrip("/") if victim.is_server and victim.url else None
+        if victim.role == "proxy":
+            victim_url = ALL  # its gauges are read for every instance, and it has no store
         target.fault = Fault(spec, fire, proxy_url=proxy, victim_url=victim_url, watch=target.watch)
         yield
 

@@ -78,7 +78,8 @@ class _Fired:
 class Fault:
     """Fires `spec` once, in the first measure phase, through `fire` (blocking: it goes to the
     node), then `report`s what it cost. `proxy_url` is read for its counters and gauges;
-    `victim_url` is the process's own API server URL (its gauges in the proxy), if it has one."""
+    `victim_url` is the process's own API server URL (its gauges in the proxy), if it has one;
+    `ALL` when the victim is the proxy itself (every answer it streams is its own)."""
 
     def __init__(
         self,
@@ -136,8 +137,13 @@ class Fault:
         first = min((r.start_time for r in results), default=fired.perf)
         out.update(injected=True, into_s=round(fired.perf - first, 2), was_running=fired.was_running)
         after = await self._proxy_samples(http) if fired.proxy is not None else None
+        if self._victim == ALL and fired.was_running:
+            after = None  # the proxy's counts of before died with it
         out.update(cost_at_proxy(fired.proxy, fired.proxy_after, after))
         out["failed"] = sum(1 for r in results if not r.ok)
+        # sent after the signal and failed: none while the others of its role serve; all those
+        # sent while the proxy itself is down
+        out["failed_sent_after"] = sum(1 for r in results if not r.ok and r.start_time >= fired.perf)
         out.update(self._watched(fired))
         out["store_since_back"] = (
             await self._store_since_back(http) if out["back_after_s"] is not None else None
@@ -151,7 +157,7 @@ class Fault:
     async def _store_since_back(self, http: aiohttp.ClientSession) -> dict[str, int] | None:
         """The restarted server's external (store) queries and hits, in tokens: its counters
         began again at its restart, so these are its requests since it was back."""
-        if self._victim is None:
+        if self._victim is None or self._victim == ALL:
             return None
         try:
             async with http.get(f"{self._victim}/metrics", timeout=aiohttp.ClientTimeout(total=5)) as r:
@@ -177,9 +183,15 @@ class Fault:
         }
 
 
+ALL = "*"  # the victim is the proxy: the gauges of every instance are its own
+
+
 def proxy_samples(text: str, victim: str | None) -> dict[str, float]:
-    """The proxy's counters a fault is judged by, and the victim's gauges, from its /metrics."""
+    """The proxy's counters a fault is judged by, and the victim's gauges (summed over every
+    instance for `ALL`), from its /metrics."""
     out = dict.fromkeys(("retries", "first_token_retries", "mid_stream"), 0.0)
+    if victim == ALL:
+        out.update(streaming=0.0, in_flight=0.0)
     for line in text.splitlines():
         m = _SAMPLE.match(line)
         if m is None:
@@ -191,11 +203,11 @@ def proxy_samples(text: str, victim: str | None) -> dict[str, float]:
             out["first_token_retries"] += value
         elif name == "ucmctl_proxy_errors_total" and labels.get("reason") == "upstream_mid_stream":
             out["mid_stream"] += value
-        elif victim is not None and labels.get("instance") == victim:
+        elif victim is not None and (victim == ALL or labels.get("instance") == victim):
             if name == "ucmctl_proxy_instance_requests_streaming":
-                out["streaming"] = value
+                out["streaming"] = out.get("streaming", 0.0) + value
             elif name == "ucmctl_proxy_instance_requests_in_flight":
-                out["in_flight"] = value
+                out["in_flight"] = out.get("in_flight", 0.0) + value
     return out
 
 
@@ -204,7 +216,8 @@ def cost_at_proxy(
 ) -> dict[str, int | None]:
     """The victim's answers streaming and in flight when the signal went, and the proxy's counts
     from then to the phase's end: answers cut mid-stream, attempts retried, of those before the
-    first token. None where the proxy was not read.
+    first token. None where the proxy was not read, or started again since (its counts died
+    with it).
 
     The gauges are read just before the signal and just after: one that began streaming in
     between is in the later read, or already among the cuts (the larger figure is taken)."""
@@ -218,7 +231,13 @@ def cost_at_proxy(
         return int(now)
 
     def delta(key: str) -> int | None:
-        return int(end[key] - before[key]) if before is not None and end is not None else None
+        if before is None or end is None or restarted:
+            return None
+        return int(end[key] - before[key])
+
+    # a counter that went down: the proxy itself started again, its counts of before are gone
+    counters = ("retries", "first_token_retries", "mid_stream")
+    restarted = before is not None and end is not None and any(end[k] < before[k] for k in counters)
 
     return {
         "streaming_on_it": at("streaming"),
@@ -253,9 +272,10 @@ def fault_lines(name: str, f: dict[str, Any]) -> list[str]:
         return "?" if f.get(key) is None else str(f[key])
 
     lines.append(f"  streaming from it then {n('streaming_on_it')} (in flight {n('in_flight_on_it')})")
+    lines.append(f"  failed {f['failed']} ({n('failed_sent_after')} of them sent after it)")
     lines.append(
-        f"  failed {f['failed']}; at the proxy: cut mid-stream {n('cut_mid_stream')}, retried "
-        f"{n('retried')} ({n('retried_before_first_token')} before the first token)"
+        f"  at the proxy: cut mid-stream {n('cut_mid_stream')}, retried {n('retried')} "
+        f"({n('retried_before_first_token')} before the first token)"
     )
     seen, back = f.get("detected_after_s"), f.get("back_after_s")
     lines.append(

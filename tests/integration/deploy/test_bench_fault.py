@@ -35,6 +35,9 @@ def pd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dict[st
     home, workdir = tmp / "home", tmp / "work"
     decode = "servers_per_node: 2, flags: {decode-step-ms: 25}, restart: {policy: on-failure, backoff_s: 1}"
     topo = topology(tmp, "t-fault", workdir, decode=decode, prefill="servers_per_node: 2")
+    proxy = re.search(r"^proxy: \{node: me, port: (\d+)\}$", topo.read_text(), re.MULTILINE)
+    assert proxy is not None
+    topo.write_text(topo.read_text().replace(proxy[0], proxy[0][:-1] + ", restart: on-failure}"))
     sides = yaml.safe_load(topo.read_text())
     ports = {side: sides[side]["port"] for side in ("prefill", "decode", "proxy")}
     taken = [
@@ -298,3 +301,34 @@ def test_up_of_an_edited_topology_starts_restarts_and_stops_only_what_changed_du
         p for p in record["plan"]["processes"] if p["name"] != "proxy"]  # fmt: skip
     status = ucmctl(home, "status")
     assert "decode-2" not in status.stdout and status.stdout.count(", healthy") == 5, status.stdout
+
+
+def test_the_proxy_killed_mid_phase_costs_what_it_carried_and_what_came_while_it_was_down(
+    tmp_path: Path, pd: tuple[Path, dict[str, int]]
+) -> None:
+    home, ports = pd
+    save = tmp_path / "run.json"
+    done = ucmctl(home, *BENCH, "--fault", "kill:proxy@6s", "--save", str(save), timeout=300)
+    (cell,) = json.loads(save.read_text())["cells"]
+    f = cell["measure"]["fault"]
+    assert f["injected"] and f["was_running"] and f["process"] == "proxy", f
+    assert done.returncode == 6 and f["failed"] == cell["measure"]["failed"] > 0, (done.stderr, f)
+    # what it carried when it died (every instance's answers are its own), and what was sent
+    # to it while it was down: nothing else
+    carried = f["failed"] - f["failed_sent_after"]
+    assert 0 < carried <= f["in_flight_on_it"] and f["streaming_on_it"] <= f["in_flight_on_it"], f
+    assert f["cut_mid_stream"] is None and f["retried"] is None, f  # its counts died with it
+    assert f["detected_after_s"] is not None and f["detected_after_s"] <= 10, f
+    assert f["back_after_s"] is not None and f["back_after_s"] <= 15, f
+    assert f["store_since_back"] is None, f  # it has no store
+    assert f["after"]["requests"] > f["after"]["failed"], f  # served again once back
+    assert "of them sent after it" in done.stdout and "back in " in done.stdout, done.stdout
+    assert max(len(line) for line in done.stdout.splitlines()) <= 80, done.stdout
+    answer = json.loads(urllib.request.urlopen(urllib.request.Request(
+        f"http://127.0.0.1:{ports['proxy']}/v1/completions",
+        data=json.dumps({"model": "sim-model", "prompt": "back", "max_tokens": 3}).encode(),
+        headers={"Content-Type": "application/json"})).read())  # fmt: skip
+    assert answer["usage"]["completion_tokens"] == 3
+    status = ucmctl(home, "status")
+    row = next(line for line in status.stdout.splitlines() if line.startswith("proxy "))
+    assert row.split()[-1] == "1", status.stdout  # restarted once, by its supervisor

@@ -9,6 +9,7 @@ import pytest
 
 from ucmctl.bench.client import RequestResult
 from ucmctl.bench.fault import (
+    ALL,
     Fault,
     FaultSpec,
     cost_at_proxy,
@@ -92,6 +93,14 @@ def test_the_proxy_is_read_for_the_victim_only_and_the_counters_over_the_rest_of
     assert set(cost_at_proxy(None, None, None).values()) == {None}  # no proxy: unknown, not 0
 
 
+def test_the_proxy_as_victim_counts_every_instance_and_its_counts_die_with_it() -> None:
+    before = proxy_samples(PROXY, ALL)
+    assert (before["streaming"], before["in_flight"]) == (11, 3)
+    restarted = proxy_samples(PROXY.replace("} 3\n", "} 0\n", 1), ALL)  # it began again from 0
+    cost = cost_at_proxy(before, None, restarted)
+    assert cost["streaming_on_it"] == 11 and cost["cut_mid_stream"] is None and cost["retried"] is None
+
+
 def test_a_fault_whose_time_never_came_says_so() -> None:
     fired: list[bool] = []
     fault = Fault(FaultSpec("kill", "decode-0", 30.0), lambda: fired.append(True) or True)
@@ -135,10 +144,11 @@ def test_a_fault_is_sent_at_its_time_and_reported() -> None:
 
     f = asyncio.run(go())
     assert f["injected"] and f["was_running"] and 0.4 <= f["into_s"] <= 0.5  # from the first request
-    assert f["failed"] == 1 and f["window_s"] == 0.2
+    assert f["failed"] == 1 and f["failed_sent_after"] == 0 and f["window_s"] == 0.2
     assert (f["before"]["requests"], f["before"]["failed"]) == (1, 1)  # the first: > 0.2 s before
     assert (f["after"]["requests"], f["after"]["failed"]) == (1, 0)
     assert f["detected_after_s"] is None and f["streaming_on_it"] is None
     lines = fault_lines("measure 64", f)
     assert lines[0].startswith("measure 64: fault kill:decode-0@0.2s sent 0.")
-    assert "not reported lost; not back" in lines[3] and all(len(x) <= 80 for x in lines)
+    assert lines[2] == "  failed 1 (0 of them sent after it)"
+    assert "not reported lost; not back" in lines[4] and all(len(x) <= 80 for x in lines)
