@@ -1,24 +1,30 @@
-"""What a lost decode instance costs, measured: `ucmctl bench --fault` (and `ucmctl restart
---rolling`) on a local 2P2D of the simulator, the same workload four times in one session.
+"""What a lost instance costs, measured: `ucmctl bench --fault`, `ucmctl restart --rolling` and
+`ucmctl scale` on a local 2P2D of the simulator, the same workload in every run of one session,
+at a set fraction of the deployment's capacity measured first.
 
-    python benchmarks/lost_instance.py [--prompts 160] [--rate 4] [--at 10]
+    python benchmarks/lost_instance.py [--prompts 160] [--load 0.5] [--at 10]
 
 The deployment: two prefill and two decode servers of the simulator on this machine (decode
-25 ms a step, 60 output tokens a request: 1.5 s each), centralized through the UCM store,
-`restart: {policy: on-failure, backoff_s: 1}` on decode (ucmctl's supervisor). Runs:
+25 ms a step, 60 output tokens a request: 1.5 s each, at most 4 requests at once per decode:
+what gives it a capacity), centralized through the UCM store, `restart: {policy: on-failure,
+backoff_s: 1}` on decode and the proxy (ucmctl's supervisor). Runs:
 
+- capacity: every request at once; its request throughput is the capacity, and the other runs
+  send at `--load` times it (Poisson);
 - reference: no fault;
 - kill: `--fault kill:decode-0@AT` (SIGKILL to the server; the supervisor restarts it);
 - stop: `--fault stop:decode-1@AT` (SIGTERM: the simulator ends with 143 on it, a failure,
   so its supervisor starts it again too);
-- rolling: `ucmctl restart --rolling` of all four servers, begun 3 s into the measure phase.
+- rolling: `ucmctl restart --rolling` of all four servers, begun 3 s into the measure phase;
+- scale: `ucmctl scale --decode 3` 3 s into the measure phase, then `--decode 2` again;
+- proxy: `--fault kill:proxy@AT` (what a lost proxy costs: it has no peer to take over).
 
 Printed per run: failed requests, answers cut mid-stream, attempts the proxy retried, when the
 loss was reported and the server back, its store hits since, and p50 / p99 TTFT and p50 E2EL
 of the requests sent in the window after the fault against the window before (and the
 reference's whole phase), as ratios. Targets (issue #26): failed <= answers streaming from the
 killed server then, reported <= 10 s after, back in routing with store hits > 0; a rolling
-restart of every server during the run fails no request.
+restart of every server and a scale 2 -> 3 -> 2 of decode at ~50% of capacity fail no request.
 """
 
 from __future__ import annotations
@@ -46,7 +52,7 @@ def ucmctl(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 def topology(folder: Path) -> Path:
     work = folder / "work"
-    decode = free_port()  # and the next port, the second decode's
+    decode = free_port()  # and the next two ports: the second decode's, a third one's (scale)
     path = folder / "lost.yaml"
     path.write_text(f"""
 name: bench-lost
@@ -58,9 +64,9 @@ nodes:
         workdir: {json.dumps(str(work))}}}
 storage: {{storage_backends: {json.dumps(str(work / "store"))}, cache_buffer_capacity_gb: 0.25}}
 prefill: {{nodes: [me], servers_per_node: 2, port: {free_port()}}}
-decode: {{nodes: [me], servers_per_node: 2, port: {decode}, flags: {{decode-step-ms: 25}},
+decode: {{nodes: [me], servers_per_node: 2, port: {decode}, flags: {{decode-step-ms: 25, max-num-seqs: 4}},
           restart: {{policy: on-failure, backoff_s: 1}}}}
-proxy: {{node: me, port: {free_port()}}}
+proxy: {{node: me, port: {free_port()}, restart: {{policy: on-failure, backoff_s: 1}}}}
 """)
     return path
 
@@ -72,7 +78,7 @@ def ratio(a: float | None, b: float | None) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--prompts", type=int, default=160)
-    ap.add_argument("--rate", type=float, default=4.0)
+    ap.add_argument("--load", type=float, default=0.5, help="the request rate, as a fraction of capacity")
     ap.add_argument("--at", type=float, default=10.0, help="seconds into the measure phase")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="ucmctl-lost-") as tmp:
@@ -83,14 +89,22 @@ def main() -> int:
             print(up.stderr, file=sys.stderr)
             return 1
         try:
-            bench = ["bench", "--prefix-ratio", "0", "--input-len", "256", "--output-len", "60", "-q",
-                     "--num-prompts", str(args.prompts), "--request-rate", f"{args.rate:g}"]  # fmt: skip
+            shape = ["bench", "--prefix-ratio", "0", "--input-len", "256", "--output-len", "60", "-q"]
+            save = folder / "capacity.json"
+            ucmctl(home, *shape, "--num-prompts", "64", "--seed", "99", "--save", str(save))
+            (cell,) = json.loads(save.read_text())["cells"]
+            capacity = cell["measure"]["request_throughput"]
+            rate = args.load * capacity
+            print(f"--- capacity: {capacity:.2f} req/s (64 at once, {cell['measure']['failed']} failed); "
+                  f"the runs send {rate:.2f} req/s ({args.load:g}x)")  # fmt: skip
+            bench = [*shape, "--num-prompts", str(args.prompts), "--request-rate", f"{rate:.3f}"]
             runs: dict[str, dict[str, Any]] = {}
             for seed, (name, fault) in enumerate(
                 [
                     ("reference", None),
                     ("kill", f"kill:decode-0@{args.at:g}s"),
                     ("stop", f"stop:decode-1@{args.at:g}s"),
+                    ("proxy", f"kill:proxy@{args.at:g}s"),
                 ]
             ):
                 save = folder / f"{name}.json"
@@ -105,30 +119,41 @@ def main() -> int:
                 said = done.stdout.splitlines()  # from the first message under the tables
                 first = next((i for i, x in enumerate(said) if x.startswith("measure")), len(said))
                 print("\n".join(said[first:]))
-            save = folder / "rolling.json"
-            env = {**os.environ, "UCMCTL_HOME": str(home)}
-            argv = [sys.executable, "-m", "ucmctl", *bench, "--seed", "3", "--save", str(save)]
-            run = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            time.sleep(3)
-            t0 = time.monotonic()
-            rolled = ucmctl(home, "restart", "--rolling")
-            took = time.monotonic() - t0
-            run.communicate(timeout=900)
-            (cell,) = json.loads(save.read_text())["cells"]
-            runs["rolling"] = cell["measure"]
-            print(f"--- rolling: restart exit {rolled.returncode} in {took:.1f} s: {rolled.stdout.strip()}")
-            print(rolled.stderr.strip())
+            for seed, name in enumerate(("rolling", "scale"), start=10):
+                save = folder / f"{name}.json"
+                env = {**os.environ, "UCMCTL_HOME": str(home)}
+                argv = [sys.executable, "-m", "ucmctl", *bench, "--seed", str(seed), "--save", str(save)]
+                run = subprocess.Popen(
+                    argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+                )
+                time.sleep(3)
+                t0 = time.monotonic()
+                if name == "rolling":
+                    steps = [ucmctl(home, "restart", "--rolling")]
+                else:
+                    steps = [ucmctl(home, "scale", "--decode", "3")]
+                    time.sleep(10)  # it takes its share
+                    steps.append(ucmctl(home, "scale", "--decode", "2"))
+                took = time.monotonic() - t0
+                run.communicate(timeout=900)
+                (cell,) = json.loads(save.read_text())["cells"]
+                runs[name] = cell["measure"]
+                exits = ", ".join(str(s.returncode) for s in steps)
+                outs = "; ".join(s.stdout.strip() for s in steps)
+                print(f"--- {name}: exit {exits} in {took:.1f} s: {outs}")
+                print("\n".join(s.stderr.strip() for s in steps))
         finally:
             ucmctl(home, "down")
     ref = runs["reference"]
     print(f"\nreference: {ref['completed']} ok, {ref['failed']} failed; TTFT p50 {ref['median_ttft_ms']:.0f} "
           f"p99 {ref['p99_ttft_ms']:.0f} ms; E2EL p50 {ref['median_e2el_ms']:.0f} ms")  # fmt: skip
     met = True
-    for name in ("kill", "stop"):
+    for name in ("kill", "stop", "proxy"):
         f = runs[name]["fault"]
         before, after = f["before"], f["after"]
         print(
-            f"{name}: failed {f['failed']} (streaming from it then {f['streaming_on_it']}, cut mid-stream "
+            f"{name}: failed {f['failed']} ({f['failed_sent_after']} sent after it; streaming from it then "
+            f"{f['streaming_on_it']}, cut mid-stream "
             f"{f['cut_mid_stream']}), retried {f['retried']} ({f['retried_before_first_token']} before the "
             f"first token); reported {f['detected_after_s']} s after, back {f['back_after_s']} s after, "
             f"store since {f['store_since_back']}; window {f['window_s']:g} s: TTFT p50 after/before "
@@ -141,13 +166,15 @@ def main() -> int:
             met &= f["failed"] <= (f["streaming_on_it"] or 0) and f["failed"] == f["cut_mid_stream"]
             met &= f["detected_after_s"] is not None and f["detected_after_s"] <= 10
             met &= f["back_after_s"] is not None and (f["store_since_back"] or {}).get("hit_tokens", 0) > 0
-    roll = runs["rolling"]
-    print(f"rolling: {roll['completed']} ok, {roll['failed']} failed; TTFT p99 {roll['p99_ttft_ms']:.0f} ms "
-          f"({ratio(roll['p99_ttft_ms'], ref['p99_ttft_ms'])} the reference's), E2EL p50 "
-          f"{ratio(roll['median_e2el_ms'], ref['median_e2el_ms'])}")  # fmt: skip
-    met &= roll["failed"] == 0
+    for name in ("rolling", "scale"):
+        r = runs[name]
+        print(f"{name}: {r['completed']} ok, {r['failed']} failed; TTFT p99 {r['p99_ttft_ms']:.0f} ms "
+              f"({ratio(r['p99_ttft_ms'], ref['p99_ttft_ms'])} the reference's), E2EL p50 "
+              f"{ratio(r['median_e2el_ms'], ref['median_e2el_ms'])}")  # fmt: skip
+        met &= r["failed"] == 0
     said = "met" if met else "MISSED"
-    targets = "kill: failed <= streaming then, reported <= 10 s, back with store hits; rolling: 0 failed"
+    targets = (f"at {args.load:g}x capacity: kill: failed <= streaming then, reported <= 10 s, back with "
+               "store hits; rolling and scale 2-3-2: 0 failed")  # fmt: skip
     print(f"targets ({targets}): {said}")
     return 0 if met else 1
 

@@ -385,7 +385,7 @@ def deploy_down(
             stopped, failed = _stop_all(launcher, plan, grace, console)
             if not failed:  # the deployment's containers of another plan of it, or of a lost record
                 for node, process in launcher.sweep(grace=grace):
-                    console.print(f"removed a container of {escape(plan.deployment)} not in its plan: "
+                    console.print(f"stopped a process of {escape(plan.deployment)} not in its plan: "
                                   f"{escape(process)} on {escape(node)}")  # fmt: skip
             if failed:  # keep the record: a later `down` must still find these
                 names = ", ".join(f"{p.name} ({p.node})" for p in failed)

@@ -10,6 +10,8 @@ matched by name.
 
 from __future__ import annotations
 
+import posixpath
+import re
 import shlex
 from dataclasses import dataclass
 
@@ -26,6 +28,9 @@ members() {
   done | wc -l
 }
 """
+
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # a process name, as plans make them
 
 
 def marker(process: Process) -> str:
@@ -120,6 +125,41 @@ def running_lines(processes: list[Process]) -> str:
             f"then echo running {name}; fi"
         )
     return "\n".join(lines)
+
+
+def strays(ex: Executor, template: Process, known: set[str]) -> list[Process]:
+    """Processes of the deployment running on this node that are not among `known` (a scale of a
+    lost record, another plan of it): each folder beside `template`'s whose pidfile names a live
+    group carrying that folder's own marker. Returned as `template` renamed, so `stop` takes them."""
+    folder = posixpath.dirname(template.pidfile)
+    run_dir, pid, launch = (
+        posixpath.dirname(folder),
+        posixpath.basename(template.pidfile),
+        posixpath.basename(template.launch),
+    )
+    if posixpath.dirname(template.launch) != folder:
+        return []
+    script = (
+        _MEMBERS
+        + f"""
+r={shlex.quote(run_dir)}; f={shlex.quote(pid)}; l={shlex.quote(launch)}
+cd "$r" 2>/dev/null || exit 0
+for d in */; do
+  n=${{d%/}}
+  [ -s "$n/$f" ] || continue
+  if [ "$(members "$(cat "$n/$f")" "UCMCTL_PROCESS=$n@$r/$n/$l")" -gt 0 ]; then echo "stray $n"; fi
+done
+"""
+    )
+    done = ex.run(script, timeout=60)
+    names = [line.split(" ", 1)[1] for line in done.stdout.splitlines() if line.startswith("stray ")]
+    return [
+        template.model_copy(update={
+            "name": n, "pidfile": f"{run_dir}/{n}/{pid}", "launch": f"{run_dir}/{n}/{launch}",
+            "log": f"{run_dir}/{n}/{posixpath.basename(template.log)}",
+        })
+        for n in names if n not in known and _NAME.fullmatch(n)
+    ]  # fmt: skip
 
 
 def stop(ex: Executor, process: Process, *, grace: float = 10) -> Stopped:

@@ -203,7 +203,7 @@ def test_a_containerized_1p1d_builds_runs_crashes_and_goes(runtime: Runtime, tmp
     else:
         down = ucmctl(env, home, "down", NAME)
     assert down.returncode == 0, down.stderr
-    assert f"removed a container of {NAME} not in its plan: decode-7 on me" in down.stderr
+    assert f"stopped a process of {NAME} not in its plan: decode-7 on me" in down.stderr
     assert runtime.containers() == {}
     assert runtime("ps", "-a", "--format", "{{.Names}}").split() == ["not-ours"]
     runtime("rm", "-f", "not-ours")

@@ -106,11 +106,15 @@ def test_odd_workdir_up_status_down_stop_everything(tmp_path: Path) -> None:
     assert "3 processes stopped" in down.stdout, down.stdout
     assert processes_of(run_dir) == []
 
-    # the record lost: `down TOPOLOGY` finds the processes by their pidfiles and markers
+    # the record lost: `down TOPOLOGY` finds the processes by their pidfiles and markers, those
+    # a scale added too (the topology does not name them)
     assert ucmctl(home, "up", str(topo)).returncode == 0
+    scaled = ucmctl(home, "scale", "--decode", "2")
+    assert scaled.returncode == 0 and scaled.stdout.strip() == "added decode-1", scaled.stderr
     (home / "deployments" / "t-odd.json").unlink()
     down = ucmctl(home, "down", str(topo))
     assert down.returncode == 0 and "3 processes stopped" in down.stdout, down.stdout
+    assert "stopped a process of t-odd not in its plan: decode-1 on me" in down.stderr, down.stderr
     assert processes_of(run_dir) == []
 
 
