@@ -698,8 +698,11 @@ def suite(
     workload.load(path.parent)  # a trace: relative to the suite file
 
     def run_cell(cfg: Any, target: Any) -> list[dict[str, Any]]:
+        from ucmctl.deploy.state import StateStore
+
         _check_capacity(workload, cfg, target, cfg.concurrency)
-        return strip_private(loop.run(workload.run(cfg, target, progress, err.print)))
+        with _watching(StateStore().load(topology.name), target):  # as `bench` run: losses in `lost`
+            return strip_private(loop.run(workload.run(cfg, target, progress, err.print)))
 
     cells = run_suite(
         the_suite, topology, str(topo_path), results_file, run_cell, DeployApi(), vocab, err.print
