@@ -60,7 +60,7 @@ def status_table(record: Record, width: int = 80) -> list[Table]:
 
 
 def look(launcher: Launcher, p: Process, health_timeout: float = 2.0) -> tuple[str, str]:
-    """How a process is now, as `status` says it: its state ("running", "stopped", "exited
+    """How a process is now, as `status` says it: its state ("running", "not running", "exited
     (137)", "node unreachable", ...) and its health ("healthy", "unhealthy (why)", "-")."""
     state = "running"
     try:
@@ -76,8 +76,8 @@ def look(launcher: Launcher, p: Process, health_timeout: float = 2.0) -> tuple[s
                 state = supervisor.words(running, p.restart.max_restarts)
                 if not state.startswith("running"):
                     return state, "-"
-            elif not running:
-                return "stopped", "-"
+            elif not running:  # no supervisor waited for it: how it ended is not known
+                return "not running", "-"
     except NodeError:
         return "node unreachable", "?"
     if not p.health:

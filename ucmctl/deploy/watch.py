@@ -35,7 +35,7 @@ class Loss:
 
     process: str
     node: str
-    how: str  # "stopped", "exited (137)", "unhealthy (connection refused)", "node unreachable"
+    how: str  # "not running", "exited (137)", "unhealthy (connection refused)", "node unreachable"
     phase: str  # the phase it was noticed in ("" between phases)
     into_s: float  # seconds into that phase
     at: float  # time.monotonic() when noticed

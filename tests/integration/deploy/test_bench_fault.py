@@ -332,3 +332,23 @@ def test_the_proxy_killed_mid_phase_costs_what_it_carried_and_what_came_while_it
     status = ucmctl(home, "status")
     row = next(line for line in status.stdout.splitlines() if line.startswith("proxy "))
     assert row.split()[-1] == "1", status.stdout  # restarted once, by its supervisor
+
+
+def test_a_prefill_killed_mid_phase_costs_no_request(tmp_path: Path, pd: tuple[Path, dict[str, int]]) -> None:
+    """Last in the module: prefill-0 has no restart policy and stays down."""
+    home, ports = pd
+    save = tmp_path / "run.json"
+    done = ucmctl(home, *BENCH, "--fault", "kill:prefill-0@6s", "--save", str(save), timeout=300)
+    (cell,) = json.loads(save.read_text())["cells"]
+    f = cell["measure"]["fault"]
+    assert f["injected"] and f["was_running"] and f["process"] == "prefill-0", f
+    # a prefill leg streams nothing to the client: one cut by the kill, or sent to it before the
+    # proxy saw it gone, is sent to prefill-1
+    assert f["failed"] == cell["measure"]["failed"] == 0 and cell["measure"]["completed"] == 80, f
+    assert f["streaming_on_it"] == 0 and f["retried"] >= f["in_flight_on_it"], f
+    assert f["detected_after_s"] is not None and f["detected_after_s"] <= 10, f
+    assert f["back_after_s"] is None and "not back" in done.stdout, done.stdout  # restart: never
+    (lost,) = cell["measure"]["lost"]
+    assert lost["process"] == "prefill-0" and lost["how"] == "not running", lost  # no supervisor
+    prefill1 = f"http://127.0.0.1:{ports['prefill'] + 1}"
+    assert counter(prefill1, "vllm:request_success_total") >= 40  # it took every prefill since

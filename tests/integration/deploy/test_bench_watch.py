@@ -91,9 +91,8 @@ def test_a_server_killed_mid_phase_is_reported_recorded_and_refused_by_compare(
     said = [(t, line) for t, line in lines if line.startswith("LOST ")]
     assert len(said) == 1, lines
     t, line = said[0]
-    assert line.startswith("LOST decode-0 on me: stopped, ") and line.endswith(" s into measure 64 tokens"), (
-        line
-    )
+    assert line.startswith("LOST decode-0 on me: not running, "), line
+    assert line.endswith(" s into measure 64 tokens"), line
     assert t - killed <= 10, f"reported {t - killed:.1f} s after the kill"
     into = float(line.split(", ")[1].split(" s into")[0])
     assert into <= 15, line
@@ -102,16 +101,16 @@ def test_a_server_killed_mid_phase_is_reported_recorded_and_refused_by_compare(
     assert (lost["process"], lost["node"], lost["how"], lost["phase"]) == (
         "decode-0",
         "me",
-        "stopped",
+        "not running",
         "measure 64 tokens",
     )
-    assert "measure 64: lost decode-0 on me (stopped, " in out
+    assert "measure 64: lost decode-0 on me (not running, " in out
     tail = (save.parent / "run.lost-decode-0.log").read_text()
     assert tail.startswith(f"# {line}\n") and "INFO sim: serving sim-model" in tail, tail  # its own log
     # The gate will not judge a phase that ran without one of its servers, unless told to.
     refused = ucmctl(home, "bench", "compare", str(save), str(save))
     assert refused.returncode == 2
-    assert "run/64: its measure phase lost decode-0 on me (stopped)" in refused.stderr
+    assert "run/64: its measure phase lost decode-0 on me (not running)" in refused.stderr
     assert "--allow-lost" in refused.stderr
     allowed = ucmctl(home, "bench", "compare", str(save), str(save), "--allow-lost")
     assert allowed.returncode == 0, allowed.stderr
@@ -127,7 +126,7 @@ def test_fail_fast_stops_the_run_at_once(tmp_path: Path, deployment: tuple[Path,
     assert run.returncode == 1, lines
     assert ended - killed <= 10, f"stopped {ended - killed:.1f} s after the kill"
     text = "\n".join(line for _, line in lines)
-    assert "stopped at once (--fail-fast): LOST decode-0 on me: stopped" in text, text
+    assert "stopped at once (--fail-fast): LOST decode-0 on me: not running" in text, text
     assert "Traceback" not in text
 
 
@@ -149,7 +148,7 @@ def test_status_watch_shows_a_kill_at_the_next_look(tmp_path: Path, deployment: 
         os.killpg(os.getpgid(int(pidfile.read_text())), signal.SIGKILL)
         killed = time.monotonic()
         assert wait_for(
-            lambda: any(t > killed and "decode-0" in x and "stopped" in x for t, x in lines), timeout=10
+            lambda: any(t > killed and "decode-0" in x and "not running" in x for t, x in lines), timeout=10
         )
     finally:
         watch.send_signal(signal.SIGINT)

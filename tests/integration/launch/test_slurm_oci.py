@@ -104,7 +104,8 @@ def test_image_build_then_up_runs_each_step_in_the_bundle(
     def decode_row() -> str:
         return next(row for row in cli("status", "s-oci").stdout.splitlines() if row.startswith("decode-0"))
 
-    assert wait_for(lambda: re.search(r"\bh2\s+decode\s+http:8200\s+stopped\b", decode_row())), decode_row()
+    gone = r"\bh2\s+decode\s+http:8200\s+not running\b"
+    assert wait_for(lambda: re.search(gone, decode_row())), decode_row()
     down = cli("down", "s-oci")
     assert down.returncode == 0, down.stderr
     assert left(site, "s-oci") == ([], [])

@@ -83,14 +83,14 @@ def test_unhealthy_or_unreachable_counts_after_two_looks_in_a_row(
     how = health if state == "running" else state
     assert said == [f"LOST decode-0 on b: {how}, 0 s into measure 512"]
     w.end()
-    w._judge(None, decode, "stopped", "-")  # already lost: not said again
+    w._judge(None, decode, "not running", "-")  # already lost: not said again
     assert len(said) == 1
 
 
 def test_a_phase_that_began_without_a_lost_process_records_it(seen: tuple[Watch, list[str], Any]) -> None:
     w, _, decode = seen
     preseed = w.begin("preseed 512")
-    w._judge(None, decode, "stopped", "-")
+    w._judge(None, decode, "not running", "-")
     w.end()
     measure = w.begin("measure 512")  # decode-0 is still gone: the measure ran without it
     assert [x.phase for x in w.losses_since(preseed)] == ["preseed 512"]
