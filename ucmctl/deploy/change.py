@@ -72,7 +72,7 @@ def diff(old: Plan, new: Plan, *, restart_changed: bool, how: str) -> Diff:
         added=[p for n, p in after.items() if n not in before],
         removed=[p for n, p in before.items() if n not in after],
     )
-    for name in before.keys() & after.keys():
+    for name in [n for n in after if n in before]:  # in plan order: the first named in a refusal
         was, now = before[name], after[name]
         if was == now:
             continue
@@ -86,7 +86,14 @@ def diff(old: Plan, new: Plan, *, restart_changed: bool, how: str) -> Diff:
                 "add or take out instances",
                 fix=again,
             )
-    d.changed.sort(key=lambda pair: new.processes.index(pair[1]))
+    routed = any(p.role == "proxy" for p in new.processes)
+    for was, now in d.changed:
+        if routed and sum(1 for p in new.processes if p.role == now.role) == 1:
+            raise UcmctlError.one(
+                f"{how} changes {was.name}, the only {was.role} instance: requests would fail while "
+                "it restarts",
+                fix=f"add a second {was.role} instance first (`ucmctl scale`), or {again[4:]}",
+            )
     if old.mode == "p2p" and (d.added or d.removed or d.changed):
         raise UcmctlError.one(
             f"{how}: a p2p deployment is not changed while it runs yet: each Mooncake config names "

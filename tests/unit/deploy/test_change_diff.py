@@ -36,15 +36,18 @@ def test_a_new_node_adds_its_servers_and_the_proxy_is_only_restaged() -> None:
 
 
 def test_a_changed_flag_restarts_those_servers_and_a_dropped_node_takes_its_out() -> None:
-    new = SIM.replace(
-        "decode: {nodes: [a, b], port: 8100}", "decode: {nodes: [a], port: 8100, flags: {decode-step-ms: 9}}"
+    old = SIM.replace(
+        "decode: {nodes: [a, b], port: 8100}", "decode: {nodes: [a, b], port: 8100, servers_per_node: 2}"
     )
-    d = diff(_plan(SIM), _plan(new), restart_changed=True, how="this topology")
-    assert [p.name for p in d.removed] == ["decode-1"] and d.added == []
-    ((was, now),) = d.changed
-    assert was.name == "decode-0" and now.argv[now.argv.index("--decode-step-ms") + 1] == "9"
+    new = old.replace(
+        "decode: {nodes: [a, b], port: 8100,", "decode: {nodes: [a], port: 8100, flags: {decode-step-ms: 9},"
+    )
+    d = diff(_plan(old), _plan(new), restart_changed=True, how="this topology")
+    assert [(p.name, p.node) for p in d.removed] == [("decode-2", "b"), ("decode-3", "b")] and d.added == []
+    assert [was.name for was, _ in d.changed] == ["decode-0", "decode-1"]
+    assert all(now.argv[now.argv.index("--decode-step-ms") + 1] == "9" for _, now in d.changed)
     with pytest.raises(UcmctlError) as caught:  # scale never restarts
-        diff(_plan(SIM), _plan(new), restart_changed=False, how="this scale")
+        diff(_plan(old), _plan(new), restart_changed=False, how="this scale")
     assert "this scale would change decode-0" in str(caught.value)
 
 
@@ -63,3 +66,14 @@ def test_what_cannot_change_while_it_runs_is_refused(old: str, new: str, said: s
     with pytest.raises(UcmctlError) as caught:
         diff(_plan(SIM), _plan(changed), restart_changed=True, how="this topology")
     assert said in str(caught.value) and "ucmctl down s" in str(caught.value), str(caught.value)
+
+
+def test_a_change_of_the_only_instance_of_a_role_is_refused() -> None:
+    one = SIM.replace("decode: {nodes: [a, b], port: 8100}", "decode: {nodes: [a], port: 8100}")
+    flagged = one.replace(
+        "decode: {nodes: [a], port: 8100}", "decode: {nodes: [a], port: 8100, flags: {x: 1}}"
+    )
+    with pytest.raises(UcmctlError) as caught:
+        diff(_plan(one), _plan(flagged), restart_changed=True, how="this topology")
+    assert "this topology changes decode-0, the only decode instance" in str(caught.value)
+    assert "`ucmctl scale`), or `ucmctl down s` and `up`" in str(caught.value), str(caught.value)
