@@ -119,7 +119,8 @@ def apply(
     """Bring the running deployment of `record` to `new` (the caller holds its lock)."""
     runs = _Runs(record, store, new)
     proxy = proxy_of(record)
-    launcher = launcher_for(new, record.allocation, connect_timeout=connect_timeout)
+    both = new.model_copy(update={"nodes": {**record.plan.nodes, **new.nodes}})  # a dropped node's too
+    launcher = launcher_for(both, record.allocation, connect_timeout=connect_timeout)
     try:
         reach(launcher, [*d.removed, *(was for was, _ in d.changed), *d.added])
         cleanup = _check_added(new, d.added, launcher) if check and d.added else {}
@@ -163,7 +164,11 @@ class _Runs:
             return
         order = {p.name: i for i, p in enumerate(self.new.processes)}
         processes = sorted(self.current.values(), key=lambda p: order.get(p.name, len(order)))
-        self.record.plan = self.new.model_copy(update={"processes": processes})
+        nodes = {**self.old.nodes, **self.new.nodes}  # a dropped node's while its processes run
+        used = {p.node for p in processes} | set(self.new.nodes)
+        self.record.plan = self.new.model_copy(
+            update={"processes": processes, "nodes": {n: nodes[n] for n in nodes if n in used}}
+        )
         self.store.save(self.record)
 
     def now(self, *processes: Process) -> None:

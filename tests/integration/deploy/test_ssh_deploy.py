@@ -86,6 +86,29 @@ def test_2p2d_centralized_end_to_end(tmp_path: Path, hosts: Cluster, cli: Cli) -
     twice = cli("up", str(topo))  # the same topology again: nothing to start, nothing restarted
     assert twice.returncode == 0 and "already up with this topology: nothing to change" in twice.stderr
     assert sorted(hosts.processes_of("t-2p2d")) == pids
+    # edited: one decode instance on each host; each moves in turn (drained, stopped, started on
+    # its new host and port, routed there), the prefill side and the proxy keep running
+    one_each = "decode:\n  nodes: [h1, h2]\n  servers_per_node: 1"
+    moved = write(
+        tmp_path,
+        centralized(hosts, "t-2p2d").replace("decode:\n  nodes: [h2]\n  servers_per_node: 2", one_each),
+    )
+    changed = cli("up", str(moved))
+    assert changed.returncode == 0, changed.stderr
+    assert "this topology will restart decode-0, decode-1 (the rest stays running)" in changed.stderr
+    assert re.search(r"^decode-0 on h1: restarted in", changed.stderr, re.MULTILINE), changed.stderr
+    record = json.loads((tmp_path / "home" / "deployments" / "t-2p2d.json").read_text())
+    urls = {p["name"]: p["url"] for p in record["plan"]["processes"]}
+    h1, h2 = hosts.host("h1").address, hosts.host("h2").address
+    assert (urls["decode-0"], urls["decode-1"]) == (f"http://{h1}:8200", f"http://{h2}:8200"), urls
+    routed = json.loads(urllib.request.urlopen(f"http://{h1}:8000/instances").read())["instances"]
+    assert sorted(i["url"] for i in routed if i["role"] == "decode") == [
+        f"http://{h1}:8200",
+        f"http://{h2}:8200",
+    ]
+    assert completion(f"http://{h1}:8000", list(range(1, 161)))["usage"]["completion_tokens"] == 4
+    kept = [p for p in pids if p in hosts.processes_of("t-2p2d")]
+    assert len(kept) >= 3  # the prefill servers' and the proxy's processes
     down = cli("down", "t-2p2d")
     assert down.returncode == 0 and "5 processes stopped" in down.stdout
     assert hosts.processes_of("t-2p2d") == []
