@@ -322,6 +322,12 @@ def run(
         help="ACTION:PROCESS@TIME, e.g. kill:decode-0@30s: SIGKILL (kill) or SIGTERM (stop) to a "
         "process of the deployment that far into the first measure phase, and what it cost",
     ),
+    cache_salt: str | None = typer.Option(
+        None,
+        "--cache-salt",
+        help="vLLM's cache_salt in every request (default: one of this run's own, so no block of an "
+        "earlier run is a hit; a value reuses its blocks on purpose; off: none)",
+    ),
 ) -> None:
     """Send a workload (default: the guides' preseed then measure) and print its figures; without
     a subcommand this is what runs. Against a deployment, every process is watched meanwhile: one
@@ -440,6 +446,7 @@ def run(
         timeout_s=timeout,
         goodput=slos,
         fail_fast=fail_fast,
+        cache_salt=_salt(cache_salt),
     )
     capacity = _check_capacity(spec, cfg, target, max(concurrencies))
     progress = None if quiet else RichProgress(err)
@@ -455,6 +462,7 @@ def run(
     }
     prov = report.provenance(digest, topo_path)
     prov["prompts_digest"] = report.prompts_digest(cells)
+    prov["cache_salt"] = cfg.cache_salt
     config = {**cfg.as_dict(), **spec.describe(cfg), "sweep": [p.as_dict() for p in sweep]}
     doc = report.document(cells, config, prov, target_info)
     _write_outputs(cells, doc, save, csv, markdown, plot, sweep=len(sweep) > 1)
@@ -516,6 +524,21 @@ def _fault_not_injected(cells: list[dict[str, Any]]) -> None:
                 key="--fault",
                 fix="pick an earlier time, a lower --request-rate or more --num-prompts",
             )
+
+
+def _salt(value: str | None) -> str | None:
+    """The run's cache salt: one of its own unless given; `off`: none (a server that rejects
+    the field). As vLLM checks it: 1 to 128 characters, none of @ / \\ or NUL."""
+    import secrets
+
+    if value is None:
+        return f"ucmctl-{secrets.token_hex(8)}"
+    if value.strip().lower() == "off":
+        return None
+    if not 1 <= len(value) <= 128 or any(c in "@/\\\0" for c in value):
+        raise UcmctlError.one("a cache salt is 1 to 128 characters, none of @ / \\ or NUL (vLLM's rule)",
+                              key="--cache-salt")  # fmt: skip
+    return value
 
 
 @contextlib.contextmanager
@@ -668,6 +691,12 @@ def suite(
     markdown: Path | None = typer.Option(None, "--markdown"),
     plot: Path | None = typer.Option(None, "--plot"),
     quiet: bool = typer.Option(False, "--quiet", "-q"),
+    cache_salt: str | None = typer.Option(
+        None,
+        "--cache-salt",
+        help="vLLM's cache_salt in every request (default: one of this run's own, so no block of an "
+        "earlier run is a hit; a value reuses its blocks on purpose; off: none)",
+    ),
 ) -> None:
     """Run a matrix of input lengths x scenarios (recompute, hbm, ucm), redeploying per scenario.
     Interrupted? Run it again: finished cells are kept in the results file."""
@@ -704,13 +733,23 @@ def suite(
         with _watching(StateStore().load(topology.name), target):  # as `bench` run: losses in `lost`
             return strip_private(loop.run(workload.run(cfg, target, progress, err.print)))
 
+    salt = _salt(cache_salt)
     cells = run_suite(
-        the_suite, topology, str(topo_path), results_file, run_cell, DeployApi(), vocab, err.print
+        the_suite,
+        topology,
+        str(topo_path),
+        results_file,
+        run_cell,
+        DeployApi(),
+        vocab,
+        err.print,
+        cache_salt=salt,
     )
     report.print_cells(cells, out)
     out.print(report.markdown(cells))
     prov = report.provenance(topology.digest(), str(topo_path))
     prov["prompts_digest"] = report.prompts_digest(cells)
+    prov["cache_salt"] = salt
     doc = report.document(cells, {**the_suite.model_dump(mode="json"), "vocab": vocab}, prov)
     _write_outputs(cells, doc, save, csv, markdown, plot)
     _fail_on_errors(cells)

@@ -54,8 +54,10 @@ def make_body(
     ignore_eos: bool,
     temperature: float | None,
     return_token_ids: bool = False,
+    cache_salt: str | None = None,
 ) -> bytes:
-    """The request's JSON, encoded once before the clock starts."""
+    """The request's JSON, encoded once before the clock starts. `cache_salt` (vLLM's, in every
+    block hash and so every store key): prompts of another salt share no cached block."""
     body: dict[str, Any] = {
         "prompt": list(prompt),
         "max_tokens": max_tokens,
@@ -69,6 +71,8 @@ def make_body(
         body["model"] = model
     if temperature is not None:
         body["temperature"] = temperature
+    if cache_salt:
+        body["cache_salt"] = cache_salt
     return json.dumps(body, separators=(",", ":")).encode()
 
 

@@ -42,7 +42,9 @@ async def run_long_doc(
     digest.update(array("q", order).tobytes())
 
     def body(i: int, max_tokens: int) -> bytes:
-        return client.make_body(docs[i], max_tokens, cfg.model, cfg.ignore_eos, cfg.temperature)
+        return client.make_body(
+            docs[i], max_tokens, cfg.model, cfg.ignore_eos, cfg.temperature, cache_salt=cfg.cache_salt
+        )
 
     async with client.session(cfg.concurrency, cfg.timeout_s) as http:
         warm = await measure(

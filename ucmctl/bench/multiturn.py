@@ -57,7 +57,9 @@ async def run_multi_turn(
                 ideal.add(p)
                 digest.update(len(p).to_bytes(4, "little") + array("q", p).tobytes())
             bodies = [
-                client.make_body(p, cfg.output_len, cfg.model, cfg.ignore_eos, cfg.temperature, True)
+                client.make_body(
+                    p, cfg.output_len, cfg.model, cfg.ignore_eos, cfg.temperature, True, cfg.cache_salt
+                )
                 for p in asked
             ]
             phase = await measure(

@@ -67,7 +67,9 @@ async def run_trace(
     def body(i: int) -> bytes:
         r = reqs[i]
         ids = trace.prompt_ids(r, seed=cfg.seed, stream=stream, vocab=cfg.vocab)
-        return client.make_body(ids, r.output_length, cfg.model, cfg.ignore_eos, cfg.temperature)
+        return client.make_body(
+            ids, r.output_length, cfg.model, cfg.ignore_eos, cfg.temperature, cache_salt=cfg.cache_salt
+        )
 
     async with client.session(cfg.concurrency, cfg.timeout_s) as http:
         await _open_connections(http, target.url, min(cfg.concurrency, WARM_CONNECTIONS))

@@ -518,8 +518,9 @@ def print_cells(cells: list[dict[str, Any]], console: Console) -> None:
             if phase == "preseed" and workload_of(cell) == "prefix" and rate is not None and rate > 0.05:
                 say(
                     f"[yellow]preseed {row_name(cell)}: {100 * rate:.1f}% of its prompt tokens were "
-                    "already cached (a run with the same --seed before?): the measured hit rate "
-                    "includes them; use another --seed or reset the caches[/]"
+                    "already cached (a run with the same --seed and --cache-salt before, or a server "
+                    "that ignores cache_salt?): the measured hit rate includes them; leave out "
+                    "--cache-salt, use another --seed, or reset the caches[/]"
                 )
             restarted = (p.get("hit_rate") or {}).get("restarted")
             if restarted:

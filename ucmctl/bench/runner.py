@@ -44,6 +44,7 @@ class BenchConfig:
     goodput: dict[str, float] = field(default_factory=dict)  # SLOs in ms: ttft, tpot, e2el
     block_size: int = 16  # the servers' KV block, for the workloads' ideal hit rates
     fail_fast: bool = False  # with a watched deployment: stop at the first process lost
+    cache_salt: str | None = None  # in every request: this run's blocks are its own (None: unsalted)
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -264,7 +265,8 @@ async def _phase(
     for i in range(cfg.num_prompts):
         ids = prompts.prompt_ids(cfg.seed, i, length, cfg.vocab, stream)
         digest.update(array("q", ids).tobytes())
-        bodies.append(client.make_body(ids, max_tokens, cfg.model, cfg.ignore_eos, cfg.temperature))
+        bodies.append(client.make_body(ids, max_tokens, cfg.model, cfg.ignore_eos, cfg.temperature,
+                                       cache_salt=cfg.cache_salt))  # fmt: skip
     summary = await measure(http, cfg, target, label, bodies, [length] * cfg.num_prompts, progress)
     summary.update(
         {"input_len": length, "output_len": max_tokens, "_prompts_digest": digest.hexdigest()[:16]}

@@ -288,14 +288,17 @@ def run_suite(
     deployer: Deployer,
     vocab: int,
     log: Callable[[str], None] = lambda _: None,
+    cache_salt: str | None = None,
 ) -> list[dict[str, Any]]:
-    """Run what the results file lacks; return every cell of the suite in matrix order."""
+    """Run what the results file lacks; return every cell of the suite in matrix order. Every
+    request carries `cache_salt`: no cell hits a block an earlier run of the suite stored."""
     scenario_topologies = {s: apply_scenario(topology, s, suite.side_flags) for s in suite.scenarios}
     from ucmctl.plan.build import build_plan
 
     for t in scenario_topologies.values():  # every scenario must plan before the first one starts
         build_plan(t)
     base = suite.bench_config(vocab)
+    base.cache_salt = cache_salt
     all_cells = suite.cells()
     lengths = suite.lengths()
     n_len, n_rep = len(lengths), suite.repeats

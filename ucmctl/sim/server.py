@@ -147,6 +147,7 @@ class SimServer:
         try:
             body = await _json_body(request)
             prompt = self._prompt(body, chat)
+            namespace = self._salted(body)
             max_tokens = self._max_tokens(body, len(prompt))
             self._check_fits(len(prompt) + max_tokens)
         except BadRequest as exc:
@@ -169,9 +170,9 @@ class SimServer:
             request_id=request_id,
             prompt=prompt,
             max_tokens=max_tokens,
-            keys=block_keys(prompt, self.config.block_size, self.namespace),
+            keys=block_keys(prompt, self.config.block_size, namespace),
             remote_kv=remote_kv,
-            namespace=self.namespace,
+            namespace=namespace,
         )
         engine = self._pick_engine()
         engine.submit(sim_request)
@@ -200,6 +201,20 @@ class SimServer:
         candidates = [e for e in self.engines if e.load == least]
         self._next += 1
         return candidates[self._next % len(candidates)]
+
+    def _salted(self, body: dict[str, Any]) -> bytes:
+        """The request's key namespace: vLLM's `cache_salt` enters its first block's hash, so
+        every block key of a salted prompt differs from the unsalted one's (and the store's keys
+        with them); checked as vLLM 0.32 checks it."""
+        salt = body.get("cache_salt")
+        if salt is None:
+            return self.namespace
+        if not isinstance(salt, str) or not salt:
+            raise BadRequest("Parameter 'cache_salt' must be a non-empty string if provided.", "cache_salt")
+        if len(salt) > 128 or any(c in "@/\\\0" for c in salt):
+            raise BadRequest("Parameter 'cache_salt' must be at most 128 characters and must not contain "
+                             "'@', '/', '\\\\', or NUL.", "cache_salt")  # fmt: skip
+        return self.namespace + b"|salt|" + salt.encode()
 
     def _prompt(self, body: dict[str, Any], chat: bool) -> list[int]:
         if chat:

@@ -67,6 +67,36 @@ def test_reset_hbm_leaves_only_the_store_to_hit(tmp_path: Path) -> None:
     assert hbm_reset["measure"]["hit_rate"]["total"]["hit_rate"] == 0.0  # no store: nothing left to hit
 
 
+def test_each_run_is_cold_by_its_own_cache_salt_and_a_salt_given_again_is_warm(tmp_path: Path) -> None:
+    """The same seed twice on one server: each run salts its requests with a value of its own,
+    so the second measures the 80% asked and no warning; `--cache-salt` given twice reuses the
+    first's blocks, and the report says so. The salts are in the saved provenance."""
+    store = tmp_path / "store"
+    store.mkdir()
+    flags = ["--block-size", str(BLOCK), *kv_flag(ucm_config(tmp_path, store)), "--kv-bytes-per-token", "256"]
+    args = ["--input-len", "512", "--num-prompts", "8", "--output-len", "4", "--seed", "7", "-q"]
+    with sim_server(tmp_path, *flags) as sim:
+        runs = []
+        for i, extra in enumerate([[], [], ["--cache-salt", "nightly"], ["--cache-salt", "nightly"]]):
+            save = tmp_path / f"run{i}.json"
+            code, text = invoke("--url", sim.url, *args, *extra, "--save", str(save))
+            assert code == 0, text
+            doc = json.loads(save.read_text())
+            runs.append((doc, " ".join(text.split())))
+    salts = [doc["provenance"]["cache_salt"] for doc, _ in runs]
+    assert salts[0] != salts[1] and salts[0].startswith("ucmctl-") and salts[2:] == ["nightly", "nightly"]
+    for doc, text in runs[:3]:  # cold: only its own preseed's 80% hit
+        (cell,) = doc["cells"]
+        assert cell["preseed"]["hit_rate"]["total"]["hit_rate"] == 0.0, cell["preseed"]["hit_rate"]
+        assert cell["measure"]["hit_rate"]["total"]["hit_rate"] == pytest.approx(0.8, abs=0.02)
+        assert "already cached" not in text, text
+    (cell,) = runs[3][0]["cells"]  # the salt again: the first "nightly" run's blocks are hits
+    assert cell["preseed"]["hit_rate"]["total"]["hit_rate"] > 0.95, cell["preseed"][
+        "hit_rate"
+    ]  # whole blocks
+    assert "already cached (a run with the same --seed and --cache-salt before" in runs[3][1], runs[3][1]
+
+
 def test_failures_are_counted_and_fail_the_run(tmp_path: Path) -> None:
     with sim_server(tmp_path, "--max-model-len", "900") as sim:
         code, text = invoke(
@@ -143,3 +173,15 @@ def test_ci_suite_end_to_end_and_resume(tmp_path: Path) -> None:
             assert total["hit_rate"] == 0.0
     code, text = invoke("suite", str(suite), "--results", str(results), "-q")  # all done: nothing redeploys
     assert code == 0 and "all 2 cells already done" in text
+    # the same suite again, same seed, on the same store: cold again (its own cache salt and
+    # prompt streams), so the same hit rates, and nothing found cached before its preseed
+    again = tmp_path / "again.json"
+    code, text = invoke(
+        "suite", str(suite), "--results", str(tmp_path / "again.jsonl"), "--save", str(again), "-q"
+    )
+    assert code == 0 and "already cached" not in text, text
+    second = json.loads(again.read_text())
+    assert second["provenance"]["cache_salt"] != json.loads(save.read_text())["provenance"]["cache_salt"]
+    for a, b in zip(cells, second["cells"], strict=True):
+        ra, rb = (c["measure"]["hit_rate"]["total"]["hit_rate"] for c in (a, b))
+        assert abs(ra - rb) <= 0.02, (a["scenario"], a["input_len"], ra, rb)

@@ -114,6 +114,17 @@ def test_local_prefix_cache_hits_and_reset(tmp_path: Path) -> None:
         assert post(f"{sim.url}/reset_prefix_cache", {}, raw=True)[0] == 200
         _, body = post(f"{sim.url}/v1/completions", {"prompt": prompt, "max_tokens": 1})
         assert body["usage"]["prompt_tokens_details"] is None
+        # vLLM's cache_salt enters every block key: another salt shares nothing, the same one all
+        salted = {"prompt": prompt + [5] * 20, "max_tokens": 1, "cache_salt": "run-1"}
+        _, body = post(f"{sim.url}/v1/completions", salted)
+        assert body["usage"]["prompt_tokens_details"] is None  # the unsalted blocks are not its
+        _, body = post(f"{sim.url}/v1/completions", {**salted, "prompt": prompt})
+        assert body["usage"]["prompt_tokens_details"] == {"cached_tokens": 96}
+        _, body = post(f"{sim.url}/v1/completions", {**salted, "prompt": prompt, "cache_salt": "run-2"})
+        assert body["usage"]["prompt_tokens_details"] is None
+        for bad in ("", "a/b", "x" * 129):  # vLLM 0.32's rule
+            refused = post(f"{sim.url}/v1/completions", {**salted, "cache_salt": bad})
+            assert "cache_salt" in check_error(*refused)
     with sim_server(tmp_path, "--block-size", str(BLOCK), "--no-enable-prefix-caching") as sim:
         for _ in range(2):
             post(f"{sim.url}/v1/completions", {"prompt": prompt, "max_tokens": 1})
