@@ -35,6 +35,18 @@ def conformance(url: str) -> None:
     assert 1 <= len(check_completion_stream(parse_sse(raw), prompt_tokens=100, max_tokens=5)) <= 5
     status, body = post(f"{url}/v1/completions", {"model": "m", "prompt": prompt * 30, "max_tokens": 10})
     assert "maximum context length is 2048" in check_error(status, body)
+    # a model it does not serve: 404, vLLM's words (the openai client raises NotFoundError)
+    status, body = post(f"{url}/v1/completions", {"model": "gpt-4", "prompt": prompt, "max_tokens": 1})
+    assert status == 404 and body["error"]["type"] == "NotFoundError", body
+    assert body["error"]["message"] == "The model `gpt-4` does not exist. Valid aliases: m.", body
+    # a cache salt as vLLM checks it (the benchmark salts every request with one of its own)
+    status, body = post(f"{url}/v1/completions", {"model": "m", "prompt": prompt, "max_tokens": 1,
+                                                  "cache_salt": "ucmctl-0123456789abcdef"})  # fmt: skip
+    assert status == 200, body
+    status, body = post(
+        f"{url}/v1/completions", {"model": "m", "prompt": prompt, "max_tokens": 1, "cache_salt": "a/b"}
+    )
+    assert "cache_salt" in check_error(status, body)
 
 
 def test_protocol_assertions_hold_on_real_vllm_and_the_simulator(tmp_path: Path, tiny_model: Path,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import time
 import uuid
 from dataclasses import dataclass
@@ -47,9 +48,10 @@ class SimConfig:
 
 
 class BadRequest(Exception):
-    def __init__(self, message: str, param: str | None = None) -> None:
+    def __init__(self, message: str, param: str | None = None, *, status: int = 400) -> None:
         super().__init__(message)
         self.param = param
+        self.status = status
 
 
 class SimServer:
@@ -146,12 +148,13 @@ class SimServer:
     async def _serve(self, request: web.Request, chat: bool) -> web.StreamResponse:
         try:
             body = await _json_body(request)
+            self._check_model(body)
             prompt = self._prompt(body, chat)
             namespace = self._salted(body)
             max_tokens = self._max_tokens(body, len(prompt))
             self._check_fits(len(prompt) + max_tokens)
         except BadRequest as exc:
-            return _error(str(exc), exc.param)
+            return _error(str(exc), exc.param, exc.status)
         request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
         kv_params = body.get("kv_transfer_params")
         transfer_id = None
@@ -201,6 +204,15 @@ class SimServer:
         candidates = [e for e in self.engines if e.load == least]
         self._next += 1
         return candidates[self._next % len(candidates)]
+
+    def _check_model(self, body: dict[str, Any]) -> None:
+        """vLLM serves only the names it was started with (unless VLLM_SKIP_MODEL_NAME_VALIDATION
+        is set): another one is a 404, with vLLM's message."""
+        model = body.get("model")
+        if not model or model == self.config.served_name or os.environ.get("VLLM_SKIP_MODEL_NAME_VALIDATION"):
+            return
+        raise BadRequest(f"The model `{model}` does not exist. Valid aliases: {self.config.served_name}.",
+                         "model", status=404)  # fmt: skip
 
     def _salted(self, body: dict[str, Any]) -> bytes:
         """The request's key namespace: vLLM's `cache_salt` enters its first block's hash, so
@@ -445,10 +457,11 @@ def _internal_error() -> web.Response:
     return web.json_response({"error": error}, status=500)
 
 
-def _error(message: str, param: str | None) -> web.Response:
+def _error(message: str, param: str | None, status: int = 400) -> web.Response:
     # vLLM's error shape: {"error": {"message", "type", "param", "code"}}
-    error = {"message": message, "type": "BadRequestError", "param": param, "code": 400}
-    return web.json_response({"error": error}, status=400)
+    kind = "NotFoundError" if status == 404 else "BadRequestError"
+    error = {"message": message, "type": kind, "param": param, "code": status}
+    return web.json_response({"error": error}, status=status)
 
 
 async def serve(server: SimServer) -> None:

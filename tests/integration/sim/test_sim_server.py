@@ -79,6 +79,11 @@ def test_protocol_conformance(tmp_path: Path) -> None:
             *post(f"{sim.url}/v1/completions", {"prompt": prompt, "max_tokens": 0})
         )
         assert "prompt" in check_error(*post(f"{sim.url}/v1/completions", {"max_tokens": 3}))
+        # a model it does not serve: vLLM's 404 (the openai client raises NotFoundError on it)
+        other = {"model": "gpt-4", "prompt": prompt, "max_tokens": 1}
+        status, body = post(f"{sim.url}/v1/completions", other)
+        assert status == 404 and body["error"]["type"] == "NotFoundError" and body["error"]["code"] == 404
+        assert body["error"]["message"] == "The model `gpt-4` does not exist. Valid aliases: sim-model."
         # kv_transfer_params: a P2P prefill leg gets back where its KV is
         leg = {"prompt": prompt, "max_tokens": 1, "kv_transfer_params": {"do_remote_decode": True}}
         status, body = post(f"{sim.url}/v1/completions", leg)
