@@ -35,6 +35,18 @@ def conformance(url: str) -> None:
     assert 1 <= len(check_completion_stream(parse_sse(raw), prompt_tokens=100, max_tokens=5)) <= 5
     status, body = post(f"{url}/v1/completions", {"model": "m", "prompt": prompt * 30, "max_tokens": 10})
     assert "maximum context length is 2048" in check_error(status, body)
+    # n > 1: n choices (index 0..n-1), the prompt counted once, every choice's tokens
+    status, body = post(f"{url}/v1/completions", {"model": "m", "prompt": prompt, "max_tokens": 3, "n": 2,
+                                                  "ignore_eos": True})  # fmt: skip
+    assert status == 200 and sorted(c["index"] for c in body["choices"]) == [0, 1], body
+    assert body["usage"]["prompt_tokens"] == 100 and body["usage"]["completion_tokens"] == 6, body
+    status, raw = post(f"{url}/v1/completions", {**streamed, "n": 2}, raw=True)
+    chunks = [c for c in parse_sse(raw)[:-1] if isinstance(c, dict)]
+    ends = [ch["index"] for c in chunks for ch in c["choices"] if ch["finish_reason"] == "length"]
+    assert status == 200 and sorted(ends) == [0, 1] and chunks[-1]["usage"]["completion_tokens"] == 10
+    status, body = post(f"{url}/v1/completions", {"model": "m", "prompt": prompt, "max_tokens": 3, "n": 2,
+                                                  "temperature": 0.0})  # fmt: skip
+    assert "n must be 1 when using greedy sampling, got 2" in check_error(status, body)
     # a model it does not serve: 404, vLLM's words (the openai client raises NotFoundError)
     status, body = post(f"{url}/v1/completions", {"model": "gpt-4", "prompt": prompt, "max_tokens": 1})
     assert status == 404 and body["error"]["type"] == "NotFoundError", body

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -107,6 +108,20 @@ def test_1p1d_over_ssh_decode_hits_what_prefill_stored(
         assert counter(prefill, "vllm:prefix_cache_hits_total") >= 3 * BLOCK
         assert via_proxy[0] == local[0]  # the same greedy tokens ...
         assert via_proxy[1] == local[1]  # ... and the same top logprobs: the same KV bytes
+        # n > 1 through both legs, as the openai client sends it (sampled: vLLM refuses n > 1
+        # greedy): decode loads the prompt's blocks prefill stored and answers both choices
+        sampled = [(i * 41) % 3000 + 20 for i in range(3 * BLOCK + 40)]
+        before = counter(decode, "vllm:external_prefix_cache_hits_total")
+        body = {"model": "m", "prompt": sampled, "max_tokens": 8, "n": 2, "temperature": 1.0, "seed": 1,
+                "ignore_eos": True}  # fmt: skip
+        url = f"http://{hosts.host('h1').address}:8000/v1/completions"
+        headers = {"Content-Type": "application/json"}
+        req = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers)
+        with urllib.request.urlopen(req, timeout=300) as r:
+            answer = json.loads(r.read())
+        assert sorted(c["index"] for c in answer["choices"]) == [0, 1], answer
+        assert answer["usage"]["completion_tokens"] == 16, answer
+        assert counter(decode, "vllm:external_prefix_cache_hits_total") - before >= 3 * BLOCK
         # as users type it: the one deployment, its model's vocabulary, an input that fits
         bench = ucmctl("bench", "--prefix-ratio", "0.8", "--num-prompts", "8")
         assert bench.returncode == 0, bench.stderr[-3000:]

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -153,6 +155,7 @@ class SimServer:
             namespace = self._salted(body)
             max_tokens = self._max_tokens(body, len(prompt))
             self._check_fits(len(prompt) + max_tokens)
+            n = _choices(body)
         except BadRequest as exc:
             return _error(str(exc), exc.param, exc.status)
         request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
@@ -177,8 +180,15 @@ class SimServer:
             remote_kv=remote_kv,
             namespace=namespace,
         )
+        # n > 1: vLLM's parallel sampling, one more sequence of the same prompt per choice
+        others = [
+            dataclasses.replace(sim_request, request_id=f"{request_id}-{i}", keys=list(sim_request.keys),
+                                out=asyncio.Queue(), output=[])
+            for i in range(1, n)
+        ]  # fmt: skip
         engine = self._pick_engine()
-        engine.submit(sim_request)
+        for r in (sim_request, *others):
+            engine.submit(r)
         prefix = "chatcmpl" if chat else "cmpl"
         ctx = _Reply(
             id=f"{prefix}-{request_id}",
@@ -188,16 +198,20 @@ class SimServer:
             kv_transfer_params=self._kv_params_out(kv_params, sim_request),
         )
         ctx.return_token_ids = bool(body.get("return_token_ids")) and not chat
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         try:
+            if others:
+                return await self._many(request, [sim_request, *others], ctx, bool(body.get("stream")),
+                                        include_usage)  # fmt: skip
             if body.get("stream"):
-                options = body.get("stream_options") or {}
-                return await self._stream(request, sim_request, ctx, bool(options.get("include_usage")))
+                return await self._stream(request, sim_request, ctx, include_usage)
             return await self._complete(sim_request, ctx)
         finally:
             if transfer_id is not None and sim_request.delivered and self.bootstrap is not None:
                 self.bootstrap.record(transfer_id)  # the prefilled KV is ready to be pulled
-            if not sim_request.delivered:
-                engine.cancel(sim_request)  # the client went away: free the engine
+            for r in (sim_request, *others):
+                if not r.delivered:
+                    engine.cancel(r)  # the client went away: free the engine
 
     def _pick_engine(self) -> Engine:
         least = min(e.load for e in self.engines)
@@ -296,6 +310,46 @@ class SimServer:
             }
         return dict(kv_in)
 
+    async def _many(
+        self, request: web.Request, rs: list[SimRequest], ctx: _Reply, stream: bool, include_usage: bool
+    ) -> web.StreamResponse:
+        """n choices, as vLLM answers `n`: choice i from sequence i, tokens of the choices
+        interleaved as they come when streamed; the prompt counted once in the usage."""
+        if not stream:
+            choices = []
+            for i, r in enumerate(rs):
+                tokens = [t async for t in _tokens(r)]
+                r.delivered = True
+                choices.append(ctx.choice(i, self.tokenizer.decode(tokens), len(tokens) >= r.max_tokens))
+            body = ctx.envelope(choices)
+            body["usage"] = _usage(rs[0], rs[1:])
+            body["kv_transfer_params"] = ctx.kv_transfer_params
+            return web.json_response(body)
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+        await response.prepare(request)
+        if ctx.chat:  # each choice's first chunk names its role
+            roles = [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                      "finish_reason": None} for i in range(len(rs))]  # fmt: skip
+            await response.write(ctx.sse(roles))
+        lock = asyncio.Lock()
+
+        async def relay(i: int, r: SimRequest) -> None:
+            sent = 0
+            async for token in _tokens(r):
+                sent += 1
+                async with lock:
+                    await response.write(ctx.sse([ctx.delta(i, self._piece(token), sent >= r.max_tokens)]))
+            r.delivered = True
+
+        await asyncio.gather(*(relay(i, r) for i, r in enumerate(rs)))
+        if include_usage:
+            await response.write(ctx.sse([], usage=_usage(rs[0], rs[1:])))
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
     async def _complete(self, r: SimRequest, ctx: _Reply) -> web.Response:
         tokens: list[int] = []
         while (token := await r.out.get()) != FINISHED:
@@ -392,6 +446,21 @@ class _Reply:
                   "token_ids": [token]}  # fmt: skip
         return self.sse([choice])
 
+    def choice(self, i: int, text: str, length: bool) -> dict[str, Any]:
+        """Choice `i` of a whole answer."""
+        finish = "length" if length else "abort"
+        if self.chat:
+            return {"index": i, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                    "finish_reason": finish, "stop_reason": None}  # fmt: skip
+        return {"index": i, "text": text, "logprobs": None, "finish_reason": finish, "stop_reason": None}
+
+    def delta(self, i: int, text: str, last: bool) -> dict[str, Any]:
+        """Choice `i` of a streamed chunk: one token."""
+        finish = "length" if last else None
+        if self.chat:
+            return {"index": i, "delta": {"content": text}, "logprobs": None, "finish_reason": finish}
+        return {"index": i, "text": text, "logprobs": None, "finish_reason": finish, "stop_reason": None}
+
     def envelope(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
         kind = "chat.completion" if self.chat else "text_completion"
         return {
@@ -424,12 +493,31 @@ class _Reply:
         return b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n"
 
 
-def _usage(r: SimRequest) -> dict[str, Any]:
+async def _tokens(r: SimRequest) -> AsyncIterator[int]:
+    while (token := await r.out.get()) != FINISHED:
+        yield token
+
+
+def _choices(body: dict[str, Any]) -> int:
+    n = body.get("n", 1)
+    if n is None:
+        return 1
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise BadRequest("n must be at least 1", "n")
+    temperature = body.get("temperature")
+    if n > 1 and isinstance(temperature, int | float) and temperature < 1e-5:  # vLLM's rule
+        raise BadRequest(f"n must be 1 when using greedy sampling, got {n}.", "n")
+    return n
+
+
+def _usage(r: SimRequest, others: list[SimRequest] | None = None) -> dict[str, Any]:
+    """The request's usage; with n > 1 the prompt counts once, every choice's tokens."""
     cached = r.local_hit_tokens + r.external_hit_tokens
+    generated = r.generated + sum(o.generated for o in others or [])
     return {
         "prompt_tokens": len(r.prompt),
-        "total_tokens": len(r.prompt) + r.generated,
-        "completion_tokens": r.generated,
+        "total_tokens": len(r.prompt) + generated,
+        "completion_tokens": generated,
         "prompt_tokens_details": {"cached_tokens": cached} if cached else None,
     }
 

@@ -44,6 +44,19 @@ def test_non_streaming_and_chat(pd: PD) -> None:
     assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks).strip()
 
 
+def test_n_choices_pass_through_both_legs(pd: PD) -> None:
+    """`n: 2` as clients send it (the openai client's n): the prefill leg asks for it too and
+    is cut to one token, the decode leg streams both choices."""
+    status, _, raw = post(pd.proxy.url + "/v1/completions", {**completion(4, stream=True), "n": 2})
+    assert status == 200
+    chunks = [json.loads(e) for e in sse_events(raw)[:-1]]
+    per_choice = [sum(1 for c in chunks for ch in c["choices"] if ch["index"] == i) for i in (0, 1)]
+    assert per_choice == [4, 4], chunks
+    status, _, raw = post(pd.proxy.url + "/v1/completions", {**completion(3), "n": 2})
+    body = json.loads(raw)
+    assert sorted(c["index"] for c in body["choices"]) == [0, 1] and body["usage"]["completion_tokens"] == 6
+
+
 def test_prefill_leg_is_one_token_and_p2p_params_reach_decode(pd: PD) -> None:
     pre, dec = pd.prefill[0], pd.decode[0]
     gen_before = metric(pre.url, "vllm:generation_tokens_total")
