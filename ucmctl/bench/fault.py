@@ -73,6 +73,7 @@ class _Fired:
     was_running: bool
     proxy: dict[str, float] | None  # the proxy's samples just before
     proxy_after: dict[str, float] | None = None  # ... and just after
+    sending: float = 0.0  # time.perf_counter() as the signal began to go (its command to the node)
 
 
 class Fault:
@@ -109,8 +110,9 @@ class Fault:
         phase ends first."""
         await asyncio.sleep(max(0.0, start + self.spec.at_s - time.perf_counter()))
         before = await self._proxy_samples(http)
+        sending = time.perf_counter()
         was_running = await asyncio.to_thread(self._fire)
-        fired = _Fired(time.perf_counter(), time.monotonic(), was_running, before)
+        fired = _Fired(time.perf_counter(), time.monotonic(), was_running, before, sending=sending)
         self._fired = fired
         fired.proxy_after = await self._proxy_samples(http)
 
@@ -141,9 +143,9 @@ class Fault:
             after = None  # the proxy's counts of before died with it
         out.update(cost_at_proxy(fired.proxy, fired.proxy_after, after))
         out["failed"] = sum(1 for r in results if not r.ok)
-        # sent after the signal and failed: none while the others of its role serve; all those
-        # sent while the proxy itself is down
-        out["failed_sent_after"] = sum(1 for r in results if not r.ok and r.start_time >= fired.perf)
+        # sent once the signal began to go and failed: none while the others of its role serve;
+        # all those sent while the proxy itself is down
+        out["failed_sent_after"] = sum(1 for r in results if not r.ok and r.start_time >= fired.sending)
         out.update(self._watched(fired))
         out["store_since_back"] = (
             await self._store_since_back(http) if out["back_after_s"] is not None else None

@@ -37,7 +37,8 @@ def pd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dict[st
     topo = topology(tmp, "t-fault", workdir, decode=decode, prefill="servers_per_node: 2")
     proxy = re.search(r"^proxy: \{node: me, port: (\d+)\}$", topo.read_text(), re.MULTILINE)
     assert proxy is not None
-    topo.write_text(topo.read_text().replace(proxy[0], proxy[0][:-1] + ", restart: on-failure}"))
+    restart = ", restart: {policy: on-failure, backoff_s: 1}}"  # back within the 6 s window after a kill
+    topo.write_text(topo.read_text().replace(proxy[0], proxy[0][:-1] + restart))
     sides = yaml.safe_load(topo.read_text())
     ports = {side: sides[side]["port"] for side in ("prefill", "decode", "proxy")}
     taken = [
@@ -315,8 +316,10 @@ def test_the_proxy_killed_mid_phase_costs_what_it_carried_and_what_came_while_it
     assert done.returncode == 6 and f["failed"] == cell["measure"]["failed"] > 0, (done.stderr, f)
     # what it carried when it died (every instance's answers are its own), and what was sent
     # to it while it was down: nothing else
+    # (its gauge is read just before the signal goes and cannot be after: a request sent in the
+    # millisecond between is carried but not counted)
     carried = f["failed"] - f["failed_sent_after"]
-    assert 0 < carried <= f["in_flight_on_it"] and f["streaming_on_it"] <= f["in_flight_on_it"], f
+    assert 0 < carried <= f["in_flight_on_it"] + 1 and f["streaming_on_it"] <= f["in_flight_on_it"], f
     assert f["cut_mid_stream"] is None and f["retried"] is None, f  # its counts died with it
     assert f["detected_after_s"] is not None and f["detected_after_s"] <= 10, f
     assert f["back_after_s"] is not None and f["back_after_s"] <= 15, f
