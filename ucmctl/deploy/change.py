@@ -1,12 +1,12 @@
 """A running deployment brought to another plan of itself, what stays left running (its HBM
 cache kept): what `ucmctl scale` and an `up` of an edited topology do.
 
+- added, first: checked as at `up` (ports, devices, the node's Python and connector), staged,
+  started, gated on its health, proven to read what an instance that stays stored (the KV
+  probe, centralized mode), then added to the proxy. All or nothing: when one does not come up,
+  the others added are stopped again and nothing else is changed;
 - taken out: drained at the proxy (requests in flight finish, up to the drain timeout), removed
   from it, stopped;
-- added: checked as at `up` (ports, devices, the node's Python and connector), staged, started,
-  gated on its health, proven to read what an instance that stays stored (the KV probe,
-  centralized mode), then added to the proxy. All or nothing: when one does not come up, the
-  others added go out of the proxy and are stopped again;
 - changed (a flag, a file; `up` only): restarted one at a time with the new command line,
   drained first;
 - the proxy's launch script is rewritten with the new instance list (it takes effect at its
@@ -124,6 +124,8 @@ def apply(
     try:
         reach(launcher, [*d.removed, *(was for was, _ in d.changed), *d.added])
         cleanup = _check_added(new, d.added, launcher) if check and d.added else {}
+        # first what is added (all or nothing), so what is taken out next has somewhere to go
+        _bring_in(launcher, runs, d.added, proxy, cleanup, grace, tell, probe=probe)
         outcomes = parallel(d.removed, lambda p: _take_out(launcher, proxy, p, drain_timeout, grace, tell))
         for p, (_, error) in zip(d.removed, outcomes, strict=True):
             if error is None:
@@ -133,7 +135,6 @@ def apply(
             raise UcmctlError.one(failed[0], status=ExitStatus.FAILURE,
                                   fix="it is out of routing; check the node, then run it again")  # fmt: skip
         cut = sum(c for c, _ in outcomes)
-        _bring_in(launcher, runs, d.added, proxy, cleanup, grace, tell, probe=probe)
         restarted = []
         for was, now in d.changed:
             runs.now(now)
