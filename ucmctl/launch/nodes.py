@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import posixpath
+
 from ucmctl.launch.base import Launcher
 from ucmctl.nodes import lifecycle
 from ucmctl.nodes.executor import Executor, executor_for
@@ -23,9 +25,11 @@ class NodeLauncher(Launcher):
         instance whose record was lost), stopped."""
         left = super().sweep(grace=grace)
         known = {p.name for p in self.plan.processes}
-        templates = {p.node: p for p in self.plan.processes if p.container is None}
+        bare = [p for p in self.plan.processes if p.container is None]
+        launches = {posixpath.basename(p.launch) for p in bare}  # launch.sh, supervise.sh
+        templates = {p.node: p for p in bare}
         for node, template in sorted(templates.items()):
-            for stray in lifecycle.strays(self[node], template, known):
+            for stray in lifecycle.strays(self[node], template, known, launches):
                 lifecycle.stop(self[node], stray, grace=grace)
                 left.append((node, stray.name))
         return left

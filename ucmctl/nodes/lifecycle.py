@@ -127,38 +127,37 @@ def running_lines(processes: list[Process]) -> str:
     return "\n".join(lines)
 
 
-def strays(ex: Executor, template: Process, known: set[str]) -> list[Process]:
+def strays(ex: Executor, template: Process, known: set[str], launches: set[str]) -> list[Process]:
     """Processes of the deployment running on this node that are not among `known` (a scale of a
     lost record, another plan of it): each folder beside `template`'s whose pidfile names a live
-    group carrying that folder's own marker. Returned as `template` renamed, so `stop` takes them."""
+    group carrying that folder's own marker, for one of the `launches` script names (launch.sh,
+    or supervise.sh under a restart policy). Returned as `template` renamed, so `stop` takes them."""
     folder = posixpath.dirname(template.pidfile)
-    run_dir, pid, launch = (
-        posixpath.dirname(folder),
-        posixpath.basename(template.pidfile),
-        posixpath.basename(template.launch),
-    )
+    run_dir, pid = posixpath.dirname(folder), posixpath.basename(template.pidfile)
     if posixpath.dirname(template.launch) != folder:
         return []
     script = (
         _MEMBERS
         + f"""
-r={shlex.quote(run_dir)}; f={shlex.quote(pid)}; l={shlex.quote(launch)}
+r={shlex.quote(run_dir)}; f={shlex.quote(pid)}
 cd "$r" 2>/dev/null || exit 0
 for d in */; do
   n=${{d%/}}
   [ -s "$n/$f" ] || continue
-  if [ "$(members "$(cat "$n/$f")" "UCMCTL_PROCESS=$n@$r/$n/$l")" -gt 0 ]; then echo "stray $n"; fi
+  for l in {" ".join(shlex.quote(x) for x in sorted(launches))}; do
+    if [ "$(members "$(cat "$n/$f")" "UCMCTL_PROCESS=$n@$r/$n/$l")" -gt 0 ]; then echo "stray $l $n"; fi
+  done
 done
 """
     )
     done = ex.run(script, timeout=60)
-    names = [line.split(" ", 1)[1] for line in done.stdout.splitlines() if line.startswith("stray ")]
+    found = [line.split(" ", 2)[1:] for line in done.stdout.splitlines() if line.startswith("stray ")]
     return [
         template.model_copy(update={
             "name": n, "pidfile": f"{run_dir}/{n}/{pid}", "launch": f"{run_dir}/{n}/{launch}",
             "log": f"{run_dir}/{n}/{posixpath.basename(template.log)}",
         })
-        for n in names if n not in known and _NAME.fullmatch(n)
+        for launch, n in found if n not in known and _NAME.fullmatch(n)
     ]  # fmt: skip
 
 

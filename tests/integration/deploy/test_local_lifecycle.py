@@ -90,7 +90,7 @@ def nothing_left(tmp_path: Path) -> Iterator[None]:
 
 def test_odd_workdir_up_status_down_stop_everything(tmp_path: Path) -> None:
     workdir = tmp_path / ODD_WORKDIR
-    topo = topology(tmp_path, "t-odd", workdir)
+    topo = topology(tmp_path, "t-odd", workdir, decode="restart: on-failure")  # decode: supervise.sh
     home = tmp_path / "home"
     up = ucmctl(home, "up", str(topo))
     assert up.returncode == 0, up.stderr
