@@ -93,6 +93,19 @@ def _reading(plan: Plan, get: Callable[[str], str], decode: list[Process] | None
     raise ValueError(f"decode's /metrics has none of {', '.join(n for n, _ in wanted)}")
 
 
+def _grown_reading(
+    plan: Plan, get: Callable[[str], str], before: float, decode: list[Process] | None = None
+) -> float:
+    """The decode counter of `_reading` once it grew past `before`, or after 15 s: a counter
+    moves when the engine logs its step's stats."""
+    deadline = time.monotonic() + 15.0
+    while True:
+        _, after = _reading(plan, get, decode)
+        if after > before or time.monotonic() > deadline:
+            return after
+        time.sleep(0.5)
+
+
 def run_probe(plan: Plan, *, timeout: float = 300.0) -> ProbeResult:
     """Send one request through the proxy; say whether KV reached decode."""
     proxy = next(p for p in plan.processes if p.role == "proxy")
@@ -102,13 +115,7 @@ def run_probe(plan: Plan, *, timeout: float = 300.0) -> ProbeResult:
     try:
         metric, before = _reading(plan, get)
         _post(f"{proxy.url}/v1/completions", body, timeout)
-        # a counter moves when the engine logs its step's stats: give it a few seconds
-        deadline = time.monotonic() + 15.0
-        while True:
-            _, after = _reading(plan, get)
-            if after > before or time.monotonic() > deadline:
-                break
-            time.sleep(0.5)
+        after = _grown_reading(plan, get, before)
     except (OSError, ValueError) as exc:  # URLError and HTTPError are OSErrors
         reason = _why(exc)
         return ProbeResult(mode=plan.mode, ok=False, at=now,
@@ -141,12 +148,7 @@ def probe_pair(plan: Plan, prefill: Process, decode: Process, *, timeout: float 
         params = leg.get("kv_transfer_params") if isinstance(leg, dict) else None
         _post(f"{decode.url}/v1/completions", {**body, **({"kv_transfer_params": params} if params else {})},
               timeout)  # fmt: skip
-        deadline = time.monotonic() + 15.0
-        while True:
-            _, after = _reading(plan, get, [decode])
-            if after > before or time.monotonic() > deadline:
-                break
-            time.sleep(0.5)
+        after = _grown_reading(plan, get, before, [decode])
     except (OSError, ValueError) as exc:
         return ProbeResult(mode=plan.mode, ok=False, at=now, detail=f"the probe {pair} failed: {_why(exc)}")
     moved = after - before

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import socket
+import subprocess
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -52,6 +53,16 @@ def pd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dict[st
         yield home, ports
 
 
+def bench_with_fault(
+    home: Path, tmp: Path, fault: str
+) -> tuple[subprocess.CompletedProcess[str], dict, dict]:
+    """`bench` of BENCH with `fault`: (the command's outcome, its one cell, the cell's fault)."""
+    save = tmp / "run.json"
+    done = ucmctl(home, *BENCH, "--fault", fault, "--save", str(save), timeout=300)
+    (cell,) = json.loads(save.read_text())["cells"]
+    return done, cell, cell["measure"]["fault"]
+
+
 @pytest.mark.parametrize(
     ("fault", "said"),
     [
@@ -84,10 +95,7 @@ def test_a_decode_killed_mid_phase_costs_only_the_answers_it_was_streaming_and_c
     tmp_path: Path, pd: tuple[Path, dict[str, int]]
 ) -> None:
     home, ports = pd
-    save = tmp_path / "run.json"
-    done = ucmctl(home, *BENCH, "--fault", "kill:decode-0@6s", "--save", str(save), timeout=300)
-    (cell,) = json.loads(save.read_text())["cells"]
-    f = cell["measure"]["fault"]
+    done, cell, f = bench_with_fault(home, tmp_path, "kill:decode-0@6s")
     assert f["injected"] and f["was_running"] and f["spec"] == "kill:decode-0@6s", f
     assert 5.5 <= f["into_s"] <= 8, f
     # Every failed request is an answer cut after its tokens began; none failed before its first
@@ -122,7 +130,8 @@ def test_a_decode_killed_mid_phase_costs_only_the_answers_it_was_streaming_and_c
     row = next(line for line in status.stdout.splitlines() if line.startswith("decode-0 "))
     assert row.split()[-1] == "1" and row.split()[-2] == "-", status.stdout  # restarts; no uptime
     assert "running, restarted 1x" in row and "(last exit 137), healthy" in status.stdout, status.stdout
-    refused = ucmctl(home, "bench", "compare", str(save), str(save))
+    saved = str(tmp_path / "run.json")  # where bench_with_fault saved it
+    refused = ucmctl(home, "bench", "compare", saved, saved)
     assert refused.returncode == 2 and "--allow-lost" in refused.stderr, refused.stderr
 
 
@@ -308,10 +317,7 @@ def test_the_proxy_killed_mid_phase_costs_what_it_carried_and_what_came_while_it
     tmp_path: Path, pd: tuple[Path, dict[str, int]]
 ) -> None:
     home, ports = pd
-    save = tmp_path / "run.json"
-    done = ucmctl(home, *BENCH, "--fault", "kill:proxy@6s", "--save", str(save), timeout=300)
-    (cell,) = json.loads(save.read_text())["cells"]
-    f = cell["measure"]["fault"]
+    done, cell, f = bench_with_fault(home, tmp_path, "kill:proxy@6s")
     assert f["injected"] and f["was_running"] and f["process"] == "proxy", f
     assert done.returncode == 6 and f["failed"] == cell["measure"]["failed"] > 0, (done.stderr, f)
     # what it carried when it died (every instance's answers are its own), and what was sent
@@ -340,10 +346,7 @@ def test_the_proxy_killed_mid_phase_costs_what_it_carried_and_what_came_while_it
 def test_a_prefill_killed_mid_phase_costs_no_request(tmp_path: Path, pd: tuple[Path, dict[str, int]]) -> None:
     """Last in the module: prefill-0 has no restart policy and stays down."""
     home, ports = pd
-    save = tmp_path / "run.json"
-    done = ucmctl(home, *BENCH, "--fault", "kill:prefill-0@6s", "--save", str(save), timeout=300)
-    (cell,) = json.loads(save.read_text())["cells"]
-    f = cell["measure"]["fault"]
+    done, cell, f = bench_with_fault(home, tmp_path, "kill:prefill-0@6s")
     assert f["injected"] and f["was_running"] and f["process"] == "prefill-0", f
     # a prefill leg streams nothing to the client: one cut by the kill, or sent to it before the
     # proxy saw it gone, is sent to prefill-1
