@@ -133,14 +133,35 @@ def bundle_record(base_config: str, c: ContainerPlan, wheel: Wheel) -> dict[str,
 
 
 def read_base_config(ex: Executor, c: ContainerPlan) -> str:
-    """The base bundle's config.json; a NodeError when the folder is no OCI bundle."""
-    base = c.base_image
-    done = ex.run(f"test -d {shlex.quote(base + '/rootfs')} && cat {shlex.quote(base + '/config.json')}")
-    if not done.ok:
-        raise NodeError(ex.node.name, f"{base} is not an OCI bundle (a folder with config.json and "
-                        "rootfs/): make one there (`umoci unpack`, or an image's files in rootfs/ and "
-                        "`runc spec`)")  # fmt: skip
-    return done.stdout
+    """The base bundle's config.json; a NodeError when the folder is no OCI bundle.
+
+    Its size comes first: a job step's output can reach srun cut short at a line's end (seen
+    under load), and a config read in part must never be taken for a broken one; such a read is
+    tried again."""
+    base, q = c.base_image, shlex.quote
+    config = base + "/config.json"
+    command = f"test -d {q(base + '/rootfs')} && wc -c < {q(config)} && cat {q(config)}"
+    for _ in range(3):
+        done = ex.run(command)
+        if not done.ok:
+            raise NodeError(ex.node.name, f"{base} is not an OCI bundle (a folder with config.json and "
+                            "rootfs/): make one there (`umoci unpack`, or an image's files in rootfs/ and "
+                            "`runc spec`)")  # fmt: skip
+        size, _, text = done.stdout.partition("\n")
+        if size.strip().isdigit() and len(text.encode()) >= int(size):
+            return text
+        if _parses(text):  # newlines translated on the way: whole all the same
+            return text
+    raise NodeError(ex.node.name, f"{config} came back cut short three times (the node's output did not "
+                    "reach this machine whole): try again")  # fmt: skip
+
+
+def _parses(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
 
 
 def bundle_state(ex: Executor, c: ContainerPlan) -> dict[str, str | None] | None:

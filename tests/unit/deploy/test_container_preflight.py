@@ -4,11 +4,16 @@ tests/integration/deploy/test_containers_local.py)."""
 
 from __future__ import annotations
 
+import json
+
+import pytest
+
+from ucmctl.deploy.images import read_base_config
 from ucmctl.deploy.preflight import _container_problems
 from ucmctl.deploy.wheel import installed_wheel
-from ucmctl.nodes.executor import Result
+from ucmctl.nodes.executor import NodeError, Result
 from ucmctl.plan.build import build_plan
-from ucmctl.plan.model import NodePlan
+from ucmctl.plan.model import ContainerPlan, NodePlan
 from ucmctl.topology.load import parse_topology
 
 TOPOLOGY = """
@@ -57,3 +62,29 @@ def test_a_derived_image_with_another_wheel_is_stale() -> None:
         "one "
         f"(wheel 0123456789ab, this {this}): run `ucmctl image build TOPOLOGY`"
     ]
+
+
+class CutShort:
+    """A Slurm node whose step output reaches this machine cut at a line's end `cuts` times."""
+
+    def __init__(self, node: NodePlan, config: str, cuts: int) -> None:
+        self.node, self.config, self.cuts, self.asked = node, config, cuts, 0
+
+    def run(self, command: str, *, timeout: float = 60) -> Result:
+        self.asked += 1
+        whole = f"{len(self.config.encode())}\n{self.config}"
+        if self.asked <= self.cuts:
+            whole = whole[: whole.index('"root"')]
+        return Result(command, 0, whole, "")
+
+
+def test_a_base_config_read_cut_short_is_read_again_never_taken_as_broken() -> None:
+    plan = build_plan(parse_topology(TOPOLOGY))
+    c = ContainerPlan.model_construct(base_image="/b/base")
+    config = json.dumps({"process": {"env": ["A=1"]}, "root": {"path": "rootfs"}}, indent=1)
+    once = CutShort(plan.nodes["a"], config, cuts=1)
+    assert read_base_config(once, c) == config and once.asked == 2  # type: ignore[arg-type]
+    always = CutShort(plan.nodes["a"], config, cuts=9)
+    with pytest.raises(NodeError, match=r"/b/base/config.json came back cut short three times"):
+        read_base_config(always, c)  # type: ignore[arg-type]
+    assert always.asked == 3
