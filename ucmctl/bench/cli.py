@@ -14,6 +14,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ucmctl.bench import loop
+from ucmctl.bench.history import METRICS as METRIC_NAMES
 from ucmctl.bench.workload_defaults import LONG_DOC, MULTI_TURN, TRACE
 from ucmctl.core.errors import ExitStatus, UcmctlError
 
@@ -23,6 +24,10 @@ if TYPE_CHECKING:
     from ucmctl.bench.workloads import WorkloadSpec
 
 app = typer.Typer(help="Preseed-and-measure benchmarks, scenario suites and a regression gate.")
+SALT_HELP = ("vLLM's cache_salt in every request (default: one of this run's own, so no block of an "
+             "earlier run is a hit; a value reuses its blocks on purpose; off: none)")  # fmt: skip
+HISTORY_HELP = ("results history this run is appended to (default $UCMCTL_HISTORY, else "
+                "~/.ucmctl/history.sqlite; off: none)")  # fmt: skip
 out = Console(highlight=False, soft_wrap=True, emoji=False)
 err = Console(stderr=True, highlight=False, emoji=False)
 
@@ -107,8 +112,13 @@ def _write_outputs(
         md.write_text(report.markdown(cells))
         err.print(f"wrote {md}")
     if plot:
+        from ucmctl.bench.series_plot import save_series_plots
+
         report.save_plot(cells, plot)
         err.print(f"wrote {plot}")
+        series = save_series_plots(cells, plot)
+        if series:
+            err.print(f"wrote {len(series)} time-series figure(s): {series[0].name} ...", markup=False)
         if sweep:
             from ucmctl.bench.capacity_plot import save_capacity_plot
 
@@ -118,6 +128,27 @@ def _write_outputs(
             ]
             save_capacity_plot(rows, capacity, title="throughput vs latency per sweep point")
             err.print(f"wrote {capacity}")
+
+
+def _history(option: str | None) -> Path | None:
+    """The results history a run appends to, checked before anything is sent."""
+    from ucmctl.bench import history
+
+    path = history.resolve(option)
+    if path is not None:
+        history.check(path)
+    return path
+
+
+def _record(
+    path: Path | None, doc: dict[str, Any], command: str, deployment: str | None, label: str | None
+) -> None:
+    from ucmctl.bench import history
+    from ucmctl.bench.report import finite
+
+    if path is not None:  # as --save writes it (NaN as null): `compare` knows it for the same result
+        run_id = history.record(path, finite(doc), command=command, deployment=deployment, label=label)
+        err.print(f"recorded as run #{run_id} in {path}", markup=False, highlight=False)
 
 
 def _fail_on_errors(cells: list[dict[str, Any]]) -> None:
@@ -322,11 +353,15 @@ def run(
         help="ACTION:PROCESS@TIME, e.g. kill:decode-0@30s: SIGKILL (kill) or SIGTERM (stop) to a "
         "process of the deployment that far into the first measure phase, and what it cost",
     ),
-    cache_salt: str | None = typer.Option(
-        None,
-        "--cache-salt",
-        help="vLLM's cache_salt in every request (default: one of this run's own, so no block of an "
-        "earlier run is a hit; a value reuses its blocks on purpose; off: none)",
+    cache_salt: str | None = typer.Option(None, "--cache-salt", help=SALT_HELP),
+    history_file: str | None = typer.Option(None, "--history", help=HISTORY_HELP),
+    label: str | None = typer.Option(None, "--label", help="this run's name in the history, e.g. nightly"),
+    sample_interval: float = typer.Option(
+        1.0,
+        "--sample-interval",
+        min=0.0,
+        help="seconds between two reads of every instance's /metrics in a phase, kept in the result "
+        "(0: none)",
     ),
 ) -> None:
     """Send a workload (default: the guides' preseed then measure) and print its figures; without
@@ -364,6 +399,7 @@ def run(
     fault_spec = _fault_spec(fault, workload, url, rates, num_prompts)
     if plot:
         report.check_plot_available()
+    history_path = _history(history_file)
     digest = topo_path = None
     model_path = None
     record = None
@@ -447,6 +483,7 @@ def run(
         goodput=slos,
         fail_fast=fail_fast,
         cache_salt=_salt(cache_salt),
+        sample_interval_s=sample_interval,
     )
     capacity = _check_capacity(spec, cfg, target, max(concurrencies))
     progress = None if quiet else RichProgress(err)
@@ -463,9 +500,11 @@ def run(
     prov = report.provenance(digest, topo_path)
     prov["prompts_digest"] = report.prompts_digest(cells)
     prov["cache_salt"] = cfg.cache_salt
+    prov.update(report.deployment_facts(record, model, None if record else target.url))
     config = {**cfg.as_dict(), **spec.describe(cfg), "sweep": [p.as_dict() for p in sweep]}
     doc = report.document(cells, config, prov, target_info)
     _write_outputs(cells, doc, save, csv, markdown, plot, sweep=len(sweep) > 1)
+    _record(history_path, doc, "bench", deployment, label)
     _save_log_tails(target, save)
     _fault_not_injected(cells)
     _fail_on_errors(cells)
@@ -691,12 +730,9 @@ def suite(
     markdown: Path | None = typer.Option(None, "--markdown"),
     plot: Path | None = typer.Option(None, "--plot"),
     quiet: bool = typer.Option(False, "--quiet", "-q"),
-    cache_salt: str | None = typer.Option(
-        None,
-        "--cache-salt",
-        help="vLLM's cache_salt in every request (default: one of this run's own, so no block of an "
-        "earlier run is a hit; a value reuses its blocks on purpose; off: none)",
-    ),
+    cache_salt: str | None = typer.Option(None, "--cache-salt", help=SALT_HELP),
+    history_file: str | None = typer.Option(None, "--history", help=HISTORY_HELP),
+    label: str | None = typer.Option(None, "--label", help="this run's name in the history, e.g. nightly"),
 ) -> None:
     """Run a matrix of input lengths x scenarios (recompute, hbm, ucm), redeploying per scenario.
     Interrupted? Run it again: finished cells are kept in the results file."""
@@ -711,6 +747,8 @@ def suite(
     topology = load_topology(topo_path)
     if plot:
         report.check_plot_available()
+    history_path = _history(history_file)
+    records: list[Any] = []  # the deployment of the last cell run: where the suite ran
     if vocab is None:
         vocab = the_suite.vocab
     if vocab is None:
@@ -730,7 +768,8 @@ def suite(
         from ucmctl.deploy.state import StateStore
 
         _check_capacity(workload, cfg, target, cfg.concurrency)
-        with _watching(StateStore().load(topology.name), target):  # as `bench` run: losses in `lost`
+        records[:] = [StateStore().load(topology.name)]
+        with _watching(records[0], target):  # as `bench` run: losses in `lost`
             return strip_private(loop.run(workload.run(cfg, target, progress, err.print)))
 
     salt = _salt(cache_salt)
@@ -750,17 +789,89 @@ def suite(
     prov = report.provenance(topology.digest(), str(topo_path))
     prov["prompts_digest"] = report.prompts_digest(cells)
     prov["cache_salt"] = salt
+    prov.update(report.deployment_facts(records[0] if records else None, None, None))
     doc = report.document(cells, {**the_suite.model_dump(mode="json"), "vocab": vocab}, prov)
     _write_outputs(cells, doc, save, csv, markdown, plot)
+    _record(history_path, doc, "suite", topology.name, label)
     _fail_on_errors(cells)
+
+
+@app.command("history")
+def history_command(
+    deployment: str | None = typer.Option(None, "--deployment", "-d", help="runs against this deployment"),
+    workload: str | None = typer.Option(None, "--workload", "-w", help="prefix, multi-turn, trace, long-doc"),
+    label: str | None = typer.Option(None, "--label", help="runs given this --label"),
+    since: str | None = typer.Option(None, "--since", help="e.g. 7d, 12h, 2026-12-01"),
+    key: str | None = typer.Option(
+        None, "--key", help="runs of this provenance key (its first 8+ characters)"
+    ),
+    last: int = typer.Option(20, "--last", min=1, help="the last N runs that match"),
+    cell: str | None = typer.Option(
+        None, "--cell", help="trends of the cells matching this glob, e.g. 'ucm/*'"
+    ),
+    history_file: str | None = typer.Option(
+        None, "--history", help="the history file (default $UCMCTL_HISTORY, else ~/.ucmctl/history.sqlite)"
+    ),
+    plot: Path | None = typer.Option(None, "--plot", help="folder: a trend figure (PNG) per metric"),
+    metric: str = typer.Option(
+        "ttft_mean,tpot_mean,e2el_mean,output_throughput,hit_rate",
+        "--metric",
+        help="--plot's metrics, of: " + ", ".join(METRIC_NAMES),
+    ),
+) -> None:
+    """The runs of the results history that match (oldest first), then each cell's trend."""
+    from ucmctl.bench import history, history_view
+
+    path = history.resolve(history_file) or history.default_path()
+    metrics = [m.strip() for m in metric.split(",") if m.strip()]
+    unknown = [m for m in metrics if m not in METRIC_NAMES]
+    if unknown or not metrics:
+        raise UcmctlError.one(f"unknown metric '{', '.join(unknown)}'", key="--metric",
+                              fix="one or more of " + ", ".join(METRIC_NAMES))  # fmt: skip
+    if key is not None and len(key) < 8:
+        raise UcmctlError.one(
+            "a provenance key is 8 or more characters", key="--key", fix="copy it from the list"
+        )
+    if plot:
+        from ucmctl.bench.report import check_plot_available
+
+        check_plot_available()
+        if plot.exists() and not plot.is_dir():
+            raise UcmctlError.one(
+                "is a file, not a folder", file=str(plot), key="--plot", fix="name a folder"
+            )
+    found = history.runs(
+        path,
+        history.Filter(
+            deployment=deployment,
+            workload=workload,
+            label=label,
+            since=history.parse_since(since) if since else None,
+            key=key,
+            last=last,
+        ),
+    )
+    if not found:
+        out.print(f"no run in {path} matches" if path.exists() else f"no results history yet at {path}")
+        return
+    cells = history_view.by_cell(history.cells(path, [r.id for r in found]), cell)
+    history_view.print_runs(found, out)
+    history_view.print_trends(found, cells, out)
+    if plot:
+        for written in history_view.save_trend_plots(found, cells, plot, metrics):
+            err.print(f"wrote {written}", markup=False, highlight=False)
 
 
 @app.command("compare")
 def compare(
     baseline: Path = typer.Argument(
-        ..., help="saved result, or a folder of repeated results", show_default=False
+        ...,
+        help="saved result, or a folder of repeated results (alone: the new one, against the history)",
+        show_default=False,
     ),
-    new: Path = typer.Argument(..., help="saved result, or a folder of repeated results", show_default=False),
+    new: Path | None = typer.Argument(
+        None, help="saved result, or a folder of repeated results", show_default=False
+    ),
     max_regression: str | None = typer.Option(
         None,
         "--max-regression",
@@ -778,14 +889,52 @@ def compare(
         "--allow-lost",
         help="gate also on phases that lost a process of the deployment (or had --fault)",
     ),
+    vary: str | None = typer.Option(
+        None,
+        "--vary",
+        help="the one parameter of the provenance the sides may differ in, e.g. engine, torch, "
+        "topology, input_lens (any other difference is refused)",
+    ),
+    last: int = typer.Option(
+        5,
+        "--last",
+        min=2,
+        help="with one result: the last N runs of the history of its setup are the baseline",
+    ),
+    history_file: str | None = typer.Option(
+        None, "--history", help="the history (default $UCMCTL_HISTORY, else ~/.ucmctl/history.sqlite)"
+    ),
+    baseline_label: str | None = typer.Option(
+        None,
+        "--baseline-label",
+        help="with one result: only the history's runs given this --label, e.g. main",
+    ),
 ) -> None:
-    """Exit 0 within limits, 5 on a regression, 2 on bad input; prints a Markdown summary."""
+    """Exit 0 within limits, 5 on a regression, 2 on bad input; prints a Markdown summary. With
+    one result, its baseline is the last --last runs of the results history with its provenance
+    key (the same setup), and one new run is judged against their spread."""
     from ucmctl.bench import compare as cmp
+    from ucmctl.bench import history
 
+    if junit_path is not None and not junit_path.parent.is_dir():
+        raise UcmctlError.one("the folder does not exist", file=str(junit_path.parent), key="--junit",
+                              fix="create it, or name a file in a folder that exists")  # fmt: skip
     limits = cmp.parse_limits(max_regression or cmp.DEFAULT_LIMITS)
-    sides = cmp.load_side(baseline, allow_lost), cmp.load_side(new, allow_lost)
+    if new is None:
+        path = history.resolve(history_file) or history.default_path()
+        new_docs = cmp.load_docs(baseline)
+        base_docs, ids, key = cmp.history_baseline(path, new_docs, last, allow_lost, baseline_label)
+        against = f"runs {', '.join(f'#{i}' for i in ids)} of {path} (provenance key {key[:8]})"
+    else:
+        base_docs, new_docs = cmp.load_docs(baseline), cmp.load_docs(new)
+        against = str(baseline)
+    varied = cmp.check_provenance(base_docs, new_docs, vary)
+    sides = cmp.cells_of(base_docs, allow_lost), cmp.cells_of(new_docs, allow_lost)
     verdicts = cmp.compare(*sides, limits, repeats)
-    text = cmp.markdown(verdicts)
+    head = f"baseline: {against}"
+    if varied:
+        head += "; varied: " + "; ".join(", ".join(d) for d in varied.values())
+    text = cmp.markdown(verdicts, head)
     out.print(text, markup=False)
     if summary:
         summary.parent.mkdir(parents=True, exist_ok=True)

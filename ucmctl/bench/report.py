@@ -27,6 +27,7 @@ from rich.console import Console
 
 from ucmctl import __version__
 from ucmctl.bench import loop
+from ucmctl.bench.cells import first_leg_hit_rate, label_of, row_name, workload_of
 from ucmctl.bench.fault import fault_lines
 from ucmctl.bench.metrics import METRICS, STATS
 from ucmctl.bench.workloads import BY_KIND, PrefixSpec
@@ -51,27 +52,6 @@ VLLM_KEYS = (
 OPTIONAL_KEYS = ("request_goodput", "good_completed")  # present when --goodput was given
 
 
-def workload_of(cell: dict[str, Any]) -> str:
-    return str(cell.get("workload") or "prefix")
-
-
-def label_of(cell: dict[str, Any]) -> str:
-    """A cell's row name: its label, else (results before labels) its input length."""
-    return str(cell.get("label") or cell["input_len"])
-
-
-def row_name(cell: dict[str, Any]) -> str:
-    """The label, and the sweep point when the run swept several."""
-    point = cell.get("point_name")
-    return f"{label_of(cell)} @ {point}" if point else label_of(cell)
-
-
-def cell_key(cell: dict[str, Any]) -> str:
-    """What `bench compare` pairs cells by (with the scenario): the row name, by workload."""
-    workload = workload_of(cell)
-    return row_name(cell) if workload == "prefix" else f"{workload}: {row_name(cell)}"
-
-
 def phase_name(cell: dict[str, Any], phase: str) -> str:
     """The phase as the cell's workload names it (a workload this version lacks: as prefix does)."""
     return BY_KIND.get(workload_of(cell), PrefixSpec).phases[phase]
@@ -81,16 +61,6 @@ def ideal_of(cell: dict[str, Any]) -> float | None:
     """The hit rate the workload allows: its reusable fraction, else the prefix ratio asked."""
     ideal = cell.get("ideal_hit_rate")
     return ideal if ideal is not None else cell.get("prefix_ratio")
-
-
-def first_leg_hit_rate(phase: dict[str, Any] | None) -> float | None:
-    """The share of prompt tokens not computed (local or external hit) where a request first
-    lands: prefill in PD (decode then finds what prefill just stored), else every instance.
-    This is what the workload's ideal hit rate is read against."""
-    rates = (phase or {}).get("hit_rate") or {}
-    by_role = rates.get("by_role") or {}
-    leg = by_role.get("prefill") or by_role.get("mixed")
-    return (leg or rates.get("total") or {}).get("hit_rate")
 
 
 def preemptions_of(phase: dict[str, Any] | None) -> int | None:
@@ -169,6 +139,41 @@ def provenance(
             "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
         },
     }
+
+
+def deployment_facts(record: Any | None, model: str | None, url: str | None) -> dict[str, Any]:
+    """What the provenance says of where a run went: the model, and for a deployment the plan's
+    digest, its engine and mode and, per node, its platform, devices, images and what `up`'s
+    preflight read there (engine, torch and Python versions, device and CPU model, image ids);
+    for --url, the server's address (without any credentials in it)."""
+    from urllib.parse import urlsplit
+
+    out: dict[str, Any] = {"model": model}
+    if url is not None:
+        parts = urlsplit(url)
+        out["url"] = f"{parts.scheme}://{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+    if record is None:
+        return out
+    plan = record.plan
+    if model is None:
+        from ucmctl.bench.runner import model_path_of
+
+        out["model"] = model_path_of(plan)
+    dumped = plan.model_dump(mode="json")
+    for node in dumped["nodes"].values():
+        node.pop("slurm_node", None)  # where a scheduler put it this time: not the plan's own
+    out["plan_digest"] = hashlib.sha256(json.dumps(dumped, sort_keys=True).encode()).hexdigest()[:16]
+    out["engine"], out["mode"] = plan.engine, plan.mode
+    nodes: dict[str, dict[str, Any]] = {}
+    for name, node in sorted(plan.nodes.items()):
+        facts: dict[str, Any] = {"platform": node.platform, "devices": node.devices}
+        images = sorted({p.container.image for p in plan.on_node(name) if p.container is not None})
+        if images:
+            facts["images"] = ",".join(images)
+        facts.update(record.node_facts.get(name, {}))
+        nodes[name] = facts
+    out["nodes"] = nodes
+    return out
 
 
 def prompts_digest(cells: list[dict[str, Any]]) -> str | None:
@@ -282,6 +287,9 @@ def rows(cells: Iterable[dict[str, Any]]) -> pd.DataFrame:
             row["measured_first_leg_hit_rate"] = first_leg_hit_rate(p)
             row["ideal_hit_rate"] = cell.get("ideal_hit_rate") if phase == "measure" else None
             row["preemptions"] = preemptions_of(p)
+            handed = p.get("kv_handover") or {}
+            for key in ("mean_ms", "p50_ms", "p99_ms"):
+                row[f"kv_handover_{key}"] = handed.get(key)
             out.append(row)
     return pd.DataFrame(out)
 
@@ -479,6 +487,14 @@ def print_cells(cells: list[dict[str, Any]], console: Console) -> None:
                     f"{name}: lost {lost['process']} on {lost['node']} ({lost['how']}, "
                     f"{lost['into_s']:.0f} s in): figures include the time without it",
                     style="red",
+                    markup=False,
+                )
+            handed = p.get("kv_handover") or {}
+            if handed.get("count") and phase == "measure":
+                say(
+                    f"{name}: KV handover (proxy, {handed['count']} streamed): mean "
+                    f"{_ms(handed['mean_ms'])}, p50 {_ms(handed['p50_ms'])}, p99 {_ms(handed['p99_ms'])} "
+                    f"ms; TTFT mean {_ms(p.get('mean_ttft_ms'))} ms",
                     markup=False,
                 )
             if p.get("fault"):

@@ -17,10 +17,11 @@ from typing import Any, Protocol
 
 import aiohttp
 
-from ucmctl.bench import client, goodput, hitrate, metrics, prompts
+from ucmctl.bench import client, goodput, handover, hitrate, metrics, prompts
 from ucmctl.bench.client import RequestResult
 from ucmctl.bench.fault import Fault
 from ucmctl.bench.hitrate import Instance
+from ucmctl.bench.series import Sampler
 
 
 @dataclass
@@ -45,6 +46,7 @@ class BenchConfig:
     block_size: int = 16  # the servers' KV block, for the workloads' ideal hit rates
     fail_fast: bool = False  # with a watched deployment: stop at the first process lost
     cache_salt: str | None = None  # in every request: this run's blocks are its own (None: unsalted)
+    sample_interval_s: float = 1.0  # every instance's /metrics read this often in a phase (0: never)
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -178,9 +180,16 @@ async def measure(
         _fail_fast(watch)  # lost between the phases
     fault = target.fault if target.fault is not None and target.fault.wants(label) else None
     before = await hitrate.scrape(http, target.instances)
+    # ucmctl's proxy (a deployment's target) measures the KV handover; a server is not asked
+    proxy = target.url if target.url not in {i.url for i in target.instances} else None
+    handed = await handover.read(http, proxy) if proxy else None
     mark = watch.begin(label) if watch is not None else 0.0
     progress.start(label, len(prompt_lens))
     firing: asyncio.Future[None] | None = None
+    sampler = Sampler(http, target.instances, cfg.sample_interval_s) if cfg.sample_interval_s > 0 else None
+    series = None
+    if sampler is not None and target.instances:
+        sampler.start()
     try:
         if fault is not None:
             firing = asyncio.ensure_future(fault.during(http, time.perf_counter()))
@@ -200,6 +209,8 @@ async def measure(
         )
         run = await (_unless_lost(sending, watch) if watch is not None and cfg.fail_fast else sending)
     finally:
+        if sampler is not None and target.instances:
+            series = await sampler.stop()
         progress.stop()
         if watch is not None:
             watch.end()
@@ -215,6 +226,12 @@ async def measure(
         summary.update(goodput.goodput_fields(run.results, run.duration, cfg.goodput))
     summary["num_prompts"] = len(prompt_lens)
     summary["hit_rate"] = hitrate.hit_rates(target.instances, before, after)
+    if proxy:
+        figures = handover.phase_figures(handed, await handover.read(http, proxy))
+        if figures is not None:
+            summary["kv_handover"] = figures
+    if series is not None:
+        summary["series"] = series
     if watch is not None:  # the processes found dead or unhealthy while this phase ran
         summary["lost"] = [loss.as_dict() for loss in watch.losses_since(mark)]
     if fault is not None:

@@ -16,7 +16,7 @@ from ucmctl.core.words import counted
 from ucmctl.deploy import kv_probe
 from ucmctl.deploy.change import apply, diff
 from ucmctl.deploy.guard import node_guard
-from ucmctl.deploy.preflight import preflight
+from ucmctl.deploy.preflight import Preflight, preflight
 from ucmctl.deploy.progress import Progress
 from ucmctl.deploy.staging import stage_node
 from ucmctl.deploy.starting import start_gated
@@ -71,8 +71,8 @@ def deploy_up(
                 _acquire(launcher, topology_path, store, console, options.wait_allocation)
                 plan = launcher.bind(topology) or plan  # Slurm chose the nodes: the plan names them now
                 with node_guard(plan, launcher.all()):
-                    cleanup = _preflight(plan, launcher, options, console)
-                    return _stage_and_start(topology_path, plan, launcher, cleanup, options, console, store)
+                    checked = _preflight(plan, launcher, options, console)
+                    return _stage_and_start(topology_path, plan, launcher, checked, options, console, store)
             except BaseException:
                 held = launcher.allocation is not None  # and nothing started: nothing left queued
                 if held and not _started_any(store.load(plan.deployment)):  # else the record answers
@@ -179,10 +179,11 @@ def _refuse_if_running(existing: Record | None, options: Options) -> None:
         )
 
 
-def _preflight(plan: Plan, launcher: Launcher, options: Options, console: Console) -> dict[str, list[str]]:
-    """Check every node; returns the commands that tidy up after the checks, per node."""
+def _preflight(plan: Plan, launcher: Launcher, options: Options, console: Console) -> Preflight:
+    """Check every node; returns what was found (the commands that tidy up after the checks, per
+    node, and each node's facts for the record)."""
     if options.skip_preflight:
-        return {}
+        return Preflight([])
     console.print(f"preflight on {counted(len(launcher.all()), 'node')} ...")
     checked = preflight(plan, launcher.all())
     for line in checked.notes:
@@ -192,19 +193,19 @@ def _preflight(plan: Plan, launcher: Launcher, options: Options, console: Consol
     if checked.problems:
         _run_each(launcher, checked.cleanup)
         raise UcmctlError([Problem(p) for p in checked.problems], status=ExitStatus.NOT_READY)
-    return checked.cleanup
+    return checked
 
 
 def _stage_and_start(
     topology_path: str,
     plan: Plan,
     launcher: Launcher,
-    cleanup: dict[str, list[str]],
+    checked: Preflight,
     options: Options,
     console: Console,
     store: StateStore,
 ) -> Record:
-    running = _stage_files(launcher, plan, cleanup)
+    running = _stage_files(launcher, plan, checked.cleanup)
     if running:
         raise UcmctlError.one(
             f"deployment '{plan.deployment}' already runs on the nodes ({', '.join(running)})",
@@ -218,6 +219,7 @@ def _stage_and_start(
         plan=plan,
         processes={p.name: ProcessState(name=p.name, node=p.node) for p in plan.processes},
         allocation=launcher.allocation,
+        node_facts=checked.facts,
     )
     store.save(record)  # before anything starts: `down` can always find what this run did
     progress = Progress(plan, console)

@@ -29,6 +29,8 @@ echo "listening=$(ss -ltnH 2>/dev/null | awk '{{n=split($4, a, ":"); print a[n]}
 echo "mooncake=$(command -v {mooncake} >/dev/null 2>&1 && echo 1 || echo 0)"
 echo "bind_ip=$(getent ahosts {bind} 2>/dev/null | awk 'NR==1 {{print $1}}')"
 echo "addresses=$(hostname -I 2>/dev/null)"
+echo "device_model=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)"
+echo "cpu_model=$(awk -F': ' '/^model name/ {{print $2; exit}}' /proc/cpuinfo 2>/dev/null)"
 """
 
 # One interpreter start for all three facts: Python's version, the engine's, the connector.
@@ -40,7 +42,14 @@ try:
 except Exception:
     print("engine=")
 print("connector=%d" % all(u.find_spec(m) is not None for m in ("ucm_connector", "ucm_store")))
+try:
+    import importlib.metadata as m
+    print("torch=" + m.version("torch"))
+except Exception:
+    print("torch=")
 """
+# What a node's facts tell of where a benchmark ran (its provenance; the record keeps them).
+PROVENANCE_FACTS = ("python", "engine", "torch", "device_model", "cpu_model")
 # The fact (a line of _FACTS) each device-counting tool fills in.
 _COUNTED_BY = {"nvidia-smi": "nvidia", "npu-smi": "npu"}
 
@@ -60,6 +69,8 @@ class Preflight:
     cleanup: dict[str, list[str]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # what was found: each backend's filesystem
     warnings: list[str] = field(default_factory=list)  # what only costs speed
+    # Per node, what a result's provenance says of it: versions, device model, image ids.
+    facts: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
 def preflight(plan: Plan, executors: dict[str, Executor]) -> Preflight:
@@ -85,7 +96,9 @@ def preflight(plan: Plan, executors: dict[str, Executor]) -> Preflight:
         problems = [f"deployment '{plan.deployment}' already runs on the nodes ({', '.join(running)}): "
                     f"run `ucmctl down {plan.deployment}` first"]  # fmt: skip
     notes, warnings = shared.filesystems(results)
-    return Preflight(problems, shared.cleanup, notes, warnings)
+    facts = {r.node: {k: v for k, v in r.facts.items() if k in PROVENANCE_FACTS or k.startswith("image ")}
+             for r in reachable}  # fmt: skip
+    return Preflight(problems, shared.cleanup, notes, warnings, facts)
 
 
 def node_problem(node: NodePlan, err: NodeError) -> str:
@@ -127,7 +140,7 @@ def _node_checks(plan: Plan, ex: Executor, shared: _SharedCheck) -> NodeFacts:
     processes = plan.on_node(node.name)
     contained = [p for p in processes if p.detached]
     if contained:
-        problems, running = _container_problems(where, ex, contained)
+        problems, running = _container_problems(where, ex, contained, f)
         out.problems += problems
         out.running += running
     bundled = [p for p in processes if p.container is not None and p.container.runtime == "oci"]
@@ -216,9 +229,12 @@ def _bundle_problems(where: str, ex: Executor, processes: list[Process]) -> list
     return problems
 
 
-def _container_problems(where: str, ex: Executor, processes: list[Process]) -> tuple[list[str], list[str]]:
+def _container_problems(
+    where: str, ex: Executor, processes: list[Process], facts: dict[str, str] | None = None
+) -> tuple[list[str], list[str]]:
     """The runtime, the images (a derived one holding this ucmctl's wheel), the devices, and an
-    image the user says has ucmctl inside importing it: one round trip, then one line each."""
+    image the user says has ucmctl inside importing it: one round trip, then one line each.
+    Each image's id goes into `facts` (as `image NAME`)."""
     from ucmctl.deploy.images import image_wheel
     from ucmctl.deploy.wheel import installed_wheel
 
@@ -236,9 +252,18 @@ def _container_problems(where: str, ex: Executor, processes: list[Process]) -> t
             f'[ "$({rt} inspect --type container --format {fmt} {shlex.quote(c.name)} 2>/dev/null)" '
             f'= {mine} ] && echo "running {p.name}"'
         )
+    images = list({c.image: c for c in plans if c.runtime in ("podman", "docker")}.values())
+    for i, c in enumerate(images):  # by number: the name never reaches the shell but quoted
+        rt, image = shlex.quote(c.runtime), shlex.quote(c.image)
+        script.append(
+            f"echo \"image_id{i}=$({rt} image inspect --format '{{{{.Id}}}}' {image} 2>/dev/null)\""
+        )
     done = ex.run("\n".join(script) + "\nexit 0", timeout=60)
     running = [line.split(" ", 1)[1] for line in done.stdout.splitlines() if line.startswith("running ")]
     have = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
+    if facts is not None:
+        ids = {f"image {c.image}": have.get(f"image_id{i}", "").strip() for i, c in enumerate(images)}
+        facts.update({k: v for k, v in ids.items() if v})
     problems = [
         f"{where}: {rt} is not installed (container.runtime {rt}): install it, or set another runtime"
         for rt in runtimes

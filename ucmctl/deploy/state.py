@@ -61,6 +61,9 @@ class Record(BaseModel):
     processes: dict[str, ProcessState] = Field(default_factory=dict)
     kv_probe: ProbeResult | None = None  # the last proof that KV reached decode (deploy/kv_probe.py)
     allocation: Allocation | None = None  # what a scheduler gave the deployment (launch/slurm.py)
+    # Per node, what preflight read there that a result's provenance names: engine, torch and
+    # Python versions, device and CPU model, each container image's id (deploy/preflight.py).
+    node_facts: dict[str, dict[str, str]] = Field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -128,13 +128,14 @@ async def _answer(
     avoid: list[Instance] = []
     kv_params: dict[str, Any] | None = None
     prefilled = False
+    prefill_ended = 0.0
     last: LegFailed | None = None
     for attempt in range(cfg.retries + 1):
         if attempt:
             await asyncio.sleep(cfg.retry_backoff * 2 ** (attempt - 1))
         if cfg.mode == "pd":
             if not prefilled or cfg.p2p:
-                kv_params = await _prefill(state, body, path, tokens, key, headers)
+                kv_params, prefill_ended = await _prefill(state, body, path, tokens, key, headers)
                 prefilled = True
             payload, role, leg_key = rewrite.decode_payload(raw, body, kv_params), "decode", None
         else:
@@ -162,6 +163,9 @@ async def _answer(
             resp.close()
             inst.release(tokens)
             raise
+        if prefilled and body.get("stream") is True and resp.status == 200:
+            # the KV handover as the client feels it: the prefill's answer to decode's first token
+            state.metrics.kv_handover.observe(asyncio.get_running_loop().time() - prefill_ended)
         return inst, resp, first
     assert last is not None
     raise last
@@ -182,8 +186,9 @@ async def _prefill(
     tokens: int,
     key: bytes | None,
     headers: dict[str, str],
-) -> dict[str, Any] | None:
-    """Run the prefill leg; return the prefiller's kv_transfer_params (None when it gave none)."""
+) -> tuple[dict[str, Any] | None, float]:
+    """Run the prefill leg; return the prefiller's kv_transfer_params (None when it gave none)
+    and when its answer had come (the event loop's clock)."""
     loop = asyncio.get_running_loop()
     t = loop.time()
     p2p = state.config.p2p
@@ -204,14 +209,15 @@ async def _prefill(
         ctype = resp.headers.get("Content-Type", "application/json")
         state.metrics.errors["upstream_refused"] += 1
         raise _Answered(web.Response(status=resp.status, body=data, headers={"Content-Type": ctype}))
-    state.metrics.prefill.observe(loop.time() - t)
+    ended = loop.time()
+    state.metrics.prefill.observe(ended - t)
     if transfer_id is not None:
         # vLLM's MooncakeConnector returns no params: decode pulls this transfer from the engine
         # the prefiller's bootstrap server names.
         bootstrap = state.bootstrap_of[inst.url]
         engine = await _mooncake_engine(state, inst.url, bootstrap)
-        return rewrite.mooncake_decode_params(transfer_id, engine, bootstrap)
-    return rewrite.kv_params_of(data)
+        return rewrite.mooncake_decode_params(transfer_id, engine, bootstrap), ended
+    return rewrite.kv_params_of(data), ended
 
 
 ENGINE_TTL_S = 1.0  # a restarted prefiller registers a new engine id; it is healthy much later

@@ -9,7 +9,7 @@ import os
 
 from ucmctl.core.errors import UcmctlError
 from ucmctl.sim.p2p import PROTOCOLS, bootstrap_port
-from ucmctl.sim.profile import Profile, load_profile
+from ucmctl.sim.profile import Profile, load_profile, prefill_slowdown
 from ucmctl.sim.server import SimConfig
 
 # vLLM flags that change nothing in the simulation but are expected: no warning for them.
@@ -70,6 +70,10 @@ def parse_serve_args(argv: list[str]) -> tuple[SimConfig, list[str]]:
     profile = Profile.model_validate(
         {**profile.model_dump(), **{k: v for k, v in overrides.items() if v is not None}}
     )
+    slowdown = prefill_slowdown()
+    if slowdown != 1.0:  # a regression on purpose (a gate's own test): every prefill costs x times
+        dearer = ("base_ms", "prefill_us_per_token", "prefill_attn_ns")
+        profile = profile.model_copy(update={k: getattr(profile, k) * slowdown for k in dearer})
     ucm_config, role = _connector(args.kv_transfer_config)
     p2p = _p2p_protocol(args.kv_transfer_config)
     gib = args.kv_cache_gib

@@ -14,9 +14,12 @@ where a chunk of n tokens starts at context c (attention makes later tokens dear
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from ucmctl.core.errors import UcmctlError
 
 PROFILES_DIR = Path(__file__).parent / "profiles"
 
@@ -66,3 +69,22 @@ def load_profile(name_or_path: str) -> Profile:
             return Profile.model_validate(data)
     known = sorted([*BUILTIN, *(p.stem for p in PROFILES_DIR.glob("*.json"))])
     raise FileNotFoundError(f"no sim profile '{name_or_path}' (built in: {', '.join(known)}, or a JSON file)")
+
+
+SLOWDOWN_VARIABLE = "UCMCTL_SIM_PREFILL_SLOWDOWN"
+
+
+def prefill_slowdown() -> float:
+    """$UCMCTL_SIM_PREFILL_SLOWDOWN: a factor on every simulated prefill's cost, for testing a
+    regression gate with a slowdown that leaves the topology and the provenance as they were
+    (the simulator logs it at its start). 1 when unset."""
+    text = os.environ.get(SLOWDOWN_VARIABLE, "").strip()
+    if not text:
+        return 1.0
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not (0 < value <= 1000):
+        raise UcmctlError.one(f"'{text}' is not a factor between 0 and 1000", key=SLOWDOWN_VARIABLE)
+    return value

@@ -21,7 +21,7 @@ from ucmctl.sim.engine import FINISHED, Engine, SimRequest
 from ucmctl.sim.external import ExternalTier
 from ucmctl.sim.metrics import exposition
 from ucmctl.sim.prefix_cache import PrefixCache, block_keys
-from ucmctl.sim.profile import Profile
+from ucmctl.sim.profile import SLOWDOWN_VARIABLE, Profile, prefill_slowdown
 from ucmctl.sim.tokens import Tokenizer
 
 log = logging.getLogger("ucmctl.sim")
@@ -564,6 +564,8 @@ async def serve(server: SimServer) -> None:
     log.info(
         "sim: serving %s on http://%s:%d", server.config.served_name, server.config.host, server.config.port
     )
+    if prefill_slowdown() != 1.0:
+        log.warning("sim: every prefill costs %gx ($%s)", prefill_slowdown(), SLOWDOWN_VARIABLE)
     try:
         await asyncio.Event().wait()
     finally:

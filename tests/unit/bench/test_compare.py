@@ -156,3 +156,130 @@ def test_a_phase_with_a_fault_injected_is_refused_unless_allowed(tmp_path: Path)
     stopped["measure"]["fault"] = {"spec": "stop:decode-0@30s", "injected": False}
     never = write_result(tmp_path / "never.json", [stopped])
     assert invoke("compare", str(base), str(never))[0] == ExitStatus.OK
+
+
+def _with(path: Path, ttft: float, **prov: object) -> Path:
+    """A result whose provenance says `prov` of its setup (nodes, config ...)."""
+    import json
+
+    write_result(path, [cell(1024, ttft)])
+    doc = json.loads(path.read_text())
+    doc["provenance"].update(prov)
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_one_new_sample_is_judged_against_the_baselines_prediction_interval(tmp_path: Path) -> None:
+    (tmp_path / "steady").mkdir()
+    (tmp_path / "noisy").mkdir()
+    steady = [write_result(tmp_path / "steady" / f"{i}.json", [cell(1024, t)])
+              for i, t in enumerate((100.0, 102.0, 98.0, 101.0, 99.0))]  # fmt: skip
+    noisy = [write_result(tmp_path / "noisy" / f"{i}.json", [cell(1024, t)])
+             for i, t in enumerate((80.0, 120.0, 100.0, 90.0, 110.0))]  # fmt: skip
+    assert steady and noisy
+    limits = parse_limits("ttft_mean=5%")
+    new = {"ucm/1024": [cell(1024, 110.0)["measure"]]}
+    new["run/1024"] = new.pop("ucm/1024")
+    (v,) = compare(load_side(tmp_path / "steady"), new, limits)
+    # sd 1.58: the prediction interval is +-4.8% about the change of +10%: wholly worse
+    assert v.regression and v.ci is not None and v.ci[0] == pytest.approx(0.10 - 0.0481, abs=0.001)
+    (v,) = compare(load_side(tmp_path / "noisy"), new, limits)
+    assert not v.regression and v.change == pytest.approx(0.10)  # over the limit, within the noise
+    near = {"run/1024": [cell(1024, 104.0)["measure"]]}
+    (v,) = compare(load_side(tmp_path / "steady"), near, limits)
+    assert not v.regression  # outside the interval, under the limit
+
+
+def test_runs_of_another_setup_are_refused_and_the_difference_named(tmp_path: Path) -> None:
+    nodes = {"n1": {"engine": "0.11.0", "torch": "2.8.0", "platform": "cuda"}}
+    base = _with(tmp_path / "base.json", 100.0, nodes=nodes)
+    other = _with(tmp_path / "other.json", 100.0, nodes={"n1": {**nodes["n1"], "engine": "0.11.1"}})
+    both = _with(tmp_path / "both.json", 100.0, nodes={"n1": {"engine": "0.11.1", "torch": "2.9"}})
+    old = write_result(tmp_path / "old.json", [cell(1024, 100.0)])  # an older ucmctl's: no node facts
+    code, text = invoke("compare", str(base), str(other))
+    said = " ".join(text.split())
+    assert code == 2, said
+    assert 'the runs differ in their setup: engine (engine@n1: "0.11.0" | "0.11.1")' in said, said
+    assert "--vary engine" in said
+    code, text = invoke("compare", str(base), str(other), "--vary", "engine")
+    assert code == 0 and 'varied: engine@n1: "0.11.0" | "0.11.1"' in " ".join(text.split()), text
+    code, text = invoke("compare", str(base), str(both), "--vary", "engine")
+    assert code == 2 and "differ in more than engine: torch (torch@n1" in " ".join(text.split()), text
+    code, text = invoke("compare", str(old), str(base))
+    assert code == 0, text  # not known is not different
+
+
+def test_against_the_history_the_last_runs_of_the_same_setup(tmp_path: Path) -> None:
+    import json
+
+    from ucmctl.bench import history
+
+    h = tmp_path / "history.sqlite"
+    for i, t in enumerate((100.0, 102.0, 98.0, 101.0, 99.0, 250.0)):  # the last: of another setup
+        other = {"nodes": {"n1": {"engine": "0.9"}}} if t == 250.0 else {}
+        doc = json.loads(_with(tmp_path / f"h{i}.json", t, **other).read_text())
+        history.record(h, doc, command="bench", deployment="d", label=None)
+    new = _with(tmp_path / "new.json", 100.5)
+    history.record(h, json.loads(new.read_text()), command="bench", deployment="d", label=None)  # as run
+    junit = tmp_path / "j.xml"
+    code, text = invoke("compare", str(new), "--history", str(h), "--last", "3", "--junit", str(junit))
+    said = " ".join(text.split())
+    assert code == 0, said
+    assert f"baseline: runs #3, #4, #5 of {h}" in said  # not #6 (another setup), not #7 (itself)
+    assert 'tests="4"' in junit.read_text()
+    slow = _with(tmp_path / "slow.json", 200.0)
+    code, text = invoke("compare", str(slow), "--history", str(h), "--max-regression", "ttft_mean=10%")
+    assert code == ExitStatus.REGRESSION and "runs #2, #3, #4, #5, #7" in " ".join(text.split()), text
+    alone = _with(tmp_path / "alone.json", 100.0, model="another")
+    code, text = invoke("compare", str(alone), "--history", str(h))
+    assert code == 2 and "no earlier run of this setup (provenance key" in " ".join(text.split()), text
+
+
+def test_junit_into_a_folder_that_does_not_exist_is_refused(tmp_path: Path) -> None:
+    base = write_result(tmp_path / "base.json", [cell(1024, 100.0)])
+    code, text = invoke("compare", str(base), str(base), "--junit", str(tmp_path / "no" / "j.xml"))
+    assert code == 2 and "the folder does not exist" in text and not (tmp_path / "no").exists()
+
+
+def test_the_history_baseline_of_one_label(tmp_path: Path) -> None:
+    import json
+
+    from ucmctl.bench import history
+
+    h = tmp_path / "history.sqlite"
+    for i, (t, label) in enumerate(((100.0, "main"), (300.0, "pr-1"), (101.0, "main"), (99.0, "main"))):
+        doc = json.loads(_with(tmp_path / f"h{i}.json", t).read_text())
+        history.record(h, doc, command="bench", deployment="d", label=label)
+    new = _with(tmp_path / "new.json", 100.5)
+    code, text = invoke("compare", str(new), "--history", str(h), "--baseline-label", "main")
+    assert code == 0 and "baseline: runs #1, #3, #4 of" in " ".join(text.split()), text
+    code, text = invoke("compare", str(new), "--history", str(h), "--baseline-label", "nightly")
+    assert code == 2 and "labelled nightly in the results history" in " ".join(text.split()), text
+
+
+def test_t_quantiles_and_the_correction_for_many_judgements() -> None:
+    from ucmctl.bench.compare import critical_t, t95, t_quantile
+
+    # Student's t tables: two-sided 95% and the far tails the correction reaches
+    for df, q975, q999, q9995 in (
+        (1, 12.706, 318.309, 636.619),
+        (4, 2.776, 7.173, 8.610),
+        (30, 2.042, 3.385, 3.646),
+    ):
+        assert abs(t_quantile(0.975, df) - q975) < 1e-3 and abs(t_quantile(0.999, df) - q999) < 1e-2
+        assert abs(t_quantile(0.9995, df) - q9995) < 1e-2
+    assert critical_t(4, 1) == t95(4)
+    assert abs(critical_t(4, 25) - t_quantile(1 - 0.05 / 50, 4)) < 1e-9 and critical_t(4, 25) > 7
+
+
+def test_the_more_judgements_the_wider_each_interval(tmp_path: Path) -> None:
+    """The same +12% on one cell: flagged when it is the only judgement, not when it is one of
+    twenty-four (an A/A run of a big suite would otherwise cross some interval by chance)."""
+    base = {f"run/{n}": [cell(n, t)["measure"] for t in (100.0, 103.0, 97.0, 101.0, 99.0)] for n in range(24)}
+    new = {f"run/{n}": [cell(n, 100.0)["measure"]] for n in range(24)}
+    new["run/0"] = [cell(0, 112.0)["measure"]]
+    limits = parse_limits("ttft_mean=5%")
+    (one,) = compare({"run/0": base["run/0"]}, {"run/0": new["run/0"]}, limits)
+    assert one.regression
+    many = compare(base, new, limits)
+    assert len(many) == 24 and not any(v.regression for v in many)

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from ucmctl.bench.cells import cell_key, row_name
 from ucmctl.bench.cli import spread_option_values
 from ucmctl.bench.hitrate import Instance, hit_rates, merge
-from ucmctl.bench.report import cell_key, row_name
 from ucmctl.bench.reuse import ReuseTracker
 from ucmctl.bench.runner import BenchConfig
 from ucmctl.bench.suite import Suite

@@ -8,13 +8,14 @@ from typing import Any
 
 import pytest
 from rich.console import Console
+from rich.markup import escape
 
 from tests.unit.bench.helpers import cell, invoke, write_result
 from tests.unit.tables.render import at_width
 from ucmctl.bench import report
 from ucmctl.bench.client import RequestResult
 from ucmctl.bench.metrics import summarize
-from ucmctl.core.tables import FIGURE, NAME, PAIR, fitted, widths
+from ucmctl.core.tables import FIGURE, NAME, PAIR, fitted, plain, table, widths
 from ucmctl.deploy.inspect import render_status
 from ucmctl.deploy.state import ProcessState, Record
 from ucmctl.plan.build import build_plan
@@ -228,3 +229,15 @@ def test_widths_keep_every_word_or_say_none() -> None:
     assert widths(cols, rows, 19 + 6 + 6 + 4) is None
     tables = fitted(30, "t", cols[:1], cols[1:], rows)
     assert len(tables) == 2  # split, never cut
+
+
+def test_plain_text_is_the_table_rich_draws_where_every_cell_fits() -> None:
+    columns = [("run", FIGURE), ("name", NAME), ("TTFT mean / p99", PAIR), ("tok/s", FIGURE)]
+    rows = [["#1", "nightly [main]", "4.2 / 4.8", "3314.7"], ["#1000", "pr-7", "123456.7 / 9.0", "1.0"]]
+    console = Console(width=80, record=True, highlight=False)
+    console.print(table("trend of ucm/1024", columns, [[escape(c) for c in r] for r in rows], width=80))
+    drawn = [line.rstrip() for line in console.export_text().splitlines()]
+    text = plain("trend of ucm/1024", columns, rows, 80)
+    assert text is not None and [line.rstrip() for line in text.splitlines()] == drawn
+    assert plain(None, columns, rows, 40) is None  # does not fit: rich's wrapping tables draw it
+    assert plain(None, columns, [["a\nb", "x", "y", "z"]], 80) is None
