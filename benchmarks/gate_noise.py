@@ -77,10 +77,11 @@ def main() -> None:
                     sys.exit(f"{name}: compare exit {gate.returncode}:\n{gate.stdout}{gate.stderr}")
                 bad = [line.split("|")[1:3] for line in gate.stdout.splitlines() if "**regression**" in line]
                 flagged[kind] += gate.returncode == 5
-                what = ", ".join(f"{c.strip()} {m.strip()}" for c, m in bad) or "-"
-                print(
-                    f"{kind} run {i + 1}: {'FLAGGED' if gate.returncode == 5 else 'ok'} ({what})", flush=True
+                what = ", ".join(f"{c.strip()} {m.strip()}" for c, m in bad[:3]) + (
+                    ", ..." if len(bad) > 3 else ""
                 )
+                verdict = f"FLAGGED ({len(bad)} over: {what})" if gate.returncode == 5 else "ok"
+                print(f"{kind} run {i + 1}: {verdict}", flush=True)
                 pair[kind] = ttfts(save)
             for cell, a in pair["A/A"].items():
                 ratios.setdefault(cell, []).append(pair["A/B"][cell] / a)

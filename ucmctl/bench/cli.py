@@ -1,4 +1,4 @@
-"""`ucmctl bench` (run, the default), `ucmctl bench suite` and `ucmctl bench compare`."""
+"""`ucmctl bench` (run, the default) and its `suite`, `compare` and `history` commands."""
 
 from __future__ import annotations
 

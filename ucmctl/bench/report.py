@@ -145,13 +145,14 @@ def deployment_facts(record: Any | None, model: str | None, url: str | None) -> 
     """What the provenance says of where a run went: the model, and for a deployment the plan's
     digest, its engine and mode and, per node, its platform, devices, images and what `up`'s
     preflight read there (engine, torch and Python versions, device and CPU model, image ids);
-    for --url, the server's address (without any credentials in it)."""
+    for --url, the server's host (no port: a server started again elsewhere on it is the same
+    setup; no credentials)."""
     from urllib.parse import urlsplit
 
     out: dict[str, Any] = {"model": model}
     if url is not None:
         parts = urlsplit(url)
-        out["url"] = f"{parts.scheme}://{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+        out["url"] = f"{parts.scheme}://{parts.hostname}"
     if record is None:
         return out
     plan = record.plan
@@ -287,6 +288,7 @@ def rows(cells: Iterable[dict[str, Any]]) -> pd.DataFrame:
             row["measured_first_leg_hit_rate"] = first_leg_hit_rate(p)
             row["ideal_hit_rate"] = cell.get("ideal_hit_rate") if phase == "measure" else None
             row["preemptions"] = preemptions_of(p)
+            row["aggregate"] = bool(cell.get("aggregate"))
             handed = p.get("kv_handover") or {}
             for key in ("mean_ms", "p50_ms", "p99_ms"):
                 row[f"kv_handover_{key}"] = handed.get(key)
@@ -393,28 +395,45 @@ def save_plot(cells: list[dict[str, Any]], path: Path) -> None:
     frame = frame[frame["phase"] == "measure"]
     one_point = all(frame[k].nunique(dropna=False) <= 1 for k in ("request_rate_asked", "max_concurrency"))
     by_length = bool((frame["workload"] == "prefix").all()) and one_point
+    cells_only = frame[~frame["aggregate"]]
+    xs = cells_only["input_len"] if by_length else cells_only["label"]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     for ax, key, title in ((axes[0], "mean_ttft_ms", "TTFT"), (axes[1], "mean_e2el_ms", "E2EL")):
-        for scenario, group in frame.groupby("scenario", sort=False):
-            if by_length:
-                series = group.groupby("input_len")[key].mean()
-                ax.plot(series.index, series.values, marker="o", label=scenario or "run")
-            else:  # rounds, a trace, documents: one point per cell, in run order
-                series = group.groupby("label", sort=False)[key].mean()
-                ax.plot(range(len(series)), series.values, marker="o", label=scenario or "run")
-                ax.set_xticks(range(len(series)), [str(x) for x in series.index], rotation=20)
-        ax.set_xlabel("input length (tokens)" if by_length else "cell")
+        groups = list(frame.groupby("scenario", sort=False))
+        if xs.nunique() <= 1:  # one point a scenario: bars (a line through one point draws nothing)
+            names = [str(scenario or "run") for scenario, _ in groups]
+            values = [group[~group["aggregate"]][key].mean() for _, group in groups]
+            bars = ax.bar(range(len(names)), values, color=[f"C{i}" for i in range(len(names))])
+            ax.bar_label(bars, fmt="%.0f", fontsize=8)
+            ax.set_xticks(range(len(names)), names)
+            only = xs.iloc[0] if len(xs) else ""
+            ax.set_xlabel(f"scenario ({'input ' + str(only) + ' tokens' if by_length else only})")
+        else:
+            for scenario, group in groups:
+                plain, summed = group[~group["aggregate"]], group[group["aggregate"]]
+                if by_length:
+                    series = plain.groupby("input_len")[key].mean()
+                    (line,) = ax.plot(series.index, series.values, marker="o", label=scenario or "run")
+                else:  # rounds, a trace, documents: one point per cell, in run order
+                    series = plain.groupby("label", sort=False)[key].mean()
+                    (line,) = ax.plot(range(len(series)), series.values, marker="o", label=scenario or "run")
+                    ax.set_xticks(range(len(series)), [str(x) for x in series.index], rotation=20)
+                for _, row in summed.iterrows():  # `rounds 2-R`: all of them at once, not a round
+                    ax.axhline(row[key], linestyle="--", color=line.get_color(), alpha=0.7,
+                               label=f"{scenario or 'run'} {row['label']}")  # fmt: skip
+            ax.set_xlabel("input length (tokens)" if by_length else "cell")
         ax.set_ylabel(f"mean {title} (ms)")
         ax.set_title(f"{title} by {'input length' if by_length else 'cell'}")
         ax.grid(alpha=0.3)
-        ax.legend()
+        ax.set_ylim(bottom=0)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend()
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
-# ---- the terminal ----------------------------------------------------------------------------
 # ---- the terminal ----------------------------------------------------------------------------
 def print_cells(cells: list[dict[str, Any]], console: Console) -> None:
     """Two tables (latencies; throughput and hit rates), then every failure and unread /metrics.
