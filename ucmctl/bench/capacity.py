@@ -16,17 +16,17 @@ it is read once, not summed over engines. Preemptions are a counter per engine,
 from __future__ import annotations
 
 import asyncio
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import aiohttp
 
 from ucmctl.bench.hitrate import METRICS, Instance
+from ucmctl.core import exposition
+from ucmctl.core.exposition import samples
 
 CACHE_INFO = METRICS.cache_config_info
-PREEMPTIONS = (METRICS.preemptions + "_total", METRICS.preemptions)
-_LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
+PREEMPTIONS = frozenset((METRICS.preemptions + "_total", METRICS.preemptions))
 
 
 @dataclass(frozen=True)
@@ -43,13 +43,6 @@ class KvCapacity:
         return self.blocks * self.block_size
 
 
-def _labels(line: str) -> dict[str, str]:
-    start, end = line.find("{"), line.rfind("}")
-    if start < 0 or end < start:
-        return {}
-    return dict(_LABEL.findall(line[start + 1 : end]))
-
-
 def _int(value: str | None) -> int | None:
     try:
         return int(value) if value is not None else None
@@ -63,10 +56,10 @@ def parse_capacity(text: str) -> tuple[int | None, int | None]:
     the largest is taken (never their sum, which would count each block once per engine)."""
     blocks: int | None = None
     block_size: int | None = None
-    for line in text.splitlines():
-        if not line.startswith(CACHE_INFO) or line[len(CACHE_INFO) : len(CACHE_INFO) + 1] not in ("{", " "):
+    for s in samples(text, (CACHE_INFO,)):
+        if s.name != CACHE_INFO:
             continue
-        labels = _labels(line)
+        labels = s.labels
         n, size = _int(labels.get("num_gpu_blocks")), _int(labels.get("block_size"))
         if n is None or size is None or n < 0 or size < 1:
             continue
@@ -79,17 +72,7 @@ def parse_capacity(text: str) -> tuple[int | None, int | None]:
 
 def parse_preemptions(text: str) -> float:
     """`vllm:num_preemptions_total` (or without `_total`) summed over engines; 0.0 when absent."""
-    total = 0.0
-    for line in text.splitlines():
-        if not line or line[0] == "#":
-            continue
-        head, _, value = line.rpartition(" ")
-        if head.split("{", 1)[0] in PREEMPTIONS:
-            try:
-                total += float(value)
-            except ValueError:
-                continue
-    return total
+    return exposition.total(text, PREEMPTIONS) or 0.0
 
 
 async def read_capacities(http: aiohttp.ClientSession, instances: Sequence[Instance]) -> list[KvCapacity]:

@@ -852,7 +852,8 @@ def history_command(
         ),
     )
     if not found:
-        out.print(f"no run in {path} matches" if path.exists() else f"no results history yet at {path}")
+        said = f"no run in {path} matches" if path.exists() else f"no results history yet at {path}"
+        out.print(said, markup=False, highlight=False)
         return
     cells = history_view.by_cell(history.cells(path, [r.id for r in found]), cell)
     history_view.print_runs(found, out)

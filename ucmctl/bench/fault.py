@@ -24,14 +24,13 @@ import numpy as np
 from ucmctl.bench import hitrate
 from ucmctl.bench.client import RequestResult
 from ucmctl.core.errors import UcmctlError
+from ucmctl.core.exposition import samples
 
 ACTIONS = ("kill", "stop")  # SIGKILL, SIGTERM (ucmctl.deploy.fault sends them)
 WINDOW_S = 30.0  # the requests compared: sent this long before the fault, and after
 _SPEC = re.compile(
     r"(?P<action>[a-z]+):(?P<process>[A-Za-z0-9][A-Za-z0-9._-]*)@(?P<at>\d+(?:\.\d+)?)(?P<unit>s|m)?"
 )
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)$")
-_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
 @dataclass(frozen=True)
@@ -194,11 +193,8 @@ def proxy_samples(text: str, victim: str | None) -> dict[str, float]:
     out = dict.fromkeys(("retries", "first_token_retries", "mid_stream"), 0.0)
     if victim == ALL:
         out.update(streaming=0.0, in_flight=0.0)
-    for line in text.splitlines():
-        m = _SAMPLE.match(line)
-        if m is None:
-            continue
-        name, labels, value = m[1], dict(_LABEL.findall(m[2] or "")), float(m[3])
+    for s in samples(text, ("ucmctl_proxy_",)):
+        name, labels, value = s.name, s.labels, s.value
         if name == "ucmctl_proxy_retries_total":
             out["retries"] += value
         elif name == "ucmctl_proxy_first_token_retries_total":

@@ -7,10 +7,13 @@ reads them (linear within the bucket; the buckets step by 25%)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 from typing import Any
 
 import aiohttp
+
+from ucmctl.core.exposition import samples
 
 NAME = "ucmctl_proxy_kv_handover_seconds"
 Reading = tuple[list[tuple[float, float]], float, float]  # (cumulative buckets by bound, sum, count)
@@ -21,17 +24,15 @@ def parse(text: str) -> Reading | None:
     proxy, or a proxy of an older ucmctl)."""
     buckets: list[tuple[float, float]] = []
     total = count = None
-    for line in text.splitlines():
-        if not line.startswith(NAME):
-            continue
-        head, _, value = line.rpartition(" ")
-        if head.startswith(NAME + "_bucket"):
-            bound = head.split('le="', 1)[1].split('"', 1)[0]
-            buckets.append((math.inf if bound == "+Inf" else float(bound), float(value)))
-        elif head.startswith(NAME + "_sum"):
-            total = float(value)
-        elif head.startswith(NAME + "_count"):
-            count = float(value)
+    for s in samples(text, (NAME,)):
+        if s.name == NAME + "_bucket":
+            bound = s.label("le") or ""
+            with contextlib.suppress(ValueError):
+                buckets.append((math.inf if bound == "+Inf" else float(bound), s.value))
+        elif s.name == NAME + "_sum":
+            total = s.value
+        elif s.name == NAME + "_count":
+            count = s.value
     if not buckets or total is None or count is None:
         return None
     return sorted(buckets), total, count

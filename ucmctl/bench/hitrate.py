@@ -15,6 +15,7 @@ from typing import Any
 import aiohttp
 
 from ucmctl.core.errors import UcmctlError
+from ucmctl.core.exposition import samples
 from ucmctl.core.store_errors import LOAD_KINDS, LOOKUP_KINDS, SAVE_KINDS, WAIT_OPS
 from ucmctl.engines import ENGINES
 
@@ -58,16 +59,10 @@ def parse_counters(text: str) -> dict[str, float]:
         wanted[name] = key
         wanted[name + "_total"] = key
     out = dict.fromkeys(COUNTERS, 0.0)
-    for line in text.splitlines():
-        if not line or line[0] == "#":
-            continue
-        head, _, value = line.rpartition(" ")
-        found = wanted.get(head.split("{", 1)[0])
+    for s in samples(text):
+        found = wanted.get(s.name)
         if found is not None:
-            try:
-                out[found] = out.get(found, 0.0) + float(value)
-            except ValueError:
-                continue
+            out[found] = out.get(found, 0.0) + s.value
     return out
 
 

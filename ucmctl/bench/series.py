@@ -18,6 +18,7 @@ from typing import Any
 import aiohttp
 
 from ucmctl.bench.hitrate import METRICS, Instance
+from ucmctl.core.exposition import samples
 
 # name in the result: the Prometheus series (a counter's _total suffix is read too)
 SERIES = {
@@ -37,24 +38,18 @@ GAUGES = ("running", "waiting", "kv_usage")
 TRANSFERRED = "kv_transfer_tokens"  # prompt tokens that came through the KV connector (P2P)
 _BY_NAME = {n: k for k, n in SERIES.items()} | {n + "_total": k for k, n in SERIES.items()}
 _FIRST = tuple({n.split(":", 1)[0] for n in SERIES.values()} | {"vllm"})  # cheap line filter
-_SOURCE = f'source="{METRICS.transfer_source}"'
 _BY_SOURCE = (METRICS.prompt_tokens_by_source, METRICS.prompt_tokens_by_source + "_total")
 
 
 def parse(text: str) -> dict[str, float]:
     """The kept series of one /metrics text, each summed over its label sets (engines)."""
     out: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line.startswith(_FIRST):
-            continue
-        head, _, value = line.rpartition(" ")
-        name = head.split("{", 1)[0]
-        key = _BY_NAME.get(name)
-        if key is None and name in _BY_SOURCE and _SOURCE in head:
+    for s in samples(text, _FIRST):
+        key = _BY_NAME.get(s.name)
+        if key is None and s.name in _BY_SOURCE and s.label("source") == METRICS.transfer_source:
             key = TRANSFERRED
         if key is not None:
-            with contextlib.suppress(ValueError):
-                out[key] = out.get(key, 0.0) + float(value)
+            out[key] = out.get(key, 0.0) + s.value
     return out
 
 

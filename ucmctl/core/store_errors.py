@@ -11,6 +11,8 @@ import errno
 import re
 from collections.abc import Callable
 
+from ucmctl.core.exposition import samples
+
 # What a network filesystem gives (a handle gone stale, the server gone, an I/O error), a load
 # not finished in time, a block that failed its checksum.
 LOAD_KINDS = ("estale", "enotconn", "eio", "timeout", "corrupt")
@@ -71,9 +73,7 @@ def error_kind(reason: str) -> str | None:
 
 
 OPS = {"lookup": LOOKUP_KINDS, "load": LOAD_KINDS, "save": SAVE_KINDS}
-_SAMPLE = re.compile(
-    r"^vllm:ucm_(lookup|load|save)_(?:errors(?:_([a-z]+))?|(waits_over_bound))_total(?:\{[^}]*\})? (\S+)$"
-)
+_NAME = re.compile(r"^vllm:ucm_(lookup|load|save)_(?:errors(?:_([a-z]+))?|(waits_over_bound))_total$")
 
 
 def errors_from_metrics(text: str) -> dict[str, float]:
@@ -82,16 +82,13 @@ def errors_from_metrics(text: str) -> dict[str, float]:
     (absent ones are 0)."""
     out = {op: 0.0 for op in OPS} | {f"{op}_{k}": 0.0 for op, kinds in OPS.items() for k in kinds}
     out |= {f"{op}_waits_over_bound": 0.0 for op in WAIT_OPS}
-    for line in text.splitlines():
-        m = _SAMPLE.match(line)
+    for s in samples(text, ("vllm:ucm_",)):
+        m = _NAME.match(s.name)
         if m is None:
             continue
         key = f"{m[1]}_{m[2] or m[3]}" if m[2] or m[3] else m[1]
         if key in out:
-            try:
-                out[key] += float(m[4])
-            except ValueError:
-                continue
+            out[key] += s.value
     return out
 
 

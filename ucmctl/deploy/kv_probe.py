@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import random
-import re
 import time
 import urllib.error
 import urllib.request
@@ -24,6 +23,7 @@ from collections.abc import Callable
 
 from pydantic import BaseModel
 
+from ucmctl.core.exposition import samples
 from ucmctl.core.store_errors import describe, errors_from_metrics
 from ucmctl.engines import engine_for
 from ucmctl.plan.model import Plan, Process
@@ -31,7 +31,6 @@ from ucmctl.plan.model import Plan, Process
 PROBE_TOKENS = 1100  # several whole blocks at any block size vLLM uses (16 .. 512)
 MAX_TOKENS = 2
 TOKEN_RANGE = (10, 500)  # ids every vocabulary has
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)$")
 
 
 class ProbeResult(BaseModel):
@@ -58,10 +57,9 @@ def applies(plan: Plan) -> str | None:
 def counter(text: str, name: str, label: str) -> float | None:
     """The sum of a counter's samples whose labels contain `label`; None when absent."""
     total, found = 0.0, False
-    for line in text.splitlines():
-        m = _SAMPLE.match(line)
-        if m and m.group(1) == name and label in (m.group(2) or ""):
-            total += float(m.group(3))
+    for s in samples(text, (name,)):
+        if s.name == name and label in s.labels_text:
+            total += s.value
             found = True
     return total if found else None
 
