@@ -733,6 +733,11 @@ def suite(
     cache_salt: str | None = typer.Option(None, "--cache-salt", help=SALT_HELP),
     history_file: str | None = typer.Option(None, "--history", help=HISTORY_HELP),
     label: str | None = typer.Option(None, "--label", help="this run's name in the history, e.g. nightly"),
+    fail_fast: bool = typer.Option(
+        False,
+        "--fail-fast",
+        help="stop at once when a process of a scenario's deployment dies or turns unhealthy",
+    ),
 ) -> None:
     """Run a matrix of input lengths x scenarios (recompute, hbm, ucm), redeploying per scenario.
     Interrupted? Run it again: finished cells are kept in the results file."""
@@ -783,6 +788,7 @@ def suite(
         vocab,
         err.print,
         cache_salt=salt,
+        fail_fast=fail_fast,
     )
     report.print_cells(cells, out)
     out.print(report.markdown(cells))

@@ -289,9 +289,12 @@ def run_suite(
     vocab: int,
     log: Callable[[str], None] = lambda _: None,
     cache_salt: str | None = None,
+    fail_fast: bool = False,
 ) -> list[dict[str, Any]]:
     """Run what the results file lacks; return every cell of the suite in matrix order. Every
-    request carries `cache_salt`: no cell hits a block an earlier run of the suite stored."""
+    request carries `cache_salt`: no cell hits a block an earlier run of the suite stored. With
+    `fail_fast`, a process of the deployment lost while a cell runs stops the suite at once (the
+    scenario is taken down; the cells done so far stay in the results file for a rerun)."""
     scenario_topologies = {s: apply_scenario(topology, s, suite.side_flags) for s in suite.scenarios}
     from ucmctl.plan.build import build_plan
 
@@ -299,6 +302,7 @@ def run_suite(
         build_plan(t)
     base = suite.bench_config(vocab)
     base.cache_salt = cache_salt
+    base.fail_fast = fail_fast
     all_cells = suite.cells()
     lengths = suite.lengths()
     n_len, n_rep = len(lengths), suite.repeats

@@ -145,6 +145,21 @@ def test_matrix_resume_and_table(tmp_path: Path) -> None:
     assert changed.done == {} and changed.attempt == 0
 
 
+def test_fail_fast_reaches_every_cell_and_a_loss_takes_the_scenario_down(tmp_path: Path) -> None:
+    seen: list[bool] = []
+
+    def run_cell(cfg: BenchConfig, target: Target) -> list[dict[str, Any]]:
+        seen.append(cfg.fail_fast)
+        raise UcmctlError.one("stopped at once (--fail-fast): LOST decode-0 on n2: not running")
+
+    results = ResultsFile(tmp_path / "r.jsonl", _suite())
+    results.open(fresh=False)
+    deployer = FakeDeployer()
+    with pytest.raises(UcmctlError, match="stopped at once"):
+        run_suite(_suite(), load_topology(EP), str(EP), results, run_cell, deployer, 8000, fail_fast=True)
+    assert seen == [True] and deployer.events == ["up:nostore", "down:ep-dp4tp8-dp8tp4"]
+
+
 def test_cut_last_line_is_run_again(tmp_path: Path) -> None:
     suite = _suite()
     results = ResultsFile(tmp_path / "r.jsonl", suite)
