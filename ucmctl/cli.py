@@ -104,14 +104,33 @@ def render(
     store_size: str = typer.Option(
         "1Ti", "--store-size", help="--k8s: size the store's ReadWriteMany claim asks"
     ),
+    prometheus: Path | None = typer.Option(
+        None,
+        "--prometheus",
+        help="write a Prometheus scrape config (file-discovered targets), alert rules and Grafana "
+        "dashboards into this folder; TOPOLOGY may also name a running deployment",
+    ),
+    scrape_interval: float = typer.Option(5.0, "--scrape-interval", min=0.1, help="--prometheus: seconds"),
 ) -> None:
     """Write the plan for a scheduler, never run by ucmctl: Kubernetes manifests (--k8s:
     LeaderWorkerSets, Deployments, Services, a ConfigMap, the store's claim; schema-checked) or
     an sbatch script (--slurm: the deployment as one batch job; `ucmctl down` stops it)."""
     from ucmctl.plan.build import build_plan
 
-    if (k8s is None) == (slurm is None):
-        raise UcmctlError.one("ucmctl render: pass exactly one of --k8s DIR or --slurm DIR")
+    if sum(x is not None for x in (k8s, slurm, prometheus)) != 1:
+        raise UcmctlError.one("ucmctl render: pass exactly one of --k8s DIR, --slurm DIR or --prometheus DIR")
+    if prometheus is not None:
+        from ucmctl.monitor.prometheus import render as render_prometheus
+        from ucmctl.monitor.prometheus import write
+
+        plan_of_it = _running_plan(topology) or build_plan(_load(topology))
+        files = write(render_prometheus(plan_of_it, scrape_interval), prometheus)
+        for path in files:
+            out.print(escape(str(path)))
+        config = shlex.quote(str(prometheus / "prometheus.yml"))
+        out.print(f"wrote {len(files)} files under {escape(str(prometheus))}: run `prometheus "
+                  f"--config.file={escape(config)}`; import the dashboards/ into Grafana")  # fmt: skip
+        return
     topo = _load(topology)
     the_plan = build_plan(topo)
     if slurm is not None:
@@ -138,6 +157,16 @@ def render(
         out.print(escape(str(written)))
     out.print(f"wrote {len(manifests)} manifests under {escape(str(k8s))}: apply them with "
               f"`kubectl apply -f {escape(str(k8s))}` (needs the LeaderWorkerSet controller)")  # fmt: skip
+
+
+def _running_plan(name: Path) -> Plan | None:
+    """The plan of the deployment `name` names when it is no file but a deployment of the record."""
+    if name.exists() or "/" in str(name):
+        return None
+    from ucmctl.deploy.state import StateStore
+
+    record = StateStore().load(str(name))
+    return record.plan if record is not None else None
 
 
 def _load(topology: Path) -> Topology:

@@ -30,7 +30,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from ucmctl.sim.external import ExternalTier
-from ucmctl.sim.metrics import Histogram, inter_token_buckets, ttft_buckets
+from ucmctl.sim.metrics import Histogram, inter_token_buckets, request_latency_buckets, ttft_buckets
 from ucmctl.sim.prefix_cache import PrefixCache, extend_keys
 from ucmctl.sim.profile import Profile
 
@@ -91,6 +91,7 @@ class EngineStats:
     elapsed_ms: float = 0.0  # wall time the steps took
     ttft: Histogram = field(default_factory=lambda: Histogram(ttft_buckets()))
     itl: Histogram = field(default_factory=lambda: Histogram(inter_token_buckets()))
+    e2e: Histogram = field(default_factory=lambda: Histogram(request_latency_buckets()))
 
 
 class Engine:
@@ -349,4 +350,5 @@ class Engine:
             self.running.remove(r)
             self._release(r)
             self.stats.finished += 1
+            self.stats.e2e.observe(now - r.arrival)
             r.out.put_nowait(FINISHED)

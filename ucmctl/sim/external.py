@@ -45,6 +45,10 @@ class ExternalTier:
         self.shard_sizes = [shard] * shards
         self.store = ucm_store.Store.from_config(cfg, shard_sizes=self.shard_sizes)
         self.loaded_blocks = 0
+        self.block_bytes = block_bytes
+        # What moved, as the connector counts it (vllm:ucm_{load,save}_{blocks,bytes,seconds}_total)
+        self.moved: dict[str, float] = {f"{op}_{what}": 0.0 for op in ("load", "save")
+                                        for what in ("blocks", "bytes", "seconds")}  # fmt: skip
         self.load_failures = 0
         self.saved_blocks = 0
         # The connector's counters (ucm_connector.stats): load_errors, load_errors_<kind>, ...
@@ -115,6 +119,9 @@ class ExternalTier:
                 break
             good += 1
         self.loaded_blocks += good
+        self.moved["load_blocks"] += good
+        self.moved["load_bytes"] += good * self.block_bytes
+        self.moved["load_seconds"] += time.perf_counter() - started
         return good
 
     def save(self, keys: Sequence[bytes]) -> None:
@@ -133,6 +140,9 @@ class ExternalTier:
         self._took(started, "save")
         ok, errors = result.ok, result.errors
         self.saved_blocks += sum(ok)
+        self.moved["save_blocks"] += sum(ok)
+        self.moved["save_bytes"] += sum(ok) * self.block_bytes
+        self.moved["save_seconds"] += time.perf_counter() - started
         failed = [e or "failed" for flag, e in zip(ok, errors, strict=True) if not flag]
         if failed:
             self._count("save", failed)

@@ -55,6 +55,12 @@ def inter_token_buckets() -> list[float]:
             10.0, 20.0, 40.0, 80.0]  # fmt: skip
 
 
+def request_latency_buckets() -> list[float]:
+    """vLLM's buckets of the whole-request latencies (e2e, queue, prefill, decode)."""
+    return [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+            240.0, 480.0, 960.0, 1920.0, 7680.0]  # fmt: skip
+
+
 class Histogram:
     """Cumulative-bucket histogram as Prometheus exposes it."""
 
@@ -152,6 +158,10 @@ def exposition(model: str, engines: Sequence[Engine]) -> str:
             name = f"vllm:ucm_{key}_total"
             family(name, "counter", f"UCM store: {key.replace('_', ' ')} (blocks)")
             out.append(f"{name}{{{labels(engines[0])}}} {count}")
+        for key, amount in external.moved.items():
+            name = f"vllm:ucm_{key}_total"
+            family(name, "counter", f"UCM store: {key.replace('_', ' ')}")
+            out.append(f"{name}{{{labels(engines[0])}}} {amount:.6g}")
         name = "ucmctl_sim_store_wait_max_seconds"
         family(name, "gauge", "The longest one UCM store lookup, load or save took.")
         for op, took in external.longest_wait_s.items():
@@ -169,6 +179,7 @@ def exposition(model: str, engines: Sequence[Engine]) -> str:
     histograms = [
         ("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", "ttft"),
         ("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", "itl"),
+        ("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", "e2e"),
     ]
     for name, help_text, attr in histograms:
         family(name, "histogram", help_text)

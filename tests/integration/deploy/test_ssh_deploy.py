@@ -440,3 +440,92 @@ def test_purge_storage_removes_only_the_stores_folders(tmp_path: Path, hosts: Cl
     assert not list(backend.glob("[0-9a-f][0-9a-f][0-9a-f]"))
     assert (backend / "keep-me.txt").read_text() == "not the store's"
     assert hosts.processes_of("t-purge") == []
+
+
+def test_prometheus_scrapes_every_target_and_every_dashboard_panel_has_data(
+    tmp_path: Path, hosts: Cluster, cli: Cli
+) -> None:
+    """`render NAME --prometheus DIR` of a running 2P2D on the test hosts, then Debian's real
+    Prometheus with that folder: promtool passes the config and the rules, every target is up
+    with its labels, the rules load, and every dashboard panel's query returns data (Grafana
+    itself cannot run here: its panels are checked through their queries)."""
+    import os
+    import shutil
+    import socket
+    import urllib.parse
+
+    from ucmctl.monitor.dashboards import PANELS
+
+    assert shutil.which("prometheus") and shutil.which("promtool"), "scripts/setup.sh installs prometheus"
+    topo = write(tmp_path, centralized(hosts, "t-prom"))
+    assert cli("up", str(topo)).returncode == 0
+    folder = tmp_path / "prom"
+    rendered = cli("render", "t-prom", "--prometheus", str(folder), "--scrape-interval", "1")
+    assert rendered.returncode == 0, rendered.stderr
+    for check in (["check", "config", "prometheus.yml"], ["check", "rules", "ucmctl-t-prom-alerts.yml"]):
+        done = subprocess.run(["promtool", *check], cwd=folder, capture_output=True, text=True)
+        assert done.returncode == 0, done.stdout + done.stderr
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    api = f"http://127.0.0.1:{port}/api/v1"
+    server = subprocess.Popen(
+        ["prometheus", f"--config.file={folder / 'prometheus.yml'}",
+         f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"],
+        stdout=subprocess.DEVNULL, stderr=(tmp_path / "prometheus.log").open("w"), env=dict(os.environ),
+    )  # fmt: skip
+
+    def get(path: str) -> dict:
+        return json.loads(urllib.request.urlopen(f"{api}/{path}", timeout=10).read())
+
+    def targets() -> list[dict]:
+        try:
+            return get("targets")["data"]["activeTargets"]
+        except OSError:
+            return []
+
+    try:
+        all_up = lambda: len(targets()) == 5 and all(t["health"] == "up" for t in targets())  # noqa: E731
+        assert wait_for(all_up, timeout=60), (targets(), (tmp_path / "prometheus.log").read_text()[-2000:])
+        labelled = sorted(
+            (t["labels"]["process"], t["labels"]["role"], t["labels"]["node"]) for t in targets()
+        )
+        assert labelled == [("decode-0", "decode", "h2"), ("decode-1", "decode", "h2"),
+                            ("prefill-0", "prefill", "h1"), ("prefill-1", "prefill", "h1"),
+                            ("proxy", "proxy", "h1")]  # fmt: skip
+        assert {t["labels"]["deployment"] for t in targets()} == {"t-prom"}
+        bench = cli(
+            "bench", "--input-len", "256", "--output-len", "8", "--num-prompts", "16", "--reset-hbm", "-q"
+        )
+        assert bench.returncode == 0, bench.stderr
+        time.sleep(3)  # a few scrapes after the load
+        groups = get("rules")["data"]["groups"]
+        assert [r["name"] for g in groups for r in g["rules"]] == [
+            "UcmctlTargetDown",
+            "UcmctlDecodePreempting",
+            "UcmctlExternalHitRateCollapsed",
+            "UcmctlStoreErrors",
+            "UcmctlProxyUpstreamErrors",
+        ]
+        health = {r["name"]: (r["health"], r.get("lastError")) for g in groups for r in g["rules"]}
+        assert {h for h, _ in health.values()} == {"ok"}, health
+        empty, quiet = [], []
+        for panel in PANELS:
+            answers = []
+            for legend, expr in panel.queries:
+                query = urllib.parse.quote(expr.replace("$deployment", "t-prom"))
+                answer = get(f"query?query={query}")
+                assert answer["status"] == "success", (panel.title, expr, answer)
+                answers.append(answer["data"]["result"])
+                if not answer["data"]["result"]:
+                    quiet.append(legend.split(" {{")[0])
+            if not any(answers):
+                empty.append(panel.title)
+        assert empty == [], empty
+        # only what had nothing to count: no retry, no error, no Mooncake master in this layout
+        assert sorted(quiet) == ["before the first token", "errors", "master up", "retries"], quiet
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+        cli("down", "t-prom")
+    assert hosts.processes_of("t-prom") == []
