@@ -241,3 +241,39 @@ def test_plain_text_is_the_table_rich_draws_where_every_cell_fits() -> None:
     assert text is not None and [line.rstrip() for line in text.splitlines()] == drawn
     assert plain(None, columns, rows, 40) is None  # does not fit: rich's wrapping tables draw it
     assert plain(None, columns, [["a\nb", "x", "y", "z"]], 80) is None
+
+
+def test_the_lines_under_the_tables_wrap_between_words_at_80() -> None:
+    """A PD trace cell's hit rates by role, its send lag and its KV handover: lines of 85-95
+    characters that a terminal would break mid-number, wrapped between words instead."""
+    c = cell(4096, 812.0, scenario="ucm-with-a-long-scenario-name")
+    c.update(workload="trace", label="trace mooncake-long-conversations.jsonl")
+    m = c["measure"]
+    m["hit_rate"] = {"total": {"hit_rate": 0.5}, "by_role": {
+        "prefill": {"local_hit_rate": 0.123456, "external_hit_rate": 0.654321},
+        "decode": {"local_hit_rate": 0.0, "external_hit_rate": 0.937500}}}  # fmt: skip
+    m["send_lag_ms"] = {"p50": 12.345678, "p99": 123.456789, "max": 1234.567891}
+    m["kv_handover"] = {"count": 1234, "mean_ms": 21.234, "p50_ms": 18.5, "p99_ms": 64.25}
+    console = Console(width=80, record=True, highlight=False)
+    report.print_cells([c], console)
+    text = console.export_text()
+    whole(text)
+    joined = " ".join(text.split())
+    for words in (
+        "prefill local 12.3%, external 65.4%; decode local 0.0%, external 93.8%",
+        "by 12.35 ms p50, 123.46 ms p99, 1234.57 ms max",
+        "KV handover (proxy, 1234 streamed): mean 21.23, p50 18.50, p99 64.25 ms; TTFT mean 812 ms",
+    ):
+        assert words in joined, joined  # fmt: skip
+
+
+def test_the_kv_probe_line_of_status_wraps_between_words_at_80() -> None:
+    from ucmctl.deploy.kv_probe import ProbeResult
+
+    record = status_record(next(t for t in TOPOLOGIES if t.name == "2p2d-centralized.yaml"))
+    detail = ("decode-0's external prefix cache hits grew by 160 tokens (10 blocks of 16) after prefill-0 "
+              "stored a 160-token prompt through the proxy at http://192.168.10.1:8000")  # fmt: skip
+    record.kv_probe = ProbeResult(mode="centralized", ok=True, detail=detail, at=1000.0)
+    text = at_width(draw_status(record, [("running", "healthy")] * len(record.plan.processes)))
+    whole(text)
+    assert detail in " ".join(text.split()), text
