@@ -135,12 +135,15 @@ class Slurm:
             bad = ("down", "*", "unknown", "drain", "not")
             if all(s and not any(b in s for b in bad) for s in states.values()):
                 return
-            for n in nodes:
+            for n in [*nodes, "slurmctld"]:
                 proc = self.daemons.get(n)
                 if proc is not None and proc.poll() is not None:
-                    raise RuntimeError(f"slurmd on {n} exited ({proc.returncode}); see {self.base}/log")
+                    raise RuntimeError(f"{'slurmd on ' + n if n in nodes else n} exited ({proc.returncode}): "
+                                       f"{_tail(self.base / 'log')}")  # fmt: skip
             if time.monotonic() > deadline:
-                raise TimeoutError(f"Slurm nodes not ready after {timeout} s: {states}")
+                raise TimeoutError(
+                    f"Slurm nodes not ready after {timeout} s: {states}: {_tail(self.base / 'log')}"
+                )
             time.sleep(0.1)
 
     def jobs(self) -> list[str]:
@@ -290,7 +293,7 @@ def slurm_cluster(
     for sub in ("ctld", "log", "run", "work", *(f"spool/{h.name}" for h in chosen)):
         (base / sub).mkdir(parents=True)
     conf = base / "slurm.conf"
-    ctld_port = random.randrange(20000, 60000, 2)  # and the next one for slurmd
+    ctld_port = _free_pair()  # and the next one for slurmd
     conf.write_text(_config(base, chosen, hosts.subnet, ctld_port, gpus))
     if gpus:  # a stand-in for GPUs (there are none here): Slurm counts and binds these devices
         (base / "gres.conf").write_text(f"Name=gpu File=/dev/tty[{FAKE_GPU_TTY}-{FAKE_GPU_TTY + gpus - 1}]\n")
@@ -315,6 +318,30 @@ def slurm_cluster(
         yield s
     finally:
         _teardown(s)
+
+
+def _free_pair() -> int:
+    """An even port free on this machine (slurmctld's, below the kernel's ephemeral range where a
+    random pick could meet an outgoing connection's port), the next one for the slurmds."""
+    for _ in range(200):
+        port = random.randrange(20000, 32000, 2)
+        with socket.socket() as a, socket.socket() as b:
+            try:
+                a.bind(("0.0.0.0", port))
+                b.bind(("0.0.0.0", port + 1))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free pair of ports for Slurm between 20000 and 32000")
+
+
+def _tail(folder: Path, lines: int = 8) -> str:
+    """The last lines of each daemon's log in `folder`, to say why Slurm did not come up."""
+    parts = []
+    for log in sorted(folder.glob("*.log")) if folder.is_dir() else []:
+        said = log.read_text(errors="replace").splitlines()[-lines:]
+        parts.append(f"{log.name}: " + " | ".join(said))
+    return "; ".join(parts) or f"no log in {folder}"
 
 
 def _teardown(s: Slurm) -> None:

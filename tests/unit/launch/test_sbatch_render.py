@@ -375,7 +375,8 @@ def test_cli_render_slurm_prints_the_path_and_how_to_submit(tmp_path: Path) -> N
 def test_cli_render_needs_exactly_one_target(args: list[str], tmp_path: Path) -> None:
     done = _cli("render", str(EP), *args, cwd=tmp_path)
     assert done.returncode == ExitStatus.BAD_INPUT
-    assert done.stderr == "error: ucmctl render: pass exactly one of --k8s DIR or --slurm DIR\n"
+    said = "error: ucmctl render: pass exactly one of --k8s DIR, --slurm DIR or --prometheus DIR\n"
+    assert done.stderr == said
     assert list(tmp_path.iterdir()) == []
 
 
