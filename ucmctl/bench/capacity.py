@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import aiohttp
 
 from ucmctl.bench.hitrate import METRICS, Instance
+from ucmctl.bench.scrape import SCRAPE_TIMEOUT_S, fetch_metrics
 from ucmctl.core import exposition
 from ucmctl.core.exposition import samples
 
@@ -79,13 +80,8 @@ async def read_capacities(http: aiohttp.ClientSession, instances: Sequence[Insta
     """Every instance's capacity, in order; blocks None for one whose /metrics did not answer."""
 
     async def one(inst: Instance) -> KvCapacity:
-        blocks = size = None
-        try:
-            async with http.get(f"{inst.url}/metrics", timeout=aiohttp.ClientTimeout(total=15)) as r:
-                if r.status == 200:
-                    blocks, size = parse_capacity(await r.text())
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, UnicodeDecodeError):
-            pass
+        text = await fetch_metrics(http, inst.url, SCRAPE_TIMEOUT_S)
+        blocks, size = parse_capacity(text) if text is not None else (None, None)
         return KvCapacity(inst.name, inst.role, blocks, size)
 
     return list(await asyncio.gather(*(one(i) for i in instances)))

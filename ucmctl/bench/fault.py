@@ -23,11 +23,13 @@ import numpy as np
 
 from ucmctl.bench import hitrate
 from ucmctl.bench.client import RequestResult
+from ucmctl.bench.scrape import fetch_metrics
 from ucmctl.core.errors import UcmctlError
 from ucmctl.core.exposition import samples
 
 ACTIONS = ("kill", "stop")  # SIGKILL, SIGTERM (ucmctl.deploy.fault sends them)
 WINDOW_S = 30.0  # the requests compared: sent this long before the fault, and after
+FAULT_SCRAPE_TIMEOUT_S = 5.0  # the proxy and the victim are read right at the fault: not long
 _SPEC = re.compile(
     r"(?P<action>[a-z]+):(?P<process>[A-Za-z0-9][A-Za-z0-9._-]*)@(?P<at>\d+(?:\.\d+)?)(?P<unit>s|m)?"
 )
@@ -118,11 +120,8 @@ class Fault:
     async def _proxy_samples(self, http: aiohttp.ClientSession) -> dict[str, float] | None:
         if self._proxy is None:
             return None
-        try:
-            async with http.get(f"{self._proxy}/metrics", timeout=aiohttp.ClientTimeout(total=5)) as r:
-                return proxy_samples(await r.text(), self._victim) if r.status == 200 else None
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
-            return None
+        text = await fetch_metrics(http, self._proxy, FAULT_SCRAPE_TIMEOUT_S)
+        return proxy_samples(text, self._victim) if text is not None else None
 
     async def report(
         self, http: aiohttp.ClientSession, results: Sequence[RequestResult], duration: float
@@ -160,11 +159,7 @@ class Fault:
         began again at its restart, so these are its requests since it was back."""
         if self._victim is None or self._victim == ALL:
             return None
-        try:
-            async with http.get(f"{self._victim}/metrics", timeout=aiohttp.ClientTimeout(total=5)) as r:
-                text = await r.text() if r.status == 200 else None
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
-            return None
+        text = await fetch_metrics(http, self._victim, FAULT_SCRAPE_TIMEOUT_S)
         if text is None:
             return None
         counters = hitrate.parse_counters(text)

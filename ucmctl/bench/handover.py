@@ -6,13 +6,13 @@ reads them (linear within the bucket; the buckets step by 25%)."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import math
 from typing import Any
 
 import aiohttp
 
+from ucmctl.bench.scrape import SCRAPE_TIMEOUT_S, fetch_metrics
 from ucmctl.core.exposition import samples
 
 NAME = "ucmctl_proxy_kv_handover_seconds"
@@ -39,11 +39,8 @@ def parse(text: str) -> Reading | None:
 
 
 async def read(http: aiohttp.ClientSession, url: str) -> Reading | None:
-    try:
-        async with http.get(f"{url}/metrics", timeout=aiohttp.ClientTimeout(total=15)) as r:
-            return parse(await r.text()) if r.status == 200 else None
-    except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError, IndexError):
-        return None
+    text = await fetch_metrics(http, url, SCRAPE_TIMEOUT_S)
+    return parse(text) if text is not None else None
 
 
 def quantile(q: float, buckets: list[tuple[float, float]]) -> float | None:

@@ -14,6 +14,7 @@ from typing import Any
 
 import aiohttp
 
+from ucmctl.bench.scrape import SCRAPE_TIMEOUT_S, fetch_metrics
 from ucmctl.core.errors import UcmctlError
 from ucmctl.core.exposition import samples
 from ucmctl.core.store_errors import LOAD_KINDS, LOOKUP_KINDS, SAVE_KINDS, WAIT_OPS
@@ -72,13 +73,8 @@ async def scrape(
     """Every instance's counters; None for one whose /metrics did not answer."""
 
     async def one(inst: Instance) -> dict[str, float] | None:
-        try:
-            async with http.get(f"{inst.url}/metrics", timeout=aiohttp.ClientTimeout(total=15)) as r:
-                if r.status != 200:
-                    return None
-                return parse_counters(await r.text())
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
-            return None
+        text = await fetch_metrics(http, inst.url, SCRAPE_TIMEOUT_S)
+        return parse_counters(text) if text is not None else None
 
     values = await asyncio.gather(*(one(i) for i in instances))
     return {inst.name: v for inst, v in zip(instances, values, strict=True)}

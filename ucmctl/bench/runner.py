@@ -186,9 +186,10 @@ async def measure(
     mark = watch.begin(label) if watch is not None else 0.0
     progress.start(label, len(prompt_lens))
     firing: asyncio.Future[None] | None = None
-    sampler = Sampler(http, target.instances, cfg.sample_interval_s) if cfg.sample_interval_s > 0 else None
+    sampling = cfg.sample_interval_s > 0 and target.instances
+    sampler = Sampler(http, target.instances, cfg.sample_interval_s) if sampling else None
     series = None
-    if sampler is not None and target.instances:
+    if sampler is not None:
         sampler.start()
     try:
         if fault is not None:
@@ -209,7 +210,7 @@ async def measure(
         )
         run = await (_unless_lost(sending, watch) if watch is not None and cfg.fail_fast else sending)
     finally:
-        if sampler is not None and target.instances:
+        if sampler is not None:
             series = await sampler.stop()
         progress.stop()
         if watch is not None:

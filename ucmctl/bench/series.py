@@ -18,6 +18,7 @@ from typing import Any
 import aiohttp
 
 from ucmctl.bench.hitrate import METRICS, Instance
+from ucmctl.bench.scrape import fetch_metrics
 from ucmctl.core.exposition import samples
 
 # name in the result: the Prometheus series (a counter's _total suffix is read too)
@@ -83,12 +84,8 @@ class Sampler:
             self.values[inst.name].append(values)
 
     async def _one(self, inst: Instance) -> dict[str, float] | None:
-        try:
-            timeout = aiohttp.ClientTimeout(total=max(self.interval, 1.0))
-            async with self.http.get(f"{inst.url}/metrics", timeout=timeout) as r:
-                return parse(await r.text()) if r.status == 200 else None
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
-            return None
+        text = await fetch_metrics(self.http, inst.url, max(self.interval, 1.0))
+        return parse(text) if text is not None else None
 
     async def _run(self) -> None:
         tick = 0
