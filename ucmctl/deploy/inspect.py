@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import re
 import shlex
 import textwrap
 import time
 import urllib.request
+from typing import NamedTuple
 
 from rich.console import Console
 from rich.markup import escape
@@ -59,31 +59,42 @@ def status_table(record: Record, width: int = 80) -> list[Table]:
     return render_status(record, looks, time.time(), width, scheduler)
 
 
-def look(launcher: Launcher, p: Process, health_timeout: float = 2.0) -> tuple[str, str]:
-    """How a process is now, as `status` says it: its state ("running", "not running", "exited
-    (137)", "node unreachable", ...) and its health ("healthy", "unhealthy (why)", "-")."""
-    state = "running"
+class Look(NamedTuple):
+    """How a process is now, as `status` says it."""
+
+    state: str  # "running", "not running", "exited (137)", "node unreachable", ...
+    health: str  # "healthy", "unhealthy (why)", "-" (not asked), "?" (node unreachable)
+    restarts: int = 0  # by its restart policy since it was started (the runtime's or ucmctl's count)
+
+
+def look(launcher: Launcher, p: Process, health_timeout: float = 2.0) -> Look:
+    """How `p` is now: its state, its health and its restarts, asked of its node."""
+    state, restarts = "running", 0
     try:
         if p.detached:  # the runtime says how a container ended, and how often it restarted
             container = launcher.container_state(p)
-            if container is None or not container.running:
-                return (container.words() if container else "stopped (no container)"), "-"
+            if container is None:
+                return Look("stopped (no container)", "-")
+            restarts = container.restarts
+            if not container.running:
+                return Look(container.words(), "-", restarts)
             state = container.words()
         else:
             running = launcher.alive(p) is not None
             supervisor = launcher.supervised(p) if p.restart is not None else None
             if supervisor is not None and p.restart is not None:
+                restarts = supervisor.restarts
                 state = supervisor.words(running, p.restart.max_restarts)
                 if not state.startswith("running"):
-                    return state, "-"
+                    return Look(state, "-", restarts)
             elif not running:  # no supervisor waited for it: how it ended is not known
-                return "not running", "-"
+                return Look("not running", "-")
     except NodeError:
-        return "node unreachable", "?"
+        return Look("node unreachable", "?")
     if not p.health:
-        return state, "-"
+        return Look(state, "-", restarts)
     reason = why_not(p.health[-1], timeout=health_timeout)
-    return state, "healthy" if reason is None else f"unhealthy ({reason})"
+    return Look(state, "healthy" if reason is None else f"unhealthy ({reason})", restarts)
 
 
 # awk over /proc/self/mountinfo: the filesystem type of the longest mount point above path `p`.
@@ -158,12 +169,12 @@ def storage_health(record: Record, launcher: Launcher) -> list[str]:
 
 def render_status(
     record: Record,
-    looks: list[tuple[str, str]],
+    looks: list[Look],
     now: float,
     width: int = 80,
     scheduler: list[str] | None = None,
 ) -> list[Table]:
-    """The status table of `record` given each process's (state, health) in plan order, and
+    """The status table of `record` given how each process looks, in plan order, and
     the scheduler's lines (Slurm's job and lost nodes) under it."""
     probe = record.kv_probe
     lines = list(scheduler or [])
@@ -176,10 +187,9 @@ def render_status(
     ]
     caption = "\n".join(notes) or None
     rows = []
-    for p, (state, health) in zip(record.plan.processes, looks, strict=True):
+    for p, (state, health, restarted) in zip(record.plan.processes, looks, strict=True):
         ps = record.processes.get(p.name)
         started = ps.started_at if ps else None
-        restarted = restarts_in(state)  # by its restart policy, since `up`
         # after a restart of its own the time since `up` is not its uptime
         uptime = (
             _duration(now - started) if started and state.startswith("running") and not restarted else "-"
@@ -265,13 +275,3 @@ def _print(console: Console, p: Process, text: str) -> None:
     prefix = f"{p.name}@{p.node} | "
     for line in text.splitlines():
         console.print(prefix + line, markup=False, highlight=False, soft_wrap=True)
-
-
-_RESTARTED = re.compile(r"restarted (\d+)x")
-
-
-def restarts_in(state: str) -> int:
-    """How often a process was restarted by its restart policy, as its state says
-    (`running, restarted 2x (last exit 137)`: ucmctl's supervisor; `running, restarted 2x`: a runtime)."""
-    m = _RESTARTED.search(state)
-    return int(m[1]) if m else 0

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ucmctl.deploy.inspect import look, restarts_in, tail_of
+from ucmctl.deploy.inspect import Look, look, tail_of
 from ucmctl.deploy.state import Record
 from ucmctl.launch import launcher_for
 from ucmctl.nodes.fanout import parallel
@@ -128,16 +128,17 @@ class Watch:
             while not self._stop.is_set():
                 processes = self._record.plan.processes
                 looks = parallel(processes, lambda p: look(launcher, p, HEALTH_TIMEOUT_S))
-                for p, (state, health) in zip(processes, looks, strict=True):
-                    self._judge(launcher, p, state, health)
+                for p, now in zip(processes, looks, strict=True):
+                    self._judge(launcher, p, now)
                 self._stop.wait(self._interval)
         finally:
             launcher.close()
 
-    def _judge(self, launcher: Any, p: Process, state: str, health: str) -> None:
-        restarts = restarts_in(state)
+    def _judge(self, launcher: Any, p: Process, now: Look) -> None:
+        state, health, restarts = now
         before = self._restart_counts.get(p.name)
-        self._restart_counts[p.name] = restarts
+        if state != "node unreachable":  # an unreachable node's look knows no count
+            self._restart_counts[p.name] = restarts
         if before is not None and restarts > before and p.name not in self._lost:
             # it ended and was started again between two looks (its restart policy)
             self._lose(launcher, p, state)

@@ -16,7 +16,7 @@ from ucmctl.bench import report
 from ucmctl.bench.client import RequestResult
 from ucmctl.bench.metrics import summarize
 from ucmctl.core.tables import FIGURE, NAME, PAIR, fitted, plain, table, widths
-from ucmctl.deploy.inspect import render_status
+from ucmctl.deploy.inspect import Look, render_status
 from ucmctl.deploy.state import ProcessState, Record
 from ucmctl.plan.build import build_plan
 from ucmctl.plan.show import print_plan
@@ -183,7 +183,7 @@ def status_record(topology: Path) -> Record:
                   topology_digest=plan.topology_digest, plan=plan, processes=procs, status="up")  # fmt: skip
 
 
-def draw_status(record: Record, looks: list[tuple[str, str]]) -> Any:
+def draw_status(record: Record, looks: list[Look]) -> Any:
     def draw(console: Console) -> None:
         for t in render_status(record, looks, 1000.0 + 3725, console.width):
             console.print(t)
@@ -193,16 +193,16 @@ def draw_status(record: Record, looks: list[tuple[str, str]]) -> Any:
 
 def test_status_at_80() -> None:
     record = status_record(next(t for t in TOPOLOGIES if t.name == "2p2d-centralized.yaml"))
-    looks = [("running", "healthy")] * len(record.plan.processes)
-    looks[1] = ("running", "unhealthy (http://192.168.10.1:7800/health: connection refused)")
-    looks[2] = ("node unreachable", "?")
+    looks = [Look("running", "healthy")] * len(record.plan.processes)
+    looks[1] = Look("running", "unhealthy (http://192.168.10.1:7800/health: connection refused)")
+    looks[2] = Look("node unreachable", "?")
     assert at_width(draw_status(record, looks)) == STATUS_AT_80
 
 
 @pytest.mark.parametrize("topology", TOPOLOGIES, ids=[t.stem for t in TOPOLOGIES])
 def test_status_and_plan_of_every_topology_keep_names_and_ports_whole(topology: Path) -> None:
     record = status_record(topology)
-    looks = [("running", "healthy")] * len(record.plan.processes)
+    looks = [Look("running", "healthy")] * len(record.plan.processes)
     text = at_width(draw_status(record, looks))
     whole(text)
     words = set(text.split())
@@ -274,6 +274,23 @@ def test_the_kv_probe_line_of_status_wraps_between_words_at_80() -> None:
     detail = ("decode-0's external prefix cache hits grew by 160 tokens (10 blocks of 16) after prefill-0 "
               "stored a 160-token prompt through the proxy at http://192.168.10.1:8000")  # fmt: skip
     record.kv_probe = ProbeResult(mode="centralized", ok=True, detail=detail, at=1000.0)
-    text = at_width(draw_status(record, [("running", "healthy")] * len(record.plan.processes)))
+    text = at_width(draw_status(record, [Look("running", "healthy")] * len(record.plan.processes)))
     whole(text)
     assert detail in " ".join(text.split()), text
+
+
+def test_status_counts_restarts_whatever_words_the_state_has() -> None:
+    """The restarts column adds the policy's count to those ucmctl made, from the look's count:
+    a process whose supervisor gave up, or one waiting to be started again, has restarted too."""
+    record = status_record(next(t for t in TOPOLOGIES if t.name == "2p2d-centralized.yaml"))
+    looks = [Look("running", "healthy")] * len(record.plan.processes)
+    looks[0] = Look("exited (137) after 3 restarts", "-", 3)
+    looks[1] = Look("exited (137), restarting (2 of 3)", "-", 1)
+    looks[2] = Look("running, restarted 2x (last exit 1)", "healthy", 2)
+    text = at_width(draw_status(record, looks))
+    rows = {line.split()[0]: line.split() for line in text.splitlines() if line.split()}
+    for p, now in zip(record.plan.processes, looks, strict=True):
+        by_ucmctl = record.processes[p.name].restarts  # `ucmctl restart`s, kept in the record
+        assert rows[p.name][-1] == str(by_ucmctl + now.restarts), (p.name, text)
+    assert [rows[p.name][-2] for p in record.plan.processes[:3]] == ["-", "-", "-"]
+    assert rows["decode-1"][-2] == "62m"  # not restarted by its policy: up since `up`
