@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from ucmctl.core.errors import ExitStatus, Problem, UcmctlError
 from ucmctl.deploy import kv_probe
-from ucmctl.deploy.preflight import preflight
+from ucmctl.deploy.preflight import Preflight, preflight
 from ucmctl.deploy.proxy_client import Proxy
 from ucmctl.deploy.restart import proxy_of, reach, restart_one
 from ucmctl.deploy.staging import stage_node
@@ -123,7 +123,12 @@ def apply(
     launcher = launcher_for(both, record.allocation, connect_timeout=connect_timeout)
     try:
         reach(launcher, [*d.removed, *(was for was, _ in d.changed), *d.added])
-        cleanup = _check_added(new, d.added, launcher) if check and d.added else {}
+        cleanup: dict[str, list[str]] = {}
+        moved = [m for was, now in d.changed if (m := _moved(was, now)) is not None]
+        if check and (d.added or moved):
+            checked = _check_new(new, d.added, moved, launcher)
+            cleanup = checked.cleanup
+            record.node_facts.update(checked.facts)  # the added nodes' provenance (and fresher)
         # first what is added (all or nothing), so what is taken out next has somewhere to go
         _bring_in(launcher, runs, d.added, proxy, cleanup, grace, tell, probe=probe)
         outcomes = parallel(d.removed, lambda p: _take_out(launcher, proxy, p, drain_timeout, grace, tell))
@@ -144,6 +149,9 @@ def apply(
         for was, now in d.restaged:
             _restage(launcher, was, now)
             runs.now(now)
+        kept = set(record.plan.nodes)
+        record.node_facts = {n: f for n, f in record.node_facts.items() if n in kept}
+        store.save(record)
     finally:
         launcher.close()
     return Changed([p.name for p in d.added], [p.name for p in d.removed], restarted, cut)
@@ -184,18 +192,31 @@ class _Runs:
         self._save()
 
 
-def _check_added(new: Plan, added: list[Process], launcher: Launcher) -> dict[str, list[str]]:
-    """`up`'s preflight on the nodes of what is added, for what is added (its ports free, its
-    devices there, the node's Python, engine and connector): exit 3, nothing changed."""
-    nodes = sorted({p.node for p in added})
-    part = new.model_copy(update={"processes": added, "nodes": {n: new.nodes[n] for n in nodes}})
-    checked = preflight(part, {n: launcher[n] for n in nodes})
-    if checked.problems:
-        for node, commands in checked.cleanup.items():
+def _moved(was: Process, now: Process) -> Process | None:
+    """What of a changed server is new to its node, for the preflight: all of it on another
+    node, only its new ports on the same one (those it holds now are its own); None if neither."""
+    if now.node != was.node:
+        return now
+    held = set(was.ports.values())
+    new_ports = {k: v for k, v in now.ports.items() if v not in held}
+    return now.model_copy(update={"ports": new_ports}) if new_ports else None
+
+
+def _check_new(new: Plan, added: list[Process], moved: list[Process], launcher: Launcher) -> Preflight:
+    """`up`'s preflight on the nodes of what is added or moved, for that alone (its ports free,
+    its devices there, the node's Python, engine and connector): exit 3, nothing changed."""
+    processes = [*added, *moved]
+    nodes = sorted({p.node for p in processes})
+    part = new.model_copy(update={"processes": processes, "nodes": {n: new.nodes[n] for n in nodes}})
+    checked = preflight(part, {n: launcher[n] for n in nodes}, restarting=frozenset(p.name for p in moved))
+    staged = set() if checked.problems else {p.node for p in added}  # their staging cleans up
+    for node, commands in checked.cleanup.items():
+        if node not in staged:
             with contextlib.suppress(NodeError):
                 launcher[node].run("; ".join(commands))
+    if checked.problems:
         raise UcmctlError([Problem(p) for p in checked.problems], status=ExitStatus.NOT_READY)
-    return checked.cleanup
+    return checked
 
 
 def _take_out(

@@ -73,12 +73,17 @@ class Preflight:
     facts: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
-def preflight(plan: Plan, executors: dict[str, Executor]) -> Preflight:
+def preflight(
+    plan: Plan, executors: dict[str, Executor], restarting: frozenset[str] = frozenset()
+) -> Preflight:
     """Every problem found on every node (none: ready to start), one round trip per node plus,
     with several storage nodes, one more on each of the others to read the first one's marker.
-    Reads the Plan alone."""
+    Reads the Plan alone. The processes named in `restarting` run now and are to be started
+    again with this plan (a server a changed topology moves): that they run is no problem."""
     shared = _SharedCheck(plan)
     results = parallel(executors, lambda n: _node_checks(plan, executors[n], shared))
+    for r in results:
+        r.running = [name for name in r.running if name not in restarting]
     problems = [p for r in results for p in r.problems]
     reachable = [r for r in results if r.facts]
     engine = engine_for(plan.engine)

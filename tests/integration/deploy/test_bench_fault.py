@@ -243,6 +243,35 @@ def test_a_scale_onto_a_taken_port_is_refused_before_anything_changes(
     assert json.loads((home / "deployments" / "t-fault.json").read_text()) == before
 
 
+def test_up_that_moves_a_server_onto_a_taken_port_is_refused_before_anything_changes(
+    tmp_path: Path, pd: tuple[Path, dict[str, int]]
+) -> None:
+    """A changed topology that gives the decode servers other ports: the new ports are checked
+    as `up` checks them (not those the servers hold now, which are their own)."""
+    home, _ = pd
+    before = json.loads((home / "deployments" / "t-fault.json").read_text())
+    original = Path(before["topology_path"])
+    sides = yaml.safe_load(original.read_text())
+    with socket.socket() as taken, socket.socket() as beside:
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        taken.bind(("127.0.0.1", 0))
+        moved_to = taken.getsockname()[1]
+        beside.bind(("127.0.0.1", moved_to + 1))  # decode-1's new port: free (a bind says so)
+        beside.close()
+        taken.listen()
+        sides["decode"]["port"] = moved_to
+        edited = tmp_path / "t-fault.yaml"
+        edited.write_text(yaml.safe_dump(sides, sort_keys=False))
+        done = ucmctl(home, "up", str(edited), timeout=300)
+    assert done.returncode == 3, done.stderr
+    said = " ".join(done.stderr.split())
+    assert f"port {moved_to} (decode-0 http) is already in use" in said, said
+    assert f"port {moved_to + 1}" not in said and "already runs" not in said, said
+    assert json.loads((home / "deployments" / "t-fault.json").read_text()) == before
+    status = ucmctl(home, "status")
+    assert status.stdout.count(", healthy") == 5, status.stdout
+
+
 def test_a_scale_whose_new_instance_fails_is_undone(pd: tuple[Path, dict[str, int]]) -> None:
     home, _ = pd
     before = json.loads((home / "deployments" / "t-fault.json").read_text())
