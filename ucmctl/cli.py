@@ -147,7 +147,7 @@ def render(
                   "or `scancel`")  # fmt: skip
         return
     assert k8s is not None
-    from ucmctl.k8s.render import Options, parse_images, render_manifests, write_manifests
+    from ucmctl.k8s.render import Options, parse_images, render_manifests, restart_notes, write_manifests
 
     default_image, platform_images = parse_images(image or [])
     options = Options(namespace=namespace, image=default_image, platform_images=platform_images,
@@ -157,6 +157,8 @@ def render(
         out.print(escape(str(written)))
     out.print(f"wrote {len(manifests)} manifests under {escape(str(k8s))}: apply them with "
               f"`kubectl apply -f {escape(str(k8s))}` (needs the LeaderWorkerSet controller)")  # fmt: skip
+    for note in restart_notes(the_plan):
+        err.print(f"note: {escape(note)}", soft_wrap=True)
 
 
 def _running_plan(name: Path) -> Plan | None:

@@ -403,7 +403,7 @@ class _Renderer:
         words: list[Word] = [shell.get(w) or paths.map(w) for w in argv]
 
         for f in p.files:
-            if f.path == p.launch:
+            if f.path in _start_scripts(p):
                 continue
             content = f.content
             if posixpath.basename(f.path) == "mooncake.json":
@@ -437,7 +437,9 @@ class _Renderer:
 
     def _side_files(self, s: SideLayout) -> list[str]:
         return sorted(
-            posixpath.basename(f.path) for f in s.templates[0].files if f.path != s.templates[0].launch
+            posixpath.basename(f.path)
+            for f in s.templates[0].files
+            if f.path not in _start_scripts(s.templates[0])
         )
 
     def _uses_store(self, s: SideLayout) -> bool:
@@ -536,6 +538,17 @@ class _PathMap:
         return value
 
 
+def _start_scripts(p: Process) -> set[str]:
+    """The scripts that start `p` on a node, not rendered (the container's command is its
+    argv): its launch script and, under ucmctl's supervisor (restart: on-failure), the
+    supervisor's script, which is then its `launch`, and the launch script beside it that it
+    runs; Kubernetes restarts the container itself."""
+    scripts = {p.launch}
+    if p.restart is not None and p.restart.by == "supervisor":
+        scripts.add(posixpath.join(posixpath.dirname(p.launch), "launch.sh"))
+    return scripts
+
+
 def _runs(group: list[Process]) -> list[int]:
     """How many consecutive ranks of a DP group each node holds."""
     runs: list[tuple[str, int]] = []
@@ -592,6 +605,29 @@ def render_manifests(plan: Plan, options: Options | None = None) -> list[Manifes
     options = options or Options()
     check_options(options)
     return _Renderer(plan, options).manifests()
+
+
+def restart_notes(plan: Plan) -> list[str]:
+    """What of the topology's `restart` Kubernetes does not keep, a line for the roles that say
+    `never` and one for those that say `on-failure`: a Deployment's and a LeaderWorkerSet's pods
+    restart their containers whenever they end, after the kubelet's back-off (10 s, doubling to
+    5 min, with no limit; a LeaderWorkerSet recreates the whole group)."""
+    roles: dict[str, Process] = {}
+    for p in plan.processes:
+        roles.setdefault(str(p.role), p)
+    never = [r for r, p in roles.items() if p.restart is None]
+    limited = [f"{r} (at most {p.restart.max_restarts}x)" for r, p in roles.items() if p.restart is not None]
+    how = (
+        "Kubernetes restarts a pod's container whenever it ends (the kubelet's back-off: 10 s, "
+        "doubling to 5 min)"
+    )
+    out = []
+    if never:
+        out.append(f"{how}: `restart: never` of {', '.join(never)} is not kept")
+    if limited:
+        out.append(f"{how}, with no limit and not after backoff_s: `restart: on-failure` of "
+                   f"{', '.join(limited)} is kept without its limit")  # fmt: skip
+    return out
 
 
 class _Dumper(yaml.SafeDumper):

@@ -24,6 +24,7 @@ from ucmctl.k8s.render import (
     Options,
     k8s_name,
     render_manifests,
+    restart_notes,
     write_manifests,
 )
 from ucmctl.k8s.validate import ManifestError, validate_object
@@ -535,3 +536,32 @@ def test_pods_run_the_image_the_plan_runs_each_process_in() -> None:
     chosen = render_manifests(plan, Options(image="registry.example.com/team/vllm-ucmctl:1"))
     assert {c["image"] for m in chosen if m.obj["kind"] in ("LeaderWorkerSet", "Deployment")
             for c in _containers(m.obj)} == {"registry.example.com/team/vllm-ucmctl:1"}  # fmt: skip
+
+
+def test_render_says_which_restart_policies_kubernetes_does_not_keep(tmp_path: Path) -> None:
+    """Pods of a Deployment or a LeaderWorkerSet are restarted whenever they end: `never` and
+    on-failure's limit are not what the cluster will do, and the command says so for each role."""
+    plan = build_plan(load_topology(EP))
+    assert restart_notes(plan) == [
+        "Kubernetes restarts a pod's container whenever it ends (the kubelet's back-off: 10 s, "
+        "doubling to 5 min): `restart: never` of mooncake, prefill, decode, proxy is not kept"
+    ]
+    text = EP.read_text()
+    topo = tmp_path / "ep.yaml"
+    topo.write_text(
+        text.replace("\ndecode:\n", "\ndecode:\n  restart: {policy: on-failure, max_restarts: 2}\n", 1)
+    )
+    plan = build_plan(load_topology(topo))
+    assert [p.restart.max_restarts for p in plan.processes if p.role == "decode" and p.restart] != []
+    notes = restart_notes(plan)
+    assert notes[0].endswith("`restart: never` of mooncake, prefill, proxy is not kept")
+    assert notes[1].endswith("`restart: on-failure` of decode (at most 2x) is kept without its limit")
+    done = _cli("render", str(topo), "--k8s", str(tmp_path / "k"))
+    assert done.returncode == 0, done.stderr
+    assert [" ".join(n.split()) for n in done.stderr.split("note: ")[1:]] == notes
+    # the pods run the engine itself, as without the policy (no supervisor script in them)
+    with_policy = _by_kind(render_manifests(plan), "LeaderWorkerSet")
+    without = _by_kind(render_manifests(build_plan(load_topology(EP))), "LeaderWorkerSet")
+    assert with_policy.keys() == without.keys()
+    for name in without:
+        assert with_policy[name]["spec"] == without[name]["spec"], name
