@@ -10,6 +10,7 @@ import re
 import signal
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,13 @@ def external_hits(url: str) -> float:
     text = metrics(url)
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                if line.startswith("vllm:external_prefix_cache_hits_total"))  # fmt: skip
+
+
+def routed(proxy: str) -> list[str]:
+    """The decode upstreams the proxy routes to."""
+    with urllib.request.urlopen(f"{proxy}/instances", timeout=10) as r:
+        listed = json.loads(r.read())
+    return sorted(i["url"] for i in listed["instances"] if i["role"] == "decode")
 
 
 def left(site: Site, name: str) -> tuple[list[tuple[str, int]], list[str]]:
@@ -60,6 +68,21 @@ def test_2p2d_as_job_steps_of_one_allocation(tmp_path: Path, site: Site, cli: Cl
     assert f"Slurm job {job} (ucmctl-s-2p2d): running" in status.stdout
     logs = cli("logs", "s-2p2d", "decode-1", "-n", "5")
     assert logs.returncode == 0 and "decode-1@h2 | " in logs.stdout
+    # scale: a third decode is one more step of the same job, proven and routed; then taken out
+    grown = cli("scale", "s-2p2d", "--decode", "3")
+    assert grown.returncode == 0, grown.stderr
+    assert "decode-2: KV probe: " in " ".join(grown.stderr.split()), grown.stderr
+    steps = site.slurm.run("squeue", "-h", "-s", "-j", job, "-o", "%j %N").stdout.split("\n")
+    assert "decode-2 h2" in [line.strip() for line in steps], steps
+    assert routed(proxy) == [f"{decoders[0][:-5]}:{port}" for port in (8200, 8201, 8202)]
+    assert completion(proxy, [*prompt, 9])["usage"]["completion_tokens"] == 4
+    status = cli("status", "s-2p2d")
+    assert len(re.findall(r"\bhealthy\b", status.stdout)) == 6, status.stdout
+    shrunk = cli("scale", "s-2p2d", "--decode", "2")
+    assert shrunk.returncode == 0, shrunk.stderr
+    steps = site.slurm.run("squeue", "-h", "-s", "-j", job, "-o", "%j %N").stdout
+    assert "decode-2" not in steps and "decode-1 h2" in steps, steps
+    assert routed(proxy) == decoders
     down = cli("down", "s-2p2d")
     assert down.returncode == 0, down.stderr
     assert "5 processes stopped" in down.stdout
