@@ -83,9 +83,20 @@ def test_2p2d_as_job_steps_of_one_allocation(tmp_path: Path, site: Site, cli: Cl
     steps = site.slurm.run("squeue", "-h", "-s", "-j", job, "-o", "%j %N").stdout
     assert "decode-2" not in steps and "decode-1 h2" in steps, steps
     assert routed(proxy) == decoders
+    # a job step killed during a bench: the watch sees it through Slurm and says so within 10 s
+    save = tmp_path / "fault.json"
+    bench = cli("bench", "--prefix-ratio", "0", "--input-len", "64", "--output-len", "30",
+                "--num-prompts", "40", "--request-rate", "4", "-q", "--fault", "kill:decode-1@4s",
+                "--save", str(save), timeout=300)  # fmt: skip
+    f = json.loads(save.read_text())["cells"][0]["measure"]["fault"]
+    assert f["injected"] and f["was_running"], (f, bench.stderr)
+    assert re.search(r"^LOST decode-1 on h2: ", bench.stderr, re.MULTILINE), bench.stderr
+    assert f["detected_after_s"] is not None and f["detected_after_s"] <= 10, f
+    assert f["failed"] == f["cut_mid_stream"] and f["failed_sent_after"] == 0, f
+    assert f["after"]["requests"] > 0 and f["after"]["failed"] == 0, f  # decode-0 served them
     down = cli("down", "s-2p2d")
     assert down.returncode == 0, down.stderr
-    assert "5 processes stopped" in down.stdout
+    assert "4 processes stopped" in down.stdout, down.stdout
     assert left(site, "s-2p2d") == ([], [])
     assert site.slurm.job_processes() == []
 
