@@ -23,11 +23,13 @@ done
 # containers on cgroup v1 hybrid hosts), debootstrap for the container tests' local images, and
 # docker.io (the tests start a private dockerd), GlusterFS (the tests serve a volume from one test
 # host and mount it on the others with its FUSE client), Prometheus (the tests scrape a deployment
-# with it and query every dashboard panel; its package starts no daemon without systemd).
+# with it and query every dashboard panel; its package starts no daemon without systemd), and
+# systemd-container (the tests boot a test host with systemd as its init, with systemd-nspawn).
 APT_PACKAGES=(g++ make python3-venv python3-dev iproute2 openssh-server openssh-client procps
               slurm-wlm munge libibverbs1 librdmacm1 libnuma1
               podman runc conmon netavark aardvark-dns containernetworking-plugins slirp4netns
-              uidmap iptables catatonit debootstrap docker.io glusterfs-server glusterfs-client prometheus)
+              uidmap iptables catatonit debootstrap docker.io glusterfs-server glusterfs-client prometheus
+              systemd-container)
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

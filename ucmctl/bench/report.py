@@ -163,6 +163,11 @@ def deployment_facts(record: Any | None, model: str | None, url: str | None) -> 
     dumped = plan.model_dump(mode="json")
     for node in dumped["nodes"].values():
         node.pop("slurm_node", None)  # where a scheduler put it this time: not the plan's own
+        if not node.get("systemd"):  # fields newer than the history: their defaults keep its digests
+            node.pop("systemd", None)
+    for process in dumped["processes"]:
+        if process.get("restart") and process["restart"].get("script") is None:
+            process["restart"].pop("script", None)
     out["plan_digest"] = hashlib.sha256(json.dumps(dumped, sort_keys=True).encode()).hexdigest()[:16]
     out["engine"], out["mode"] = plan.engine, plan.mode
     nodes: dict[str, dict[str, Any]] = {}

@@ -33,6 +33,15 @@ echo "device_model=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/nu
 echo "cpu_model=$(awk -F': ' '/^model name/ {{print $2; exit}}' /proc/cpuinfo 2>/dev/null)"
 """
 
+# Whether systemd can restart this user's processes here (`units=ok`), else why not.
+_UNITS = r"""
+if [ ! -d /run/systemd/system ]; then echo "units=systemd is not the node's init (no /run/systemd/system)"
+elif ! command -v systemd-run >/dev/null 2>&1; then echo "units=systemd-run is not installed"
+elif [ "$(id -u)" = 0 ] || systemctl --user show-environment >/dev/null 2>&1; then echo "units=ok"
+else echo "units=$(id -un) has no systemd user manager: run \`loginctl enable-linger $(id -un)\` as root"
+fi
+"""
+
 # One interpreter start for all three facts: Python's version, the engine's, the connector.
 _PYTHON_PROBE = """
 import sys, importlib.util as u
@@ -60,6 +69,7 @@ class NodeFacts:
     facts: dict[str, str] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
     running: list[str] = field(default_factory=list)  # this deployment's processes still up there
+    warnings: list[str] = field(default_factory=list)  # what works, but not as well as it could
 
 
 @dataclass
@@ -101,6 +111,7 @@ def preflight(
         problems = [f"deployment '{plan.deployment}' already runs on the nodes ({', '.join(running)}): "
                     f"run `ucmctl down {plan.deployment}` first"]  # fmt: skip
     notes, warnings = shared.filesystems(results)
+    warnings += [w for r in results for w in r.warnings]
     facts = {r.node: {k: v for k, v in r.facts.items() if k in PROVENANCE_FACTS or k.startswith("image ")}
              for r in reachable}  # fmt: skip
     return Preflight(problems, shared.cleanup, notes, warnings, facts)
@@ -124,6 +135,7 @@ def _node_checks(plan: Plan, ex: Executor, shared: _SharedCheck) -> NodeFacts:
         mooncake=shlex.quote(mooncake or "mooncake_master"),
         bind=shlex.quote(node.bind),
     )
+    script += _UNITS
     if node.name == shared.writer:
         script += shared.write_lines()
     if node.name in (shared.writer, *shared.readers):
@@ -154,12 +166,28 @@ def _node_checks(plan: Plan, ex: Executor, shared: _SharedCheck) -> NodeFacts:
     bare = [p for p in processes if p.container is None]  # a pyxis step's image: enroot's to fetch
     out.problems += _bare_problems(plan, node, where, bare, f)
     out.problems += _bind_problems(where, node, f)
+    _restart_mechanism(where, node, [p for p in processes if p.container is None], f, out)
     listening = {int(p) for p in f.get("listening", "").split(",") if p.isdigit()}
     for p in processes:
         for label, port in p.ports.items():
             if port in listening:
                 out.problems.append(f"{where}: port {port} ({p.name} {label}) is already in use")
     return out
+
+
+def _restart_mechanism(
+    where: str, node: NodePlan, bare: list[Process], f: dict[str, str], out: NodeFacts
+) -> None:
+    """systemd restarts a bare process only where it is the init and can run this user's units;
+    where it could and ucmctl's supervisor does, one line says how to hand it over."""
+    by = {p.restart.by for p in bare if p.restart is not None}
+    units = f.get("units", "")
+    if "systemd" in by and units != "ok":
+        out.problems.append(f"{where}: systemd cannot restart its processes: {units or 'not asked'}; "
+                            f"fix that, or remove nodes.{node.name}.systemd")  # fmt: skip
+    elif "supervisor" in by and units == "ok":
+        out.warnings.append(f"{where}: systemd is its init: set nodes.{node.name}.systemd: true to have "
+                            "systemd restart its processes (ucmctl's supervisor does now)")  # fmt: skip
 
 
 def _bare_problems(

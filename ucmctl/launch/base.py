@@ -147,9 +147,9 @@ class Launcher:
 
     def supervised(self, process: Process) -> lifecycle.Supervised | None:
         """What ucmctl's supervisor of the process last wrote (None: none, or nothing yet)."""
-        if process.restart is None or process.restart.state is None:
+        if process.restart is None or process.restart.by not in ("supervisor", "systemd"):
             return None
-        return lifecycle.supervised(self[process.node], process, process.restart.state)
+        return lifecycle.supervised(self[process.node], process)
 
     def signal(self, process: Process, sig: str) -> bool:
         """Send `sig` (KILL or TERM) to the process and return at once; whether it was running.

@@ -15,8 +15,9 @@ import re
 import shlex
 from dataclasses import dataclass
 
+from ucmctl.nodes import units
 from ucmctl.nodes.executor import Executor, NodeError, Watch
-from ucmctl.plan.model import Process
+from ucmctl.plan.model import Process, process_marker
 
 # Prints the number of live (non-zombie) members of process group $1 that carry marker $2.
 # The marker holds a path (the launch script's), so it is matched as a fixed string (-F):
@@ -34,7 +35,7 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # a process name, as plans ma
 
 
 def marker(process: Process) -> str:
-    return f"UCMCTL_PROCESS={process.name}@{process.launch}"
+    return process_marker(process.name, process.launch)
 
 
 @dataclass(frozen=True)
@@ -64,12 +65,13 @@ rm -f {pidfile}
 
 
 def start(ex: Executor, process: Process, *, wait: float = 10) -> Started:
-    """Start the launch script detached; returns the process-group id from its pidfile."""
+    """Start the launch script detached (or its systemd unit, when systemd restarts it); returns
+    the process-group id from its pidfile."""
     pidfile = shlex.quote(process.pidfile)
     tries = int(wait * 10)
     script = f"""
 set -u
-{spawn(process)}
+{units.spawn_lines(process) if units.managed(process) else spawn(process)}
 i=0
 while [ ! -s {pidfile} ] && [ $i -lt {tries} ]; do sleep 0.1; i=$((i + 1)); done
 [ -s {pidfile} ] || {{ echo "no pidfile after {wait:.0f} s" >&2; exit 3; }}
@@ -162,16 +164,20 @@ done
 
 
 def stop(ex: Executor, process: Process, *, grace: float = 10) -> Stopped:
-    """TERM the group, wait up to `grace` seconds, KILL what is left, remove the pidfile."""
+    """TERM the group, wait up to `grace` seconds, KILL what is left, remove the pidfile. A
+    process systemd restarts: its unit is stopped first (also while it waits to restart)."""
     pidfile, mark = shlex.quote(process.pidfile), shlex.quote(marker(process))
     tries = int(grace * 10)
+    unit = units.stop_lines(process, grace) if units.managed(process) else ""
     script = (
         _MEMBERS
         + f"""
-[ -s {pidfile} ] || {{ echo absent; exit 0; }}
-g=$(cat {pidfile})
-case "$g" in *[!0-9]*|''|0|1) rm -f {pidfile}; echo absent; exit 0 ;; esac
-if [ "$(members "$g" {mark})" -eq 0 ]; then rm -f {pidfile}; echo absent; exit 0; fi
+g=$(cat {pidfile} 2>/dev/null)
+case "$g" in *[!0-9]*|''|0|1) g= ;; esac
+live=0
+[ -n "$g" ] && live=$(members "$g" {mark})
+{unit}
+if [ "$live" -eq 0 ]; then rm -f {pidfile}; echo absent; exit 0; fi
 kill -TERM -"$g" 2>/dev/null  # dash's kill takes no `--`
 i=0
 while [ "$(members "$g" {mark})" -gt 0 ] && [ $i -lt {tries} ]; do sleep 0.1; i=$((i + 1)); done
@@ -202,12 +208,15 @@ class Supervised:
     last_exit: int
     at: int  # unix time of that line
     what: str  # running (restarted), waiting (to restart), gave-up, done, stopped
+    by_systemd: bool = False  # its unit says it; nothing of the process runs while it waits
 
     def words(self, running: bool, max_restarts: int) -> str:
         """How `status` says the process: `exited (137), restarting (1 of 3)`, `running,
         restarted 1x (last exit 137)`, `exited (137) after 3 restarts`."""
-        if running and self.what == "waiting":
+        if self.what == "waiting" and (running or self.by_systemd):
             return f"exited ({self.last_exit}), restarting ({self.restarts + 1} of {max_restarts})"
+        if running and self.by_systemd:  # its unit keeps how the running process's start ended, not the last
+            return f"running, restarted {self.restarts}x" if self.restarts else "running"
         if running:
             return (
                 f"running, restarted {self.restarts}x (last exit {self.last_exit})"
@@ -219,8 +228,18 @@ class Supervised:
         return "stopped"
 
 
-def supervised(ex: Executor, process: Process, state: str) -> Supervised | None:
-    """The supervisor's last line (in its `state` file); None before the first end."""
+def supervised(ex: Executor, process: Process) -> Supervised | None:
+    """What restarts the process says of its ends: its systemd unit, or ucmctl's supervisor's
+    last line (in its state file; None before the first end)."""
+    if units.managed(process):
+        told = units.state(ex, process)
+        if told is None:
+            return None
+        restarts, last_exit, what = told
+        return Supervised(restarts, last_exit, at=0, what=what, by_systemd=True)
+    if process.restart is None or process.restart.state is None:
+        return None
+    state = process.restart.state
     done = ex.run(f"cat {shlex.quote(state)} 2>/dev/null || true", timeout=30)
     parts = done.stdout.split()
     if len(parts) != 4 or not all(x.lstrip("-").isdigit() for x in parts[:3]):

@@ -25,6 +25,7 @@ from ucmctl.plan.model import (
     Stage,
     StorePlan,
     default_health_timeout,
+    process_marker,
 )
 from ucmctl.plan.render import render
 from ucmctl.topology.container import Container, Mount
@@ -120,6 +121,7 @@ def _node_plan(t: Topology, name: str, node: Node, slurm_node: str | None) -> No
         run_dir=posixpath.join(workdir, t.name),
         bind=_bind(node),
         slurm_node=slurm_node,
+        systemd=node.systemd,
     )
 
 
@@ -177,6 +179,7 @@ def _process(
     on_failure = restart is not None and restart.on
     files = [PlacedFile(path=posixpath.join(work, f), content=c) for f, c in extra_files.items()]
     launch = posixpath.join(work, "launch.sh")
+    pidfile, log = posixpath.join(work, "pid"), posixpath.join(work, "output.log")
     contained = None
     uses_store = t.storage is not None and role in SERVER_ROLES and _uses_store(t, role)
     backends = _backends(t.storage) if t.storage is not None and uses_store else []
@@ -206,6 +209,13 @@ def _process(
         if contained is not None and contained.runtime in ("podman", "docker"):
             runtime: Literal["podman", "docker"] = "podman" if contained.runtime == "podman" else "docker"
             planned = RestartPlan(by=runtime, max_restarts=restart.max_restarts, backoff_s=None)
+        elif nodes[node].systemd and contained is None:  # a transient unit runs the launch script
+            unit_script = posixpath.join(work, "unit.sh")
+            planned = RestartPlan(by="systemd", max_restarts=restart.max_restarts,
+                                  backoff_s=restart.backoff_s, script=unit_script)  # fmt: skip
+            script = render("unit.sh.j2", deployment=t.name, process=name, launch=launch,
+                            pidfile=pidfile, log=log, marker=process_marker(name, launch))  # fmt: skip
+            files.append(PlacedFile(path=unit_script, content=script, mode=0o755))
         else:  # ucmctl's supervisor runs the launch script (what a Slurm step or the node starts)
             state = posixpath.join(work, "restarts")
             planned = RestartPlan(by="supervisor", max_restarts=restart.max_restarts,
@@ -225,8 +235,8 @@ def _process(
         env=env,
         launch=launch,
         files=files,
-        log=posixpath.join(work, "output.log"),
-        pidfile=posixpath.join(work, "pid"),
+        log=log,
+        pidfile=pidfile,
         health_timeout=default_health_timeout(role, t.engine.value),
         container=contained,
         restart=planned,

@@ -82,19 +82,30 @@ class ContainerPlan(Frozen):
 class RestartPlan(Frozen):
     """A process started again when it fails (the topology's `restart: on-failure`), and by what."""
 
-    by: Literal["supervisor", "podman", "docker"]  # supervisor: ucmctl's, on the node (supervise.sh)
+    # supervisor: ucmctl's, on the node (supervise.sh); systemd: a transient unit (nodes/units.py)
+    by: Literal["supervisor", "systemd", "podman", "docker"]
     max_restarts: int
     backoff_s: float | None  # None: the runtime's own delay
     state: str | None = None  # supervisor: the file it writes each end of the process to
+    script: str | None = None  # systemd: what its unit runs (unit.sh, beside the launch script)
 
     def words(self) -> str:
         """How `ucmctl plan` says it."""
         if self.by == "supervisor":
             return (f"on-failure, at most {self.max_restarts}x, {self.backoff_s:g} s apart, by "
                     "ucmctl's supervisor on the node")  # fmt: skip
+        if self.by == "systemd":
+            return (f"on-failure, at most {self.max_restarts}x, {self.backoff_s:g} s apart, by "
+                    "systemd (a transient unit)")  # fmt: skip
         return (
             f"on-failure, at most {self.max_restarts}x, by {self.by} --restart=on-failure:{self.max_restarts}"
         )
+
+
+def process_marker(name: str, launch: str) -> str:
+    """The variable in the environment of every process a plan's process runs (its launch
+    script's path in it), by which ucmctl finds them; never matched by a process's name."""
+    return f"UCMCTL_PROCESS={name}@{launch}"
 
 
 class Process(Frozen):
@@ -143,6 +154,7 @@ class NodePlan(Frozen):
     run_dir: str
     bind: str  # the address every listener on the node binds (0.0.0.0: every interface)
     slurm_node: str | None = None  # the Slurm node it was bound to, when Slurm chose it
+    systemd: bool = False  # systemd is its init: restarts by transient units (preflight proves it)
 
 
 class StorePlan(Frozen):

@@ -104,6 +104,10 @@ def _check_nodes(t: Topology, bad) -> None:
             "remove `transport: local`: name the Slurm node and give its address as `host`")  # fmt: skip
     if len(local) > 1:
         bad(("nodes", local[1], "transport"), "only one node can be local (this machine)")
+    with_systemd = [n for n, node in t.nodes.items() if node.systemd]
+    if t.cluster.kind == "slurm" and with_systemd:
+        bad(("nodes", with_systemd[0], "systemd"), "on Slurm every process is a job step, not a systemd unit",
+            "remove `systemd: true`: ucmctl's supervisor restarts a step's process")  # fmt: skip
 
 
 def _check_sides(t: Topology, bad) -> None:

@@ -109,6 +109,11 @@ class Node(Strict):
         description="IP address the node's servers, proxy and Mooncake master listen on (default: host; "
         "127.0.0.1 on a local node); 0.0.0.0 listens on every interface",
     )
+    systemd: bool = Field(
+        False,
+        description="systemd is the node's init: a bare process with `restart: on-failure` runs as a "
+        "transient systemd unit (systemd-run) that restarts it, not under ucmctl's supervisor",
+    )
 
     @field_validator("host")
     @classmethod
@@ -279,7 +284,7 @@ class Restart(Strict):
         default=5.0,
         ge=0,
         le=600,
-        description="seconds before a restart (ucmctl's supervisor; runtimes use their own)",
+        description="seconds before a restart (ucmctl's supervisor and systemd; runtimes use their own)",
     )
 
     @classmethod
@@ -352,7 +357,7 @@ class Side(Strict):
     restart: Restart = Field(
         default_factory=Restart,
         description="never, or on-failure: a server that fails is started again (its runtime's "
-        "--restart in a container, else ucmctl's supervisor on the node)",
+        "--restart in a container, a systemd unit on a `systemd: true` node, else ucmctl's supervisor)",
     )
 
     @field_validator("restart", mode="before")
@@ -400,6 +405,8 @@ class Topology(Strict):
         for node in data["nodes"].values():
             if node["container"] == bare:
                 del node["container"]
+            if not node["systemd"]:  # ... and so does a node's restart mechanism by default
+                del node["systemd"]
         for role in SERVER_ROLES:
             if data.get(role) is not None and data[role]["container"] is None:
                 del data[role]["container"]

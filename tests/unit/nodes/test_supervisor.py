@@ -48,7 +48,7 @@ def test_a_failing_server_is_restarted_at_most_max_restarts_times(tmp_path: Path
     lifecycle.start(ex, p)
     assert _until(lambda: lifecycle.alive(ex, p) is None)
     assert runs.read_text().count("run") == 3  # the first start and 2 restarts
-    s = lifecycle.supervised(ex, p, str(tmp_path / "srv" / "restarts"))
+    s = lifecycle.supervised(ex, p)
     assert s is not None and (s.restarts, s.last_exit, s.what) == (2, 3, "gave-up")
     assert s.words(False, 2) == "exited (3) after 2 restarts"
     assert "restart 2 of 2 in 0.2 s" in (tmp_path / "srv" / "output.log").read_text()
@@ -60,7 +60,7 @@ def test_a_clean_end_is_not_restarted(tmp_path: Path) -> None:
     lifecycle.start(ex, p)
     assert _until(lambda: lifecycle.alive(ex, p) is None)
     assert runs.read_text().count("run") == 1
-    s = lifecycle.supervised(ex, p, str(tmp_path / "srv" / "restarts"))
+    s = lifecycle.supervised(ex, p)
     assert s is not None and (s.restarts, s.what) == (0, "done")
 
 

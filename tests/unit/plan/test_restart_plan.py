@@ -70,3 +70,29 @@ def test_containers_are_restarted_by_their_runtime() -> None:
     assert decode.launch.endswith("/decode-0/launch.sh")
     assert "--restart=on-failure:4" in next(f.content for f in decode.files if f.path == decode.launch)
     assert "--restart" not in " ".join(plan.process("prefill-0").container.argv)  # type: ignore[union-attr]
+
+
+def test_on_a_systemd_node_a_unit_restarts_bare_processes_and_containers_keep_their_runtime() -> None:
+    restart = ", restart: {policy: on-failure, max_restarts: 2, backoff_s: 1.5}"
+    plan = build_plan(_topology(node=", systemd: true", decode=restart))
+    decode, prefill = plan.process("decode-0"), plan.process("prefill-0")
+    assert plan.nodes["a"].systemd and prefill.restart is None
+    assert decode.restart is not None and decode.restart.by == "systemd"
+    assert (decode.restart.max_restarts, decode.restart.backoff_s) == (2, 1.5)
+    assert decode.launch.endswith("/decode-0/launch.sh")  # no supervisor: the unit runs unit.sh
+    files = {f.path.rsplit("/", 1)[1]: f for f in decode.files}
+    assert "supervise.sh" not in files and decode.restart.script == files["unit.sh"].path
+    unit_sh = files["unit.sh"].content
+    assert files["unit.sh"].mode == 0o755
+    assert subprocess.run(["sh", "-n"], input=unit_sh, text=True).returncode == 0
+    assert f"exec env UCMCTL_PROCESS=decode-0@{decode.launch} sh {decode.launch} >>{decode.log}" in unit_sh
+    assert f"pidfile={decode.pidfile}" in unit_sh
+    out = io.StringIO()
+    print_plan(plan, Console(file=out, width=200))
+    assert "restart on-failure, at most 2x, 1.5 s apart, by systemd (a transient unit)" in out.getvalue()
+    # a container on that node is still restarted by its runtime
+    contained = build_plan(_topology(node=", systemd: true" + PODMAN, decode=", restart: on-failure"))
+    assert contained.process("decode-0").restart.by == "podman"  # type: ignore[union-attr]
+    # and a node that does not say systemd keeps the digest it had
+    assert _topology(node=", systemd: false").digest() == _topology().digest()
+    assert _topology(node=", systemd: true").digest() != _topology().digest()
