@@ -540,12 +540,14 @@ class _PathMap:
 
 def _start_scripts(p: Process) -> set[str]:
     """The scripts that start `p` on a node, not rendered (the container's command is its
-    argv): its launch script and, under ucmctl's supervisor (restart: on-failure), the
-    supervisor's script, which is then its `launch`, and the launch script beside it that it
-    runs; Kubernetes restarts the container itself."""
+    argv): its launch script and, with restart: on-failure, what restarts it there: ucmctl's
+    supervisor's script (then its `launch`, and the launch script beside it that it runs) or
+    the script of its systemd unit; Kubernetes restarts the container itself."""
     scripts = {p.launch}
     if p.restart is not None and p.restart.by == "supervisor":
         scripts.add(posixpath.join(posixpath.dirname(p.launch), "launch.sh"))
+    if p.restart is not None and p.restart.script is not None:
+        scripts.add(p.restart.script)
     return scripts
 
 

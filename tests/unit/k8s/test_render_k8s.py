@@ -559,9 +559,17 @@ def test_render_says_which_restart_policies_kubernetes_does_not_keep(tmp_path: P
     done = _cli("render", str(topo), "--k8s", str(tmp_path / "k"))
     assert done.returncode == 0, done.stderr
     assert [" ".join(n.split()) for n in done.stderr.split("note: ")[1:]] == notes
-    # the pods run the engine itself, as without the policy (no supervisor script in them)
-    with_policy = _by_kind(render_manifests(plan), "LeaderWorkerSet")
+    # the pods run the engine itself, as without the policy (no supervisor's or systemd unit's
+    # script in them)
+    on_systemd = tmp_path / "ep-systemd.yaml"
+    data = yaml.safe_load(topo.read_text())
+    data["nodes"] = {name: {**node, "systemd": True} for name, node in data["nodes"].items()}
+    on_systemd.write_text(yaml.safe_dump(data, sort_keys=False))
+    systemd_plan = build_plan(load_topology(on_systemd))
+    assert {p.restart.by for p in systemd_plan.processes if p.restart} == {"systemd"}
     without = _by_kind(render_manifests(build_plan(load_topology(EP))), "LeaderWorkerSet")
-    assert with_policy.keys() == without.keys()
-    for name in without:
-        assert with_policy[name]["spec"] == without[name]["spec"], name
+    for with_policy in (plan, systemd_plan):
+        rendered = _by_kind(render_manifests(with_policy), "LeaderWorkerSet")
+        assert rendered.keys() == without.keys()
+        for name in without:
+            assert rendered[name]["spec"] == without[name]["spec"], name
