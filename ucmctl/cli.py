@@ -27,6 +27,9 @@ from ucmctl.tinymodel.cli import app as model_app
 
 app = typer.Typer(
     name="ucmctl",
+    # click's help layout: it wraps every option's help at 80 columns, where rich's panels cut
+    # the longer ones short with an ellipsis
+    rich_markup_mode=None,
     help="Deploy and measure vLLM with the UCM KV-cache store.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -35,7 +38,7 @@ app = typer.Typer(
 app.add_typer(model_app, name="model")
 app.add_typer(sim_app, name="sim")
 app.add_typer(bench_app, name="bench")
-app.command("proxy")(proxy_command)
+app.command("proxy", short_help="Route requests to prefill/decode or mixed instances")(proxy_command)
 # no emoji codes: a value such as /mnt/:smile: is printed as written
 out = Console(highlight=False, soft_wrap=True, emoji=False)
 err = Console(stderr=True, highlight=False, emoji=False)
@@ -49,7 +52,7 @@ class Format(str, Enum):
 TopologyArg = typer.Argument(..., help="topology YAML file", show_default=False)
 
 
-@app.command()
+@app.command(short_help="Check a topology for the guides' pitfalls")
 def validate(topology: Path = TopologyArg) -> None:
     """Check a topology for the guides' pitfalls without starting anything."""
     from ucmctl.plan.build import build_plan
@@ -61,7 +64,7 @@ def validate(topology: Path = TopologyArg) -> None:
     out.print(f"{escape(str(topology))}: ok ({plan.mode}, {sized})")
 
 
-@app.command()
+@app.command(short_help="Print what `up` would run on every node")
 def plan(
     topology: Path = TopologyArg,
     format: Format = typer.Option(Format.text, "--format", "-f", help="text or json"),
@@ -82,7 +85,7 @@ def plan(
         err.print(f"wrote {len(files)} files under {escape(str(out_dir))}")
 
 
-@app.command()
+@app.command(short_help="Write Kubernetes, Slurm or Prometheus files")
 def render(
     topology: Path = TopologyArg,
     k8s: Path | None = typer.Option(
@@ -185,7 +188,7 @@ AcceptNewHostKeys = typer.Option(
 )
 
 
-@app.command()
+@app.command(short_help="Check the nodes, then start (or change) a deployment")
 def up(
     topology: Path = TopologyArg,
     dry_run: bool = typer.Option(False, "--dry-run", help="print what would be done; touch nothing"),
@@ -244,7 +247,7 @@ def up(
               + (f", proxy {proxy}" if proxy else ""))  # fmt: skip
 
 
-@app.command()
+@app.command(short_help="Stop everything a deployment started")
 def down(
     target: str | None = typer.Argument(
         None, help="deployment name, or its topology file (default: the only deployment)", show_default=False
@@ -286,7 +289,7 @@ def down(
         out.print(f"purged {removed} block folders under {escape(where)}")
 
 
-@app.command()
+@app.command(short_help="Every process: its state, health and restarts")
 def status(
     deployment: str | None = typer.Argument(None, help="one deployment (default: all)"),
     watch: bool = typer.Option(False, "--watch", "-w", help="look again every --interval s, until Ctrl-C"),
@@ -329,7 +332,7 @@ def status(
         shown = frame()
 
 
-@app.command()
+@app.command(short_help="The processes' logs, from every node")
 def logs(
     deployment: str | None = typer.Argument(
         None, help="deployment name (default: the only deployment)", show_default=False
@@ -387,7 +390,7 @@ def _deployment_and_processes(
     return record, names
 
 
-@app.command()
+@app.command(short_help="Restart servers without losing a request")
 def restart(
     deployment: str | None = typer.Argument(
         None, help="deployment name (default: the only deployment)", show_default=False
@@ -416,7 +419,7 @@ def restart(
     )
 
 
-@app.command()
+@app.command(short_help="Add or take out instances of a running deployment")
 def scale(
     deployment: str | None = typer.Argument(
         None, help="deployment name (default: the only deployment)", show_default=False
@@ -453,7 +456,7 @@ def _is_name(text: str) -> bool:
     return re.fullmatch(NAME_RE, text) is not None
 
 
-@app.command()
+@app.command(short_help="Install a ucmctl wheel on every node")
 def install(
     topology: Path = TopologyArg,
     wheel: Path = typer.Option(..., "--wheel", help="the ucmctl wheel to install on every node"),
@@ -472,11 +475,13 @@ def install(
         out.print(f"{node}: {escape(line)}")
 
 
-image_app = typer.Typer(help="Container images of a topology's processes.", no_args_is_help=True)
+image_app = typer.Typer(
+    rich_markup_mode=None, help="Container images of a topology's processes.", no_args_is_help=True
+)
 app.add_typer(image_app, name="image")
 
 
-@image_app.command("build")
+@image_app.command("build", short_help="Build each node's image of the topology")
 def image_build(topology: Path = TopologyArg, accept_new_host_keys: bool = AcceptNewHostKeys) -> None:
     """Build, on each node that runs one, the image derived from the topology's `container.image`
     with this ucmctl's wheel (connector, native store, proxy) added; reused when it holds it."""
@@ -494,7 +499,7 @@ def image_build(topology: Path = TopologyArg, accept_new_host_keys: bool = Accep
         out.print(f"{b.node}: {escape(b.image)} {said}")
 
 
-@app.command()
+@app.command(short_help="Print the topology file reference or its JSON Schema")
 def schema(
     format: Format = typer.Option(Format.text, "--format", "-f", help="text (Markdown) or json"),
 ) -> None:

@@ -23,7 +23,11 @@ if TYPE_CHECKING:
     from ucmctl.bench.fault import FaultSpec
     from ucmctl.bench.workloads import WorkloadSpec
 
-app = typer.Typer(help="Preseed-and-measure benchmarks, scenario suites and a regression gate.")
+app = typer.Typer(
+    rich_markup_mode=None,
+    help="Preseed-and-measure benchmarks, scenario suites and a regression gate.",
+    short_help="Benchmarks, suites, the results history and the gate",
+)
 SALT_HELP = ("vLLM's cache_salt in every request (default: one of this run's own, so no block of an "
              "earlier run is a hit; a value reuses its blocks on purpose; off: none)")  # fmt: skip
 HISTORY_HELP = ("results history this run is appended to (default $UCMCTL_HISTORY, else "
@@ -607,7 +611,11 @@ def _save_log_tails(target: Any, save: Path | None) -> None:
         err.print(f"its last log lines: {path}", soft_wrap=True)
 
 
-app.command("run", help="Send a workload and print its figures (also `ucmctl bench` alone).")(run)
+app.command(
+    "run",
+    help="Send a workload and print its figures (also `ucmctl bench` alone).",
+    short_help="Send a workload and print its figures",
+)(run)
 
 
 def _spec(kind: str, options: dict[str, Any]) -> WorkloadSpec:
@@ -669,7 +677,7 @@ def _check_capacity(workload: WorkloadSpec, cfg: Any, target: Any, concurrency: 
     ]
 
 
-@app.command("make-trace")
+@app.command("make-trace", short_help="Write a synthetic trace in Mooncake's format")
 def make_trace(
     path: Path = typer.Argument(..., help="the JSONL trace to write", show_default=False),
     requests: int = typer.Option(200, "--requests", help="requests in the trace"),
@@ -717,7 +725,7 @@ def make_trace(
     )
 
 
-@app.command("suite")
+@app.command("suite", short_help="Run a matrix of input lengths x scenarios")
 def suite(
     path: Path = typer.Argument(..., help="suite YAML, e.g. benchmarks/suites/ci.yaml", show_default=False),
     results: Path | None = typer.Option(
@@ -802,7 +810,7 @@ def suite(
     _fail_on_errors(cells)
 
 
-@app.command("history")
+@app.command("history", short_help="The stored runs, their trends and plots")
 def history_command(
     deployment: str | None = typer.Option(None, "--deployment", "-d", help="runs against this deployment"),
     workload: str | None = typer.Option(None, "--workload", "-w", help="prefix, multi-turn, trace, long-doc"),
@@ -869,7 +877,7 @@ def history_command(
             err.print(f"wrote {written}", markup=False, highlight=False)
 
 
-@app.command("compare")
+@app.command("compare", short_help="Gate results against a baseline or the history")
 def compare(
     baseline: Path = typer.Argument(
         ...,

@@ -10,11 +10,14 @@ from pathlib import Path
 
 import typer
 
-app = typer.Typer(help="A vLLM-compatible simulator engine (no GPU needed).", no_args_is_help=True)
+app = typer.Typer(
+    rich_markup_mode=None, help="A vLLM-compatible simulator engine (no GPU needed).", no_args_is_help=True
+)
 
 
 @app.command(
     "serve",
+    short_help="Serve like `vllm serve MODEL [flags]`",
     context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []},
     add_help_option=False,
 )
@@ -34,7 +37,7 @@ def serve(ctx: typer.Context) -> None:
         asyncio.run(run(server))
 
 
-@app.command("calibrate")
+@app.command("calibrate", short_help="Measure a real vLLM server into a simulator profile")
 def calibrate(
     url: str = typer.Option(..., "--url", help="a running vLLM server, e.g. http://127.0.0.1:8000"),
     out: Path = typer.Option(Path("sim-profile.json"), "--out", help="profile file to write"),

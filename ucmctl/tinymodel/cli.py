@@ -6,7 +6,9 @@ from pathlib import Path
 
 import typer
 
-app = typer.Typer(help="Build small local models (no model hub needed).", no_args_is_help=True)
+app = typer.Typer(
+    rich_markup_mode=None, help="Build small local models (no model hub needed).", no_args_is_help=True
+)
 
 
 @app.callback()
@@ -15,7 +17,7 @@ def model() -> None:
     # A callback keeps `make-tiny` a named subcommand even while it is the only one.
 
 
-@app.command("make-tiny")
+@app.command("make-tiny", short_help="Build a random-weight Llama and its tokenizer")
 def make_tiny(
     out_dir: Path = typer.Argument(..., help="Directory to write the model into."),
     size: str = typer.Option("tiny", "--size", help="Model shape: tiny or medium."),
