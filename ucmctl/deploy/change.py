@@ -124,7 +124,7 @@ def apply(
     try:
         reach(launcher, [*d.removed, *(was for was, _ in d.changed), *d.added])
         cleanup: dict[str, list[str]] = {}
-        moved = [m for was, now in d.changed if (m := _moved(was, now)) is not None]
+        moved = [m for was, now in d.changed if (m := _moved(record.plan, was, now)) is not None]
         if check and (d.added or moved):
             checked = _check_new(new, d.added, moved, launcher)
             cleanup = checked.cleanup
@@ -192,14 +192,16 @@ class _Runs:
         self._save()
 
 
-def _moved(was: Process, now: Process) -> Process | None:
+def _moved(running: Plan, was: Process, now: Process) -> Process | None:
     """What of a changed server is new to its node, for the preflight: all of it on another
-    node, only its new ports on the same one (those it holds now are its own); None if neither."""
-    if now.node != was.node:
-        return now
-    held = set(was.ports.values())
+    node, but of its ports only those no process of the deployment holds there now (a port it
+    or a sibling holds is the deployment's own: the plan gives each port of a node once, and the
+    sibling moves off it first); None when nothing is new."""
+    held = {port for p in running.processes if p.node == now.node for port in p.ports.values()}
     new_ports = {k: v for k, v in now.ports.items() if v not in held}
-    return now.model_copy(update={"ports": new_ports}) if new_ports else None
+    if now.node == was.node and not new_ports:
+        return None
+    return now.model_copy(update={"ports": new_ports})
 
 
 def _check_new(new: Plan, added: list[Process], moved: list[Process], launcher: Launcher) -> Preflight:
