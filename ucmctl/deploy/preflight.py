@@ -166,7 +166,7 @@ def _node_checks(plan: Plan, ex: Executor, shared: _SharedCheck) -> NodeFacts:
     bare = [p for p in processes if p.container is None]  # a pyxis step's image: enroot's to fetch
     out.problems += _bare_problems(plan, node, where, bare, f)
     out.problems += _bind_problems(where, node, f)
-    _restart_mechanism(where, node, [p for p in processes if p.container is None], f, out)
+    _restart_mechanism(where, node, bare, f, out)
     listening = {int(p) for p in f.get("listening", "").split(",") if p.isdigit()}
     for p in processes:
         for label, port in p.ports.items():
