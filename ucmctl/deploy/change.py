@@ -86,6 +86,7 @@ def diff(old: Plan, new: Plan, *, restart_changed: bool, how: str) -> Diff:
                 "add or take out instances",
                 fix=again,
             )
+    d.changed = _in_port_order(d.changed, how)
     routed = any(p.role == "proxy" for p in new.processes)
     for was, now in d.changed:
         if routed and sum(1 for p in new.processes if p.role == now.role) == 1:
@@ -101,6 +102,48 @@ def diff(old: Plan, new: Plan, *, restart_changed: bool, how: str) -> Diff:
             fix=again,
         )
     return d
+
+
+def _in_port_order(changed: list[tuple[Process, Process]], how: str) -> list[tuple[Process, Process]]:
+    """The changed servers in the order they can restart one at a time: one that takes a port
+    another changed server holds on that node now goes after it (plan order otherwise). Servers
+    that take each other's ports (a swap) cannot: refused, with the way out."""
+    holder = {(was.node, port): was.name for was, _ in changed for port in was.ports.values()}
+    takes = {  # name -> {port it takes: the other changed server holding it now}
+        now.name: {
+            port: n
+            for port in now.ports.values()
+            if (n := holder.get((now.node, port), now.name)) != now.name
+        }
+        for _, now in changed
+    }
+    left, ordered = list(changed), []
+    while left:
+        waiting = {now.name for _, now in left}
+        ready = next(((w, n) for w, n in left if not waiting & set(takes[n.name].values())), None)
+        if ready is None:  # every one left waits: walk the waits to a cycle
+            seen: list[str] = []
+            name = left[0][1].name
+            while name not in seen:
+                seen.append(name)
+                name = next(b for b in takes[name].values() if b in waiting)
+            cycle = seen[seen.index(name) :]
+            a, b = cycle[-1], name  # a takes a port b holds
+            port = next(port for port, holds in takes[a].items() if holds == b)
+            node = next(n.node for _, n in left if n.name == a)
+            around = (
+                f"{b} takes a port of {a}"
+                if len(cycle) == 2
+                else "they wait in a ring: " + " -> ".join([*cycle, b])
+            )
+            raise UcmctlError.one(
+                f"{how} gives {a} port {port} on node {node}, which {b} holds, and {around}; changed "
+                "servers restart one at a time",
+                fix="change it in two steps: move one of them to a free port first, `up`, then the rest",
+            )
+        left.remove(ready)
+        ordered.append(ready)
+    return ordered
 
 
 def apply(

@@ -47,7 +47,8 @@ def pd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dict[st
         ports["prefill"] + 1,
         ports["decode"] + 1,
         ports["decode"] + 2,
-    ]  # + a scaled one
+        ports["decode"] + 3,
+    ]  # + a scaled one, and the edited topology's decodes a port up
     assert len(set(taken)) == len(taken), ports
     with deployed(home, topo, workdir):
         yield home, ports
@@ -298,11 +299,12 @@ def test_up_of_an_edited_topology_starts_restarts_and_stops_only_what_changed_du
     home, ports = pd
     record = json.loads((home / "deployments" / "t-fault.json").read_text())
     original = Path(record["topology_path"])
-    edited = tmp_path / "t-fault.yaml"  # decode: a third instance, and a flag changed
+    edited = tmp_path / "t-fault.yaml"  # decode: a third instance, a flag changed, a port up
     text = original.read_text()
-    assert text.count("servers_per_node: 2, flags: {decode-step-ms: 25}") == 1, text
-    edited.write_text(text.replace("servers_per_node: 2, flags: {decode-step-ms: 25}",
-                                   "servers_per_node: 3, flags: {decode-step-ms: 20}"))  # fmt: skip
+    was = f"port: {ports['decode']}, servers_per_node: 2, flags: {{decode-step-ms: 25}}"
+    now = f"port: {ports['decode'] + 1}, servers_per_node: 3, flags: {{decode-step-ms: 20}}"
+    assert text.count(was) == 1, text
+    edited.write_text(text.replace(was, now))
     pids = {n: s["pgid"] for n, s in record["processes"].items()}
     save = tmp_path / "run.json"
     run = spawn(home, *[("160" if a == "80" else a) for a in BENCH], "--save", str(save))
@@ -310,7 +312,8 @@ def test_up_of_an_edited_topology_starts_restarts_and_stops_only_what_changed_du
     grown = ucmctl(home, "up", str(edited), timeout=300)
     assert grown.returncode == 0, grown.stderr
     said = " ".join(grown.stderr.split())
-    assert "will start decode-2; restart decode-0, decode-1 (the rest stays running)" in said, said
+    # decode-0 takes decode-1's port: decode-1 moves off it first
+    assert "will start decode-2; restart decode-1, decode-0 (the rest stays running)" in said, said
     assert "decode-2: KV probe: prefill-0 -> decode-2: external prefix hits grew by " in said, said
     assert re.search(r"^decode-2 on me: added in [0-9.]+ s$", grown.stderr, re.MULTILINE), grown.stderr
     for name in ("decode-0", "decode-1"):
@@ -322,6 +325,7 @@ def test_up_of_an_edited_topology_starts_restarts_and_stops_only_what_changed_du
     decodes = [p for p in middle["plan"]["processes"] if p["role"] == "decode"]
     assert [p["name"] for p in decodes] == ["decode-0", "decode-1", "decode-2"]
     assert all(p["argv"][p["argv"].index("--decode-step-ms") + 1] == "20" for p in decodes), decodes
+    assert [p["ports"]["http"] - ports["decode"] for p in decodes] == [1, 2, 3], decodes
     kept = {n: s["pgid"] for n, s in middle["processes"].items() if not n.startswith("decode")}
     assert kept == {n: pid for n, pid in pids.items() if not n.startswith("decode")}  # left running
     back = ucmctl(home, "up", str(original), timeout=300)  # and back: decode-2 goes, the flag too

@@ -77,3 +77,34 @@ def test_a_change_of_the_only_instance_of_a_role_is_refused() -> None:
         diff(_plan(one), _plan(flagged), restart_changed=True, how="this topology")
     assert "this topology changes decode-0, the only decode instance" in str(caught.value)
     assert "`ucmctl scale`), or `ucmctl down s` and `up`" in str(caught.value), str(caught.value)
+
+
+TWO = SIM.replace("prefill: {nodes: [a], port: 8000}", "prefill: {nodes: [a, b], port: 8000}")
+
+
+def test_a_server_taking_a_port_another_frees_restarts_after_it() -> None:
+    new = TWO.replace("port: 8100}", "port: 8200}").replace("port: 8000}", "port: 8100}")
+    d = diff(_plan(TWO), _plan(new), restart_changed=True, how="this topology")
+    order = [(now.name, now.node, now.ports["http"]) for _, now in d.changed]
+    # prefill-0 takes a's 8100, which decode-0 holds until it has restarted on 8200
+    assert order == [
+        ("decode-0", "a", 8200),
+        ("prefill-0", "a", 8100),
+        ("decode-1", "b", 8200),
+        ("prefill-1", "b", 8100),
+    ]
+
+
+def test_a_swap_of_ports_is_refused_before_anything_restarts() -> None:
+    new = (
+        TWO.replace("port: 8100}", "port: 7000}")
+        .replace("port: 8000}", "port: 8100}")
+        .replace("7000", "8000")
+    )
+    with pytest.raises(UcmctlError) as caught:
+        diff(_plan(TWO), _plan(new), restart_changed=True, how="this topology")
+    said = str(caught.value)
+    assert (
+        "this topology gives decode-0 port 8000 on node a, which prefill-0 holds, and prefill-0 takes" in said
+    ), said
+    assert "move one of them to a free port first" in said
