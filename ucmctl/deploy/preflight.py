@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from ucmctl.core.platforms import DEVICE_COUNTER, Platform
 from ucmctl.deploy import filesystems
+from ucmctl.deploy.starting import LISTENING
 from ucmctl.engines import engine_for
 from ucmctl.nodes import lifecycle
 from ucmctl.nodes.executor import Executor, HostKeyError, NodeError
@@ -25,7 +26,7 @@ echo "npu=$(npu-smi info -l 2>/dev/null | awk -F: '/Total Count/ {{gsub(/ /, "",
 echo "cpus=$(nproc 2>/dev/null)"
 echo "shm_kb=$(df -Pk /dev/shm 2>/dev/null | awk 'NR==2 {{print $4}}')"
 echo "mem_kb=$(awk '/MemAvailable/ {{print $2}}' /proc/meminfo 2>/dev/null)"
-echo "listening=$(ss -ltnH 2>/dev/null | awk '{{n=split($4, a, ":"); print a[n]}}' | sort -un | tr '\n' ,)"
+echo "listening=$({listening} | tr '\n' ,)"
 echo "mooncake=$(command -v {mooncake} >/dev/null 2>&1 && echo 1 || echo 0)"
 echo "bind_ip=$(getent ahosts {bind} 2>/dev/null | awk 'NR==1 {{print $1}}')"
 echo "addresses=$(hostname -I 2>/dev/null)"
@@ -134,6 +135,7 @@ def _node_checks(plan: Plan, ex: Executor, shared: _SharedCheck) -> NodeFacts:
         python_probe=_PYTHON_PROBE.format(engine=engine_for(plan.engine).version_probe).replace("'", "'\\''"),
         mooncake=shlex.quote(mooncake or "mooncake_master"),
         bind=shlex.quote(node.bind),
+        listening=LISTENING,
     )
     script += _UNITS
     if node.name == shared.writer:

@@ -15,7 +15,7 @@ from rich.markup import escape
 from ucmctl.core.errors import ExitStatus, UcmctlError
 from ucmctl.deploy.proxy_client import Proxy
 from ucmctl.deploy.staging import stage_node
-from ucmctl.deploy.starting import start_gated
+from ucmctl.deploy.starting import ports_taken, start_gated
 from ucmctl.deploy.state import Record, StateStore
 from ucmctl.launch import Launcher, launcher_for
 from ucmctl.nodes.executor import NodeError
@@ -159,6 +159,12 @@ def restart_one(
         launcher.stop(p, grace=grace)
         if new is not None and stage_node(launcher[new.node], [new]):
             raise NodeError(new.node, "it still runs after the stop")
+        if taken := ports_taken(launcher, then):
+            raise NodeError(
+                then.node,
+                f"port {', '.join(map(str, taken))} in use by another process once {p.name} stopped: "
+                "not started again",
+            )
     except NodeError as exc:
         raise UcmctlError.one(f"{p.name} on node {p.node}: {exc.reason}", status=ExitStatus.FAILURE,
                               fix="see `ucmctl status` and `ucmctl logs`") from None  # fmt: skip

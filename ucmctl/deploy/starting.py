@@ -13,6 +13,10 @@ from ucmctl.launch import Launcher
 from ucmctl.nodes.executor import NodeError
 from ucmctl.plan.model import Process
 
+# The TCP ports something listens on in the node's network namespace, one per line (none where
+# `ss` is missing: the check is then the health gate's alone).
+LISTENING = """ss -ltnH 2>/dev/null | awk '{n=split($4, a, ":"); print a[n]}' | sort -un"""
+
 
 def start_gated(
     launcher: Launcher,
@@ -61,3 +65,13 @@ def failed_to_start(launcher: Launcher, process: Process, reason: str, lines: in
     return f"{process.name} on node {process.node} did not come up: {reason}" + (
         f"; its last log lines:\n{tail}" if tail else ""
     )
+
+
+def ports_taken(launcher: Launcher, process: Process) -> list[int]:
+    """Those of `process`'s ports that something listens on, on its node, now. Before a start
+    that is not `up`'s (its preflight looked): a port taken meanwhile would fail the process's
+    bind while whatever holds it answered its health checks in its place."""
+    listening = {
+        int(p) for p in launcher[process.node].run(LISTENING, timeout=30).stdout.split() if p.isdigit()
+    }
+    return sorted(port for port in process.ports.values() if port in listening)

@@ -10,6 +10,7 @@ import json
 import re
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -178,6 +179,46 @@ def test_a_restart_that_would_leave_a_role_unrouted_or_names_no_process_is_refus
         scaling = ucmctl(home, "scale", "--decode", "3")
     assert busy.returncode == 4 and "deployment 't-fault' is busy" in busy.stderr, busy.stderr
     assert scaling.returncode == 4 and "deployment 't-fault' is busy" in scaling.stderr, scaling.stderr
+
+
+# Binds the port as soon as it is free and answers 200 to everything: what a health check of
+# that port cannot tell from the server that should be there.
+SQUATTER = r"""
+import http.server, sys, time
+class Ok(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers(); self.wfile.write(b"ok")
+    def log_message(self, *args): pass
+while True:
+    try:
+        server = http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Ok)
+        break
+    except OSError:
+        time.sleep(0.002)
+server.serve_forever()
+"""
+
+
+def test_a_port_taken_while_a_server_restarts_fails_the_restart_not_passes_its_health(
+    pd: tuple[Path, dict[str, int]],
+) -> None:
+    home, ports = pd
+    squatter = subprocess.Popen([sys.executable, "-c", SQUATTER, str(ports["decode"])])
+    try:
+        taken = ucmctl(home, "restart", "decode-0", timeout=120)
+    finally:
+        squatter.kill()
+        squatter.wait()
+    assert taken.returncode == 1, (taken.stdout, taken.stderr)
+    said = " ".join(taken.stderr.split())
+    assert (
+        f"port {ports['decode']} in use by another process once decode-0 stopped: not started again" in said
+    ), said
+    assert "restarted" not in taken.stdout, taken.stdout
+    back = ucmctl(home, "restart", "decode-0", timeout=120)
+    assert back.returncode == 0 and back.stdout.strip() == "1 process restarted", (back.stdout, back.stderr)
+    status = ucmctl(home, "status")
+    assert status.stdout.count(", healthy") == 5, status.stdout
 
 
 def test_scale_decode_up_and_down_during_a_run_loses_no_request(
