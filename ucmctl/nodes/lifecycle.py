@@ -206,7 +206,6 @@ class Supervised:
 
     restarts: int  # so far
     last_exit: int
-    at: int  # unix time of that line
     what: str  # running (restarted), waiting (to restart), gave-up, done, stopped
     by_systemd: bool = False  # its unit says it; nothing of the process runs while it waits
 
@@ -236,7 +235,7 @@ def supervised(ex: Executor, process: Process) -> Supervised | None:
         if told is None:
             return None
         restarts, last_exit, what = told
-        return Supervised(restarts, last_exit, at=0, what=what, by_systemd=True)
+        return Supervised(restarts, last_exit, what, by_systemd=True)
     if process.restart is None or process.restart.state is None:
         return None
     state = process.restart.state
@@ -244,7 +243,7 @@ def supervised(ex: Executor, process: Process) -> Supervised | None:
     parts = done.stdout.split()
     if len(parts) != 4 or not all(x.lstrip("-").isdigit() for x in parts[:3]):
         return None
-    return Supervised(int(parts[0]), int(parts[1]), int(parts[2]), parts[3])
+    return Supervised(int(parts[0]), int(parts[1]), parts[3])  # parts[2]: the line's unix time
 
 
 SIGNALS = ("KILL", "TERM")  # what `bench --fault` sends: kill -9, or a polite stop
