@@ -101,12 +101,15 @@ def restart(
         targets = chosen(record, names)
         proxy = proxy_of(record)
         batches = [[p] for p in targets] if rolling else [targets]
-        if proxy is not None and not force:
-            _refuse_an_outage(proxy, batches)
         launcher = launcher_for(record.plan, record.allocation, connect_timeout=10)
         done: list[Restarted] = []
         try:
             reach(launcher, targets)
+            if proxy is not None and not force:
+                alive = parallel(targets, launcher.alive)
+                _refuse_an_outage(
+                    proxy, batches, {p.name for p, pid in zip(targets, alive, strict=True) if pid is None}
+                )
             for batch in batches:
 
                 def one(p: Process) -> Restarted:
@@ -118,13 +121,15 @@ def restart(
     return done
 
 
-def _refuse_an_outage(proxy: Proxy, batches: list[list[Process]]) -> None:
-    """A batch that would drain every routed instance of a role: requests would fail meanwhile."""
+def _refuse_an_outage(proxy: Proxy, batches: list[list[Process]], down: set[str]) -> None:
+    """A batch that would drain every routed instance of a role: requests would fail meanwhile.
+    Those of it that are `down` (not running) take nothing out: restarting only them is no outage."""
     for batch in batches:
         for role in sorted({p.role for p in batch if p.is_server}):
-            urls = {str(p.url) for p in batch if p.role == role}
-            if proxy.routed(role, urls) == 0:
-                what = ", ".join(p.name for p in batch if p.role == role)
+            ours = [p for p in batch if p.role == role]
+            serving = [p for p in ours if p.name not in down]
+            if serving and proxy.routed(role, {str(p.url) for p in ours}) == 0:
+                what = ", ".join(p.name for p in serving)
                 raise UcmctlError.one(
                     f"restarting {what} leaves no {role} instance in routing: requests would fail meanwhile",
                     fix="use --rolling with more than one instance, or --force to accept the outage",

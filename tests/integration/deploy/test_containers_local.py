@@ -174,6 +174,14 @@ def test_a_containerized_1p1d_builds_runs_crashes_and_goes(runtime: Runtime, tmp
     prefill_line = next(line for line in status.stdout.splitlines() if "prefill-0" in line)
     assert "healthy" in prefill_line, status.stdout
 
+    # the only decode instance is down: restarting it takes nothing out of routing (no --force)
+    restarted = ucmctl(env, home, "restart", "decode-0")
+    assert restarted.returncode == 0, restarted.stdout + restarted.stderr
+    assert restarted.stdout.strip() == "1 process restarted", restarted.stdout
+    assert runtime.containers()["decode-0"] == (f"ucmctl-{NAME}-decode-0", "running")
+    answer = completion(proxy["url"], list(range(1, 300)), max_tokens=4)
+    assert answer["usage"]["completion_tokens"] == 4
+
     # prefill's restart: on-failure is the runtime's own --restart: a SIGKILL of its main
     # process (what `bench --fault kill:prefill-0` sends) brings it back by itself
     fmt = "{{.HostConfig.RestartPolicy.Name}} {{.HostConfig.RestartPolicy.MaximumRetryCount}}"
