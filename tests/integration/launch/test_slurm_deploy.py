@@ -94,9 +94,17 @@ def test_2p2d_as_job_steps_of_one_allocation(tmp_path: Path, site: Site, cli: Cl
     assert f["detected_after_s"] is not None and f["detected_after_s"] <= 10, f
     assert f["failed"] == f["cut_mid_stream"] and f["failed_sent_after"] == 0, f
     assert f["after"]["requests"] > 0 and f["after"]["failed"] == 0, f  # decode-0 served them
+    # brought back as the user would: a step of the same job again, routed, serving
+    back = cli("restart", "s-2p2d", "decode-1")
+    assert back.returncode == 0 and back.stdout.strip() == "1 process restarted", back.stdout + back.stderr
+    steps = site.slurm.run("squeue", "-h", "-s", "-j", job, "-o", "%j %N").stdout.split("\n")
+    assert "decode-1 h2" in [line.strip() for line in steps], steps
+    assert completion(decoders[1], [*prompt, 11])["usage"]["completion_tokens"] == 4
+    status = cli("status", "s-2p2d")
+    assert len(re.findall(r"\bhealthy\b", status.stdout)) == 5, status.stdout
     down = cli("down", "s-2p2d")
     assert down.returncode == 0, down.stderr
-    assert "4 processes stopped" in down.stdout, down.stdout
+    assert "5 processes stopped" in down.stdout, down.stdout
     assert left(site, "s-2p2d") == ([], [])
     assert site.slurm.job_processes() == []
 
