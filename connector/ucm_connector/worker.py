@@ -5,10 +5,11 @@ Runs in the worker process. Loads finish before the forward that reads them; dum
 returns, so vLLM never reuses a block whose bytes are still being copied out. Any store
 failure becomes a load error that vLLM recomputes, never a failed request.
 
-Both waits are bounded (`load_timeout_s`, `dump_timeout_s` of the UCM config): what is not
-done by then is given up with `Store.cancel`, after which the store never touches those KV
-blocks again, even when a read stuck in a stalled filesystem returns later. So a storage
-outage costs a recompute per request, never a frozen server or a block overwritten after
+Both waits are bounded (`load_timeout_s`, grown by a load's bytes, and `dump_timeout_s` of the
+UCM config; either ends sooner once no block has come back for half the load bound: the storage
+stalled): what is not done by then is given up with `Store.cancel`, after which the store never
+touches those KV blocks again, even when a read stuck in a stalled filesystem returns later. So a
+storage outage costs a recompute per request, never a frozen server or a block overwritten after
 vLLM gave it to another request.
 """
 
@@ -29,7 +30,7 @@ from ucm_connector.metadata import BlockTransfer, UCMConnectorMetadata
 from ucm_connector.stats import UCMConnectorStats, error_kind
 from ucm_connector.store import StoreLike
 from ucmctl.core.store_errors import LOAD_KINDS, SAVE_KINDS, over_bound
-from ucmctl.core.ucm_config import DEFAULT_DUMP_TIMEOUT_S, DEFAULT_LOAD_TIMEOUT_S, lookup_bound
+from ucmctl.core.ucm_config import DEFAULT_DUMP_TIMEOUT_S, DEFAULT_LOAD_TIMEOUT_S, load_bound, stall_bound
 
 logger = logging.getLogger(LOGGER_NAME)
 
@@ -116,7 +117,7 @@ class WorkerSide:
             return
         task = self._submit(meta.loads, "load", None)
         if task is not None:
-            self._finish(task, "load", self._load_timeout_s)
+            self._finish(task, "load", load_bound(self._load_timeout_s, task.nbytes))
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         if not self._layer_loads or self._layout is None:
@@ -127,7 +128,7 @@ class WorkerSide:
             return
         task = self._layer_loads.pop(li, None)
         if task is not None:
-            self._finish(task, "load", self._load_timeout_s)
+            self._finish(task, "load", load_bound(self._load_timeout_s, task.nbytes))
 
     # ---- saves ------------------------------------------------------------------------
     def save_layer(self, layer_name: str, meta: UCMConnectorMetadata) -> None:
@@ -146,7 +147,8 @@ class WorkerSide:
         # Layer loads nobody waited for (a layer the model skipped) must still finish before
         # their blocks are used again; their failures are reported like any other.
         for li in list(self._layer_loads):
-            self._finish(self._layer_loads.pop(li), "load", self._load_timeout_s)
+            task = self._layer_loads.pop(li)
+            self._finish(task, "load", load_bound(self._load_timeout_s, task.nbytes))
         if self._layerwise:
             saves, self._layer_saves = self._layer_saves, []
             for task in saves:
@@ -206,9 +208,10 @@ class WorkerSide:
             left,
             op=op,
             persisted=op == "dump" and self._wait_persisted,
-            # a persist with no write returning for as long as a lookup may take is a stall:
-            # decode would miss those blocks anyway, and the request must not pay the dump bound
-            stall_s=lookup_bound(self._load_timeout_s),
+            # a load or persist with no block back for as long as a lookup may take is a stall:
+            # the blocks are recomputed (decode would miss a persist's anyway) within that, not
+            # at the whole bound
+            stall_s=stall_bound(self._load_timeout_s),
         )
         return list(res.ok), list(res.errors)
 

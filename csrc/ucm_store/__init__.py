@@ -66,7 +66,7 @@ import queue
 import threading
 import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -282,15 +282,24 @@ class Store:
         the storage counts as stalled, and later calls do not wait for persistence at all
         (their blocks are reported not persisted at once) until that write has returned:
         one stalled mount costs one bounded wait, not one per step (see `stalled_for`).
-        With `stall_s`, that wait also ends as a stall once no write to the storage has
-        returned for `stall_s` s: storage that is slow but moving gets the whole `timeout`,
-        storage that stopped costs `stall_s`.
+        With `stall_s`, a load (and that wait for persistence) also ends as a stall once no
+        read (write) of the storage has returned for `stall_s` s: storage that is slow but
+        moving gets the whole `timeout`, storage that stopped costs `stall_s`.
         """
-        deadline = time.monotonic() + timeout
+        start = time.monotonic()
+        deadline = start + timeout
         try:
-            res = self.wait(tid, timeout=timeout)
-        except TimeoutError:
-            res = self.cancel(tid, f"{op} timed out after {timeout:g} s (the storage is stalled or slow)")
+            if op == "load" and stall_s is not None:
+                fetch = lambda t: self.wait(tid, timeout=t)  # noqa: E731
+                res = self._within_while_moving(fetch, deadline, stall_s, self._reads_returned, "read")
+            else:
+                try:
+                    res = self.wait(tid, timeout=timeout)
+                except TimeoutError:
+                    raise TimeoutError("the storage is stalled or slow") from None
+        except TimeoutError as exc:
+            took = time.monotonic() - start
+            res = self.cancel(tid, f"{op} timed out after {took:.1f} s of its {timeout:.3g} s bound ({exc})")
         ok, errors = list(res.ok), list(res.errors)
         if not persisted or not any(ok):
             return Outcome(ok, errors)
@@ -316,18 +325,37 @@ class Store:
                 return self.wait_persisted(tid, timeout=max(deadline - time.monotonic(), 0.0))
             except TimeoutError:
                 raise TimeoutError("the storage is stalled or slow") from None
-        seen, since = self._writes_returned(), time.monotonic()
+        fetch = lambda t: self.wait_persisted(tid, timeout=t)  # noqa: E731
+        return self._within_while_moving(fetch, deadline, stall_s, self._writes_returned, "write")
+
+    @staticmethod
+    def _within_while_moving(
+        fetch: Callable[[float], TaskResult],
+        deadline: float,
+        stall_s: float,
+        returned: Callable[[], int],
+        what: str,
+    ) -> TaskResult:
+        """`fetch(timeout)` until `deadline`, and only while the storage moves: TimeoutError once
+        no `what` (read, write) has returned for `stall_s` s, or at the deadline."""
+        seen, since = returned(), time.monotonic()
         while True:
             now = time.monotonic()
             with contextlib.suppress(TimeoutError):
-                return self.wait_persisted(tid, timeout=max(min(deadline - now, 0.05), 0.0))
+                return fetch(max(min(deadline - now, 0.05), 0.0))
             now = time.monotonic()
             if now >= deadline:
                 raise TimeoutError("the storage is slow")
-            if (returned := self._writes_returned()) != seen:
-                seen, since = returned, now
+            if (count := returned()) != seen:
+                seen, since = count, now
             elif now - since >= stall_s:
-                raise TimeoutError(f"the storage is stalled: no write returned for {stall_s:g} s")
+                raise TimeoutError(f"the storage is stalled: no {what} returned for {stall_s:g} s")
+
+    def _reads_returned(self) -> int:
+        """Blocks of loads that came back so far: copied out of the cache, or read from the
+        last tier (well or not)."""
+        st = self.stats()
+        return st["cache_blocks_read"] + st["posix_hits"] + st["posix_misses"] + st["posix_read_errors"]
 
     def _writes_returned(self) -> int:
         """Writes to the last tier that returned so far, well or not."""

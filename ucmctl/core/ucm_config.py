@@ -30,6 +30,24 @@ DEFAULT_LOAD_TIMEOUT_S = 5.0
 DEFAULT_DUMP_TIMEOUT_S = 10.0
 
 
+# Under the slowest a healthy load moved here: 0.13 GB/s, a 4 GiB load (a 32k-token prompt of an
+# 8B-class model) through a GlusterFS FUSE mount right after it was stored (benchmarks/RESULTS.md).
+# A load's bound grows by its bytes at this rate, so the healthy load of a long prompt is not given
+# up; storage that stopped is found sooner than any bound: no block back for `stall_bound` s.
+LOAD_FLOOR_BYTES_PER_S = 0.1e9
+
+
+def load_bound(load_timeout_s: float, nbytes: int) -> float:
+    """How long a load of `nbytes` may take in all before it is given up (and recomputed)."""
+    return load_timeout_s + nbytes / LOAD_FLOOR_BYTES_PER_S
+
+
+def stall_bound(load_timeout_s: float) -> float:
+    """How long a load or a persist may go with no block coming back from the storage before
+    the storage counts as stalled: as long as a lookup may take."""
+    return lookup_bound(load_timeout_s)
+
+
 def lookup_bound(load_timeout_s: float) -> float:
     """How long a lookup may take: half the load bound, because in disaggregated PD a request
     is looked up on both sides (prefill, then decode), and both together must fit the bound."""

@@ -19,7 +19,14 @@ from ucmctl.core.store_errors import (
     error_kind,
     over_bound,
 )
-from ucmctl.core.ucm_config import UcmConfig, UcmConfigError, lookup_bound, parse_ucm_config
+from ucmctl.core.ucm_config import (
+    UcmConfig,
+    UcmConfigError,
+    load_bound,
+    lookup_bound,
+    parse_ucm_config,
+    stall_bound,
+)
 
 log = logging.getLogger("ucmctl.sim")
 
@@ -64,10 +71,13 @@ class ExternalTier:
         # The longest one lookup, load or save took (at most the bound and a memory copy).
         self.longest_wait_s = dict.fromkeys(("lookup", "load", "save"), 0.0)
 
-    def _took(self, started: float, op: str) -> None:
+    def _took(self, started: float, op: str, nbytes: int = 0) -> None:
         took = time.perf_counter() - started
         self.longest_wait_s[op] = max(self.longest_wait_s[op], took)
-        bounds = {"lookup": lookup_bound(self.load_timeout_s), "load": self.load_timeout_s}
+        bounds = {
+            "lookup": lookup_bound(self.load_timeout_s),
+            "load": load_bound(self.load_timeout_s, nbytes),
+        }
         bound = bounds.get(op, self.dump_timeout_s)
         if over_bound(took, bound):
             log.warning("sim: a store %s took %.1f s, past its %.1f s bound", op, took, bound)
@@ -102,8 +112,14 @@ class ExternalTier:
             return 0
         buffers = [[bytearray(size) for size in self.shard_sizes] for _ in keys]
         started = time.perf_counter()
-        result = self.store.finish_within(self.store.load(list(keys), buffers), self.load_timeout_s)
-        self._took(started, "load")
+        nbytes = len(keys) * self.block_bytes
+        result = self.store.finish_within(  # as the connector
+            self.store.load(list(keys), buffers),
+            load_bound(self.load_timeout_s, nbytes),
+            op="load",
+            stall_s=stall_bound(self.load_timeout_s),
+        )
+        self._took(started, "load", nbytes)
         failed = [e or "failed" for ok, e in zip(result.ok, result.errors, strict=True) if not ok]
         self._count("load", failed)
         if failed:
@@ -135,7 +151,7 @@ class ExternalTier:
             self.dump_timeout_s,
             op="dump",
             persisted=self.wait_persisted,
-            stall_s=lookup_bound(self.load_timeout_s),  # as the connector
+            stall_s=stall_bound(self.load_timeout_s),  # as the connector
         )
         self._took(started, "save")
         ok, errors = result.ok, result.errors

@@ -208,7 +208,8 @@ class Storage(Strict):
         gt=0,
         lt=86400,
         allow_inf_nan=False,
-        description="a KV load not done by then is given up and recomputed (a stalled mount)",
+        description="a KV load not done by then (+1 s per 0.1 GB it loads) is given up and recomputed; "
+        "no block back for half of it is a stalled mount: given up then",
     )
     dump_timeout_s: float = Field(
         DEFAULT_DUMP_TIMEOUT_S,

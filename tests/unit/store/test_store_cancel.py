@@ -266,3 +266,37 @@ def test_a_persist_with_no_write_returning_is_a_stall_after_stall_s_while_slow_w
         store.dump(keys, [block(k, SHARDS) for k in keys]), 10, op="dump", persisted=True, stall_s=0.4
     )
     assert slow.all_ok, slow.errors  # 1.5 s of writes, none longer than 0.4 s: not a stall
+
+
+@pytest.mark.parametrize("pipeline", ["Posix", "Cache|Posix"])
+def test_a_load_with_no_read_returning_is_a_stall_after_stall_s_while_slow_reads_get_the_bound(
+    make_store, pipeline
+):
+    """The same for loads: one read stuck for 2 s is given up after stall_s (0.4 s), not the
+    bound (5 s); six reads of 0.25 s each (1.5 s in all, each within stall_s) all land."""
+    keys = [key(i, "read-progress") for i in range(7)]
+    writer = make_store(SHARDS, store_pipeline="Posix")
+    assert writer.wait_persisted(writer.dump(keys, [block(k, SHARDS) for k in keys]), timeout=10).all_ok
+    reader = make_store(
+        SHARDS, store_pipeline=pipeline, posix_io_threads=1, cache_buffer_capacity_gb=16 * SLOT_GB
+    )
+    _native._inject_stall("posix_read", 1, 2000)
+    target = empty(SHARDS)
+    t0 = time.monotonic()
+    stalled = reader.finish_within(reader.load(keys[:1], [target]), 5, op="load", stall_s=0.4)
+    took = time.monotonic() - t0
+    assert 0.35 < took < 1.5, took  # stall_s, with room for a loaded machine
+    assert stalled.ok == [False], stalled
+    assert stalled.errors[0].startswith("load timed out after 0."), stalled.errors
+    assert stalled.errors[0].endswith("of its 5 s bound (the storage is stalled: no read returned for 0.4 s)")
+    for shard in target:  # vLLM gives the block to another request
+        shard[:] = 0x5A
+    assert _until(lambda: reader.stats()["load_late"] == 1), reader.stats()
+    assert all(np.all(shard == 0x5A) for shard in target), "the late read wrote into the reused buffer"
+    _native._inject_stall("posix_read", 6, 250)
+    targets = [empty(SHARDS) for _ in keys[1:]]
+    t0 = time.monotonic()
+    slow = reader.finish_within(reader.load(keys[1:], targets), 10, op="load", stall_s=0.4)
+    assert slow.all_ok, slow.errors  # 1.5 s of reads, none longer than 0.4 s: not a stall
+    assert time.monotonic() - t0 >= 1.4
+    assert all(same(t, block(k, SHARDS)) for t, k in zip(targets, keys[1:], strict=True))
