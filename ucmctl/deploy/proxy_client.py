@@ -52,6 +52,17 @@ class Proxy:
     def resume(self, server: Process) -> None:
         self._ask("/instances/resume", {"url": str(server.url), "role": server.role})
 
+    def wait_routed(self, server: Process, timeout: float) -> bool:
+        """Whether the proxy routes to `server` (its health loop found it healthy, not draining)
+        within `timeout` s."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if any(i["url"] == server.url and i["healthy"] and not i["draining"] for i in self._listed()):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.2)
+
     def add(self, server: Process) -> None:
         self._ask("/instances/add", {"url": str(server.url), "role": server.role})
 

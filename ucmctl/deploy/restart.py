@@ -136,6 +136,9 @@ def _refuse_an_outage(proxy: Proxy, batches: list[list[Process]], down: set[str]
                 )
 
 
+ROUTED_WITHIN_S = 15.0  # how long a restart waits for the proxy to route to the server again
+
+
 def restart_one(
     launcher: Launcher,
     record: Record,
@@ -189,6 +192,11 @@ def restart_one(
         else:
             proxy.remove(p)
             proxy.add(then)
+    # routed again only once the proxy's own health loop has seen it answer (seconds)
+    unrouted = routed and proxy is not None and not proxy.wait_routed(then, ROUTED_WITHIN_S)
     took = time.monotonic() - t0
-    tell(f"{p.name} on {then.node}: restarted in {took:.1f} s (drained in {drained:.1f} s)")
+    tell(
+        f"{p.name} on {then.node}: restarted in {took:.1f} s (drained in {drained:.1f} s)"
+        + (f"; the proxy does not route to it yet after {ROUTED_WITHIN_S:g} s" if unrouted else "")
+    )
     return Restarted(p.name, then.node, drained, cut, took)
