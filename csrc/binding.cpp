@@ -204,6 +204,34 @@ public:
         return s.lookup_prefix(keys);
     }
 
+    std::pair<std::string, uint32_t> pack_write(nb::handle keys_obj, nb::handle blocks_obj) {
+        Store& s = live();
+        auto keys = parse_keys(keys_obj);
+        BufferHolds holds;
+        auto blocks = parse_blocks(blocks_obj, keys.size(), shard_sizes_, false, holds);
+        nb::gil_scoped_release nogil;
+        return s.write_pack(keys, blocks);
+    }
+
+    uint32_t pack_prefix(nb::handle keys_obj) {
+        Store& s = live();
+        auto keys = parse_keys(keys_obj);
+        nb::gil_scoped_release nogil;
+        return s.pack_prefix(keys);
+    }
+
+    std::vector<std::string> pack_read(nb::handle keys_obj, uint32_t begin, uint32_t end,
+                                       nb::handle blocks_obj) {
+        Store& s = live();
+        auto keys = parse_keys(keys_obj);
+        if (begin > end || end > keys.size())
+            throw std::invalid_argument("blocks [begin, end) must lie within the keys");
+        BufferHolds holds;
+        auto blocks = parse_blocks(blocks_obj, end - begin, shard_sizes_, true, holds);
+        nb::gil_scoped_release nogil;
+        return s.read_pack(keys, begin, end, blocks);
+    }
+
     bool flush(long long timeout_ms) {
         Store& s = live();
         nb::gil_scoped_release nogil;
@@ -318,6 +346,10 @@ NB_MODULE(_native, m) {
         .def("lookup", &PyStore::lookup, nb::arg("keys"), nb::arg("tier"))
         .def("lookup_prefix", &PyStore::lookup_prefix)
         .def("flush", &PyStore::flush, nb::arg("timeout_ms"))
+        .def("pack_write", &PyStore::pack_write, nb::arg("keys"), nb::arg("blocks"))
+        .def("pack_prefix", &PyStore::pack_prefix, nb::arg("keys"))
+        .def("pack_read", &PyStore::pack_read, nb::arg("keys"), nb::arg("begin"), nb::arg("end"),
+             nb::arg("blocks"))
         .def("collect_garbage", &PyStore::collect_garbage)
         .def("stats", &PyStore::stats)
         .def("notes", [](PyStore& s) { return s.live().notes(); })

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,20 @@ struct Layout {
 
 // Fills `hdr` (layout.header bytes) for a payload whose CRC is `payload_crc`.
 void encode_header(uint8_t* hdr, const Layout& layout, const Key& key, uint32_t payload_crc);
+
+// Little-endian fields of the on-disk headers (the hosts sharing a storage folder are).
+template <class T>
+void put_le(uint8_t* p, size_t off, T v) { std::memcpy(p + off, &v, sizeof v); }
+template <class T>
+T get_le(const uint8_t* p, size_t off) {
+    T v;
+    std::memcpy(&v, p + off, sizeof v);
+    return v;
+}
+
+// CRC-32C of a header of `size` bytes as if its 4-byte CRC field at `crc_off` (within the
+// first `fixed` bytes) were zero, without writing to it.
+uint32_t header_crc(const uint8_t* hdr, size_t size, size_t fixed, size_t crc_off);
 
 enum class Verdict { Ok, Corrupt, Mismatch };
 

@@ -19,15 +19,10 @@
 #include "checksum.hpp"
 #include "fault.hpp"
 #include "io_util.hpp"
+#include "posix_common.hpp"
 
 namespace ucm {
 namespace {
-
-// One scratch buffer per I/O thread, reused across blocks: no allocation per block.
-AlignedBuffer& scratch() {
-    thread_local AlignedBuffer buf;
-    return buf;
-}
 
 int mkdir_p(const std::string& path) {
     if (mkdir(path.c_str(), 0755) == 0 || errno == EEXIST) return 0;
@@ -48,15 +43,6 @@ bool is_shard_dir(const char* name) {
     return true;
 }
 
-uint32_t crc_of(const std::vector<ConstSpan>& parts) {
-    uint32_t crc = 0;
-    for (size_t i = 0; i < parts.size(); ++i) {
-        uint32_t pc = crc32c(parts[i].p, parts[i].n);
-        crc = i ? crc32c_combine(crc, pc, parts[i].n) : pc;
-    }
-    return crc;
-}
-
 // The whole file as one gather list: header, shards, and (buffered) zero padding to the
 // file size; O_DIRECT shards are whole pages already.
 std::vector<iovec> with_header(const Layout& layout, const uint8_t* hdr,
@@ -72,15 +58,6 @@ std::vector<iovec> with_header(const Layout& layout, const uint8_t* hdr,
     }
     if (pad && end < layout.file_size) iov.push_back({const_cast<uint8_t*>(zeros), layout.file_size - end});
     return iov;
-}
-
-// Sequence number for temp and quarantine names. It must be unique per process, not per
-// store: two stores of one process writing the same key would otherwise both create
-// "<key>.tmp.<host>.<pid>.0" and one would fail with EEXIST (the name is opened O_EXCL).
-std::string unique_suffix() {
-    static std::atomic<uint64_t> counter{0};
-    return host_name() + "." + std::to_string(getpid()) + "." +
-           std::to_string(counter.fetch_add(1, std::memory_order_relaxed));
 }
 
 }  // namespace
@@ -167,35 +144,9 @@ std::string PosixTier::write(const Key& key, const std::vector<ConstSpan>& parts
     fault::stall(fault::Site::PosixWrite);
     const std::string tmp = final_path + ".tmp." + unique_suffix();
     bool direct = b.direct.load(std::memory_order_relaxed);
-    auto create = [&] {
-        int f = open(tmp.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC | (direct ? O_DIRECT : 0), 0644);
-        if (f < 0 && direct && errno == EINVAL) {
-            b.direct = false;
-            direct = false;
-            f = open(tmp.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0644);
-        }
-        return f;
-    };
-    int fd = create();
-    // First block of this shard directory (or the backend itself is gone). On a network
-    // filesystem another node may be creating the same directory right now: its mkdir has
-    // made the name (ours says EEXIST) but a create inside can still fail ENOENT for a few
-    // milliseconds (measured on GlusterFS: two hosts storing the same keys at once), so try
-    // again briefly before calling the block failed.
-    for (int attempt = 0; fd < 0 && errno == ENOENT && attempt < 8; ++attempt) {
-        if (mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
-            int e = errno;
-            return e == ENOENT ? "backend directory " + b.root + " is missing"
-                               : io_error("cannot create", dir, e);
-        }
-        if (attempt > 0) std::this_thread::sleep_for(std::chrono::milliseconds(1 << attempt));
-        fd = create();
-    }
-    if (fd < 0) {
-        int e = errno;
-        if (e == ENOSPC) request_gc();
-        return io_error("cannot create", tmp, e);
-    }
+    std::string why;
+    int fd = create_temp(b, dir, tmp, &direct, &why);
+    if (fd < 0) return why;
     auto fail = [&](const std::string& what, int e) {
         close(fd);
         unlink(tmp.c_str());
@@ -263,6 +214,41 @@ std::string PosixTier::write(const Key& key, const std::vector<ConstSpan>& parts
     commits_.fetch_add(1);
     if (opts_.capacity && c_.posix_used_bytes.get() > opts_.capacity) request_gc();
     return "";
+}
+
+int PosixTier::create_temp(Backend& b, const std::string& dir, const std::string& tmp,
+                           bool* direct, std::string* err) {
+    auto create = [&] {
+        int f = open(tmp.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC | (*direct ? O_DIRECT : 0), 0644);
+        if (f < 0 && *direct && errno == EINVAL) {
+            b.direct = false;
+            *direct = false;
+            f = open(tmp.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0644);
+        }
+        return f;
+    };
+    int fd = create();
+    // First block of this shard directory (or the backend itself is gone). On a network
+    // filesystem another node may be creating the same directory right now: its mkdir has
+    // made the name (ours says EEXIST) but a create inside can still fail ENOENT for a few
+    // milliseconds (measured on GlusterFS: two hosts storing the same keys at once), so try
+    // again briefly before calling the block failed.
+    for (int attempt = 0; fd < 0 && errno == ENOENT && attempt < 8; ++attempt) {
+        if (mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
+            int e = errno;
+            *err = e == ENOENT ? "backend directory " + b.root + " is missing"
+                               : io_error("cannot create", dir, e);
+            return -1;
+        }
+        if (attempt > 0) std::this_thread::sleep_for(std::chrono::milliseconds(1 << attempt));
+        fd = create();
+    }
+    if (fd < 0) {
+        int e = errno;
+        if (e == ENOSPC) request_gc();
+        *err = io_error("cannot create", tmp, e);
+    }
+    return fd;
 }
 
 PosixTier::Read PosixTier::read(const Key& key, const std::function<void(const uint8_t*)>& deliver,
@@ -336,24 +322,24 @@ PosixTier::Read PosixTier::read(const Key& key, const std::function<void(const u
     return Read::Ok;
 }
 
-void PosixTier::quarantine(Backend& b, const std::string& path, const std::string& hex,
+void PosixTier::quarantine(Backend& b, const std::string& path, const std::string& name,
                            ino_t ino) {
     // Only move the file we judged: a writer may have renamed a sound one into place since.
     struct stat now;
     if (stat(path.c_str(), &now) != 0 || now.st_ino != ino) return;
     std::string dir = b.root + "/corrupt";
     mkdir(dir.c_str(), 0755);
-    std::string dest = dir + "/" + hex + "." + unique_suffix();
+    std::string dest = dir + "/" + name + "." + unique_suffix();
     if (rename(path.c_str(), dest.c_str()) != 0) unlink(path.c_str());
     c_.quarantined_blocks.add();
     c_.posix_used_bytes.sub(std::min<uint64_t>(c_.posix_used_bytes.get(), uint64_t(now.st_size)));
 }
 
 bool PosixTier::temp_is_stale(const std::string& name, int64_t mtime_s) const {
-    // <32 hex>.tmp.<host>.<pid>.<counter>; the host may itself contain dots.
+    // <32 hex>[.pack].tmp.<host>.<pid>.<counter>; the host may itself contain dots.
     auto last = name.rfind('.');
     auto mid = last == std::string::npos ? last : name.rfind('.', last - 1);
-    const size_t host_at = kKeySize * 2 + 5;
+    const size_t host_at = name.find(".tmp.") + 5;
     bool old = mtime_s + static_cast<int64_t>(opts_.stale_temp_s) < now_s();
     if (mid == std::string::npos || mid < host_at) return old;
     std::string host = name.substr(host_at, mid - host_at);
@@ -390,11 +376,15 @@ GcReport PosixTier::collect() {
                 struct stat st;
                 if (fstatat(dfd, f->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
                 Key k;
-                if (name.size() == kKeySize * 2 && parse_hex_key(name.data(), name.size(), &k)) {
+                const size_t hexlen = kKeySize * 2;
+                const bool pack = name.compare(hexlen, 5, ".pack") == 0;
+                const size_t stem = pack ? hexlen + 5 : hexlen;  // a pack counts as one entry
+                if (!parse_hex_key(name.data(), hexlen, &k)) continue;
+                if (name.size() == stem) {
                     blocks.push_back({int64_t(st.st_mtim.tv_sec) * 1000000000LL +
                                           st.st_mtim.tv_nsec,
                                       uint64_t(st.st_size), dir + "/" + name});
-                } else if (name.compare(kKeySize * 2, 5, ".tmp.") == 0 &&
+                } else if (name.compare(stem, 5, ".tmp.") == 0 &&
                            temp_is_stale(name, st.st_mtime)) {
                     if (unlinkat(dfd, f->d_name, 0) == 0) ++r.temps_reclaimed;
                 }

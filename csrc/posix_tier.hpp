@@ -16,16 +16,15 @@
 #include <thread>
 #include <vector>
 
+#include <sys/stat.h>
+
 #include "block_file.hpp"
 #include "key.hpp"
+#include "pack_file.hpp"
+#include "posix_common.hpp"
 #include "stats.hpp"
 
 namespace ucm {
-
-struct ConstSpan {
-    const uint8_t* p;
-    uint64_t n;
-};
 
 struct PosixOptions {
     std::vector<std::string> backends;
@@ -56,6 +55,31 @@ public:
 
     bool exists(const Key& key) const;
 
+    // Packs (see pack_file.hpp): consecutive blocks of one chain in one file named by the
+    // first one's key. `keys` are the chain's blocks from the pack's first one on.
+    struct PackWrite {
+        std::string err;    // "" when the pack on disk holds `held` leading blocks of ours
+        uint32_t held = 0;  // all of them once ours is written; fewer when another writer's
+                            // pack of the same first block (another chain after it) was there
+    };
+    // Writes keys[i] <- blocks[i] as one pack, unless a pack of keys[0] exists: never replaces
+    // one (a hard link commits it), so a block reported held stays held.
+    PackWrite write_pack(const std::vector<Key>& keys,
+                         const std::vector<std::vector<ConstSpan>>& blocks);
+    // How many leading `keys` the pack of keys[0] holds: 0 without one (or unreadable).
+    uint32_t pack_prefix(const std::vector<Key>& keys);
+    // Reads blocks [begin, end) of the pack of keys[0]; `deliver(j, payload)` gets each
+    // block whose key and CRC-32C check. Outcome and reason per block of the range; a block
+    // the pack does not hold (it ends sooner, or holds another chain's block there) is
+    // Missing. A block failing its CRC quarantines the pack.
+    struct PackRead {
+        std::vector<Read> outcome;
+        std::vector<std::string> reasons;
+        int err = 0;  // errno of the call that failed, for Read::Error
+    };
+    PackRead read_pack(const std::vector<Key>& keys, uint32_t begin, uint32_t end,
+                       const std::function<void(uint32_t, const uint8_t*)>& deliver);
+
     // One synchronous pass: reclaims dead writers' temp files and, over capacity, removes
     // the least recently written/read blocks down to 90% of it.
     GcReport collect();
@@ -73,7 +97,14 @@ private:
     std::string dir_of(const Backend& b, const std::string& hex) const {
         return b.root + "/" + hex.substr(0, 3);
     }
-    void quarantine(Backend& b, const std::string& path, const std::string& hex, ino_t ino);
+    void quarantine(Backend& b, const std::string& path, const std::string& name, ino_t ino);
+    // Creates `tmp` (O_EXCL, O_DIRECT while *direct), making its shard folder when needed;
+    // -1 with *err set on failure.
+    int create_temp(Backend& b, const std::string& dir, const std::string& tmp, bool* direct,
+                    std::string* err);
+    // Opens the pack at `path` and checks its header into *h (Missing: no pack; Error: *err).
+    Read open_pack(const std::string& path, const Key& first, bool direct, int* fd,
+                   struct stat* st, PackHeader* h, std::string* reason, int* err);
     void request_gc();
     void gc_loop();
     bool temp_is_stale(const std::string& name, int64_t mtime_s) const;

@@ -535,6 +535,60 @@ bool Store::flush(long long timeout_ms) {
     return flush_cv_.wait_for(lk, std::chrono::milliseconds(timeout_ms), idle);
 }
 
+namespace {
+PosixTier& need_posix(const std::unique_ptr<PosixTier>& p) {
+    if (!p) throw std::invalid_argument("packs need the Posix tier");
+    return *p;
+}
+}  // namespace
+
+std::pair<std::string, uint32_t> Store::write_pack(const std::vector<Key>& keys,
+                                                   const Blocks& blocks) {
+    if (keys.empty() || keys.size() > kMaxPackBlocks)
+        throw std::invalid_argument("a pack holds 1 to " + std::to_string(kMaxPackBlocks) +
+                                    " blocks, not " + std::to_string(keys.size()));
+    std::vector<std::vector<ConstSpan>> parts(blocks.size());
+    for (size_t i = 0; i < blocks.size(); ++i)
+        for (const auto& s : blocks[i]) parts[i].push_back({s.p, s.n});
+    auto w = need_posix(posix_).write_pack(keys, parts);
+    if (!w.err.empty()) c_.posix_write_errors.add();
+    return {w.err, w.held};
+}
+
+uint32_t Store::pack_prefix(const std::vector<Key>& keys) {
+    return need_posix(posix_).pack_prefix(keys);
+}
+
+std::vector<std::string> Store::read_pack(const std::vector<Key>& keys, uint32_t begin,
+                                          uint32_t end, const Blocks& blocks) {
+    if (begin > end || end > keys.size() || blocks.size() != end - begin)
+        throw std::invalid_argument("read_pack: blocks [begin, end) of the keys, one buffer each");
+    auto deliver = [&](uint32_t j, const uint8_t* payload) {
+        for (const auto& s : blocks[j - begin]) {
+            std::memcpy(s.p, payload, s.n);
+            payload += s.n;
+        }
+    };
+    auto r = need_posix(posix_).read_pack(keys, begin, end, deliver);
+    for (size_t i = 0; i < r.outcome.size(); ++i) {
+        switch (r.outcome[i]) {
+        case PosixTier::Read::Ok: c_.posix_hits.add(); break;
+        case PosixTier::Read::Missing: c_.posix_misses.add(); break;
+        case PosixTier::Read::Corrupt:
+            r.reasons[i] = "corrupt block, pack moved aside: " + r.reasons[i];
+            c_.posix_read_errors.add();
+            break;
+        case PosixTier::Read::Error:
+            c_.posix_read_errors.add();
+            if (r.err == ESTALE) c_.posix_read_estale.add();
+            else if (r.err == ENOTCONN) c_.posix_read_enotconn.add();
+            else if (r.err == EIO) c_.posix_read_eio.add();
+            break;
+        }
+    }
+    return r.reasons;
+}
+
 GcReport Store::collect_garbage() { return posix_ ? posix_->collect() : GcReport{}; }
 
 std::vector<std::pair<std::string, uint64_t>> Store::stats() const {

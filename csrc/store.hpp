@@ -66,6 +66,16 @@ public:
     bool flush(long long timeout_ms);
     GcReport collect_garbage();
 
+    // Packs, called synchronously on the caller's thread (see PosixTier): not yet part of
+    // the task pipeline. write_pack: "" and how many leading blocks the pack on disk holds.
+    std::pair<std::string, uint32_t> write_pack(const std::vector<Key>& keys,
+                                                const std::vector<std::vector<Span>>& blocks);
+    uint32_t pack_prefix(const std::vector<Key>& keys);
+    // Loads blocks [begin, end) of the pack of keys[0] into blocks[j - begin]; the reason
+    // per block ("" when loaded).
+    std::vector<std::string> read_pack(const std::vector<Key>& keys, uint32_t begin,
+                                       uint32_t end, const std::vector<std::vector<Span>>& blocks);
+
     std::vector<std::pair<std::string, uint64_t>> stats() const;
     std::vector<std::string> notes() const;
     std::vector<bool> direct_io() const;

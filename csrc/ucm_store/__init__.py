@@ -54,6 +54,9 @@ Operations (all batched; dump and load return a task id at once):
 - A load verifies the block's header and CRC-32C before any byte reaches the caller's
   buffer; a corrupt, torn or truncated file is a failed block whose error says why, and the
   file is moved to ``<backend>/corrupt/``.
+- Packs (several blocks of one chain in one file; ``csrc/README.md``): ``write_pack(keys,
+  blocks) -> (error, held)``, ``pack_prefix(keys) -> int``, ``read_pack(keys, begin, end,
+  blocks) -> list[str]``, synchronous; the dump and load tasks do not use them yet.
 - ``stats() -> dict[str, int]``, ``notes() -> list[str]``, ``direct_io() -> list[bool]``,
   ``collect_garbage() -> dict`` (one synchronous pass: stale temp files, capacity),
   ``close()``; the store is a context manager.
@@ -380,6 +383,30 @@ class Store:
     def flush(self, timeout: float | None = None) -> bool:
         """Waits until every dump accepted so far reached the last tier; False on timeout."""
         return self._native.flush(_ms(timeout, 0))
+
+    # ---- packs: several blocks of one chain in one file (csrc/README.md, "Packs") ----------
+    # Synchronous calls on the caller's thread, for the block layer under the pipeline; the
+    # dump/load tasks do not use packs yet.
+    def write_pack(self, keys: Sequence[bytes], blocks: Sequence[Sequence[Any]]) -> tuple[str, int]:
+        """Stores ``blocks[i]`` under ``keys[i]`` as one pack named by ``keys[0]`` (``keys`` are
+        consecutive blocks of one chain). Returns ``(error, held)``: ``held`` is how many
+        leading blocks the pack on disk holds, all of them once written; fewer when a pack of
+        the same first block was there already (another chain after it), which is never
+        replaced."""
+        err, held = self._native.pack_write(list(keys), list(blocks))
+        return str(err), int(held)
+
+    def pack_prefix(self, keys: Sequence[bytes]) -> int:
+        """How many leading ``keys`` the pack of ``keys[0]`` holds (0 without one)."""
+        return int(self._native.pack_prefix(list(keys)))
+
+    def read_pack(
+        self, keys: Sequence[bytes], begin: int, end: int, blocks: Sequence[Sequence[Any]]
+    ) -> list[str]:
+        """Loads blocks ``begin..end-1`` of the pack of ``keys[0]`` into ``blocks`` (one per
+        block of the range, writable); the reason per block, ``""`` when loaded. Every block is
+        checked against its key and CRC-32C first; a block that fails moves the pack aside."""
+        return list(self._native.pack_read(list(keys), begin, end, list(blocks)))
 
     def collect_garbage(self) -> dict[str, int]:
         """Runs one collector pass now (stale temp files, capacity limit)."""

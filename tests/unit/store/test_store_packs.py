@@ -1,0 +1,232 @@
+"""Packs: consecutive blocks of one chain in one file named by the first block's key.
+
+What a pack must keep: a reader whose chain shares only the pack's first blocks finds those
+and no more; a second writer of the same first block never replaces the first's pack (what
+the first reported held stays held); every block read is checked against its key and CRC;
+damage moves the pack aside; the collector counts and reclaims packs like blocks.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from blocks import block, empty, key, same
+
+SHARDS = [4096, 8192]  # whole pages: written straight from the caller's memory
+ODD = [1000, 3000]  # not pages: staged (O_DIRECT) or padded (buffered)
+
+
+def chain(n: int, ns: str = "c") -> list[bytes]:
+    return [key(i, ns) for i in range(n)]
+
+
+def forked(base: list[bytes], at: int, ns: str) -> list[bytes]:
+    """The same chain up to `at`, another after it (one system prompt, two questions)."""
+    return base[:at] + [key(i, ns) for i in range(at, len(base))]
+
+
+def dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+def pack_files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*.pack") if p.parent.name != "corrupt")
+
+
+@pytest.mark.parametrize("shards", [SHARDS, ODD], ids=["pages", "odd"])
+@pytest.mark.parametrize("io_direct", [False, True])
+def test_a_pack_round_trips_and_reads_any_range(make_store, tmp_path, shards, io_direct):
+    store = make_store(shards, store_pipeline="Posix", io_direct=io_direct)
+    keys = chain(8)
+    assert store.write_pack(keys, [block(k, shards) for k in keys]) == ("", 8)
+    (only,) = pack_files(tmp_path / "b0")
+    assert only.name == keys[0].hex() + ".pack"
+    assert not list((tmp_path / "b0").rglob(keys[1].hex()))  # no file per block
+    stats = store.stats()
+    assert stats["posix_packs_written"] == 1 and stats["posix_blocks_written"] == 8
+    assert store.pack_prefix(keys) == 8
+    for begin, end in [(0, 8), (3, 6), (7, 8), (5, 5)]:
+        targets = [empty(shards, fill=0xAB) for _ in range(begin, end)]
+        assert store.read_pack(keys, begin, end, targets) == [""] * (end - begin)
+        assert all(same(t, block(k, shards)) for t, k in zip(targets, keys[begin:end], strict=True))
+
+
+def test_a_chain_that_forks_inside_a_pack_finds_the_shared_blocks_only(make_store):
+    store = make_store(SHARDS, store_pipeline="Posix")
+    first = chain(8)
+    assert store.write_pack(first, [block(k, SHARDS) for k in first]) == ("", 8)
+    other = forked(first, 5, "other")
+    assert store.pack_prefix(other) == 5
+    assert store.pack_prefix(first[:3]) == 3  # a shorter chain: all of it
+    targets = [empty(SHARDS, fill=7) for _ in range(8)]
+    reasons = store.read_pack(other, 0, 8, targets)
+    assert reasons == [""] * 5 + ["not found"] * 3
+    assert all(same(targets[i], block(other[i], SHARDS)) for i in range(5))
+    assert all(same(t, empty(SHARDS, fill=7)) for t in targets[5:])  # never another chain's bytes
+    assert store.pack_prefix(chain(8, "unrelated")) == 0
+
+
+def test_a_second_writer_of_the_same_first_block_never_replaces_the_pack(make_store, tmp_path):
+    store = make_store(SHARDS, store_pipeline="Posix")
+    first = chain(8)
+    assert store.write_pack(first, [block(k, SHARDS) for k in first]) == ("", 8)
+    before = pack_files(tmp_path / "b0")[0].stat()
+    other = forked(first, 5, "other")
+    # It holds the shared 5; the 3 after the fork are the caller's to store some other way.
+    assert store.write_pack(other, [block(k, SHARDS) for k in other]) == ("", 5)
+    assert store.write_pack(first, [block(k, SHARDS) for k in first]) == ("", 8)
+    after = pack_files(tmp_path / "b0")[0].stat()
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    assert store.stats()["posix_write_skipped"] == 13
+    targets = [empty(SHARDS) for _ in range(8)]
+    assert store.read_pack(first, 0, 8, targets) == [""] * 8
+    assert all(same(t, block(k, SHARDS)) for t, k in zip(targets, first, strict=True))
+    assert not list((tmp_path / "b0").rglob("*.tmp.*"))
+
+
+def test_two_writers_at_once_one_pack_remains_and_each_is_told_what_it_holds(make_store, tmp_path):
+    """Eight rounds of two stores racing to write packs of one first block, different tails:
+    exactly one pack each time, and the loser's `held` is what the winner's pack holds of it."""
+    a, b = make_store(SHARDS, store_pipeline="Posix"), make_store(SHARDS, store_pipeline="Posix")
+    for round_ in range(8):
+        left = chain(6, f"r{round_}")
+        right = forked(left, 2, f"r{round_}-right")
+        got: dict[str, tuple[str, int]] = {}
+        go = threading.Barrier(2)
+
+        def write(name: str, store, keys: list[bytes], got=got, go=go) -> None:
+            data = [block(k, SHARDS) for k in keys]
+            go.wait()
+            got[name] = store.write_pack(keys, data)
+
+        threads = [
+            threading.Thread(target=write, args=("left", a, left)),
+            threading.Thread(target=write, args=("right", b, right)),
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert sorted(got.values()) == [("", 2), ("", 6)], got
+        winner = left if got["left"] == ("", 6) else right
+        targets = [empty(SHARDS) for _ in range(6)]
+        assert a.read_pack(winner, 0, 6, targets) == [""] * 6
+        assert all(same(t, block(k, SHARDS)) for t, k in zip(targets, winner, strict=True))
+    assert len(pack_files(tmp_path / "b0")) == 8
+    assert not list((tmp_path / "b0").rglob("*.tmp.*"))
+
+
+@pytest.mark.parametrize(
+    ("damage", "reason"),
+    [
+        ("flip_payload", "payload checksum mismatch in block 2"),
+        ("flip_header", "header checksum mismatch"),
+        ("truncate", "truncated"),
+        ("append", "oversized"),
+    ],
+)
+def test_a_damaged_pack_is_a_failed_load_and_moved_aside(make_store, tmp_path, damage, reason):
+    store = make_store(SHARDS, store_pipeline="Posix")
+    keys = chain(4)
+    store.write_pack(keys, [block(k, SHARDS) for k in keys])
+    (path,) = pack_files(tmp_path / "b0")
+    raw = bytearray(path.read_bytes())
+    header = len(raw) - 4 * sum(SHARDS)
+    if damage == "flip_payload":
+        raw[header + 2 * sum(SHARDS) + 100] ^= 0xFF
+    elif damage == "flip_header":
+        raw[64 + 8 * len(SHARDS) + 3] ^= 0x01  # a byte of the first entry's key
+    elif damage == "truncate":
+        raw = raw[:-4096]
+    else:
+        raw += b"\0" * 4096
+    path.write_bytes(bytes(raw))
+    targets = [empty(SHARDS, fill=9) for _ in range(4)]
+    reasons = store.read_pack(keys, 0, 4, targets)
+    assert any(reason in r for r in reasons), reasons
+    if damage == "flip_payload":  # the sound blocks of the pack were still delivered
+        assert reasons[:2] == ["", ""] and reasons[3] == ""
+        assert same(targets[2], empty(SHARDS, fill=9))
+    else:
+        assert all(r.startswith("corrupt block, pack moved aside") for r in reasons)
+        assert all(same(t, empty(SHARDS, fill=9)) for t in targets)
+    assert pack_files(tmp_path / "b0") == []
+    assert len(list((tmp_path / "b0" / "corrupt").iterdir())) == 1
+    assert store.stats()["quarantined_blocks"] == 1
+    # The next writer stores the pack again.
+    assert store.write_pack(keys, [block(k, SHARDS) for k in keys]) == ("", 4)
+    assert store.pack_prefix(keys) == 4
+
+
+def test_a_pack_of_another_shard_layout_is_an_error_left_in_place(make_store, tmp_path):
+    keys = chain(3)
+    make_store(SHARDS, store_pipeline="Posix").write_pack(keys, [block(k, SHARDS) for k in keys])
+    other = make_store([4096, 4096], store_pipeline="Posix")
+    reasons = other.read_pack(keys, 0, 3, [empty([4096, 4096]) for _ in range(3)])
+    assert all("shard layout mismatch" in r for r in reasons)
+    assert other.pack_prefix(keys) == 0
+    err, held = other.write_pack(keys, [block(k, [4096, 4096]) for k in keys])
+    assert "shard layout mismatch" in err and held == 0
+    assert len(pack_files(tmp_path / "b0")) == 1
+
+
+def test_the_collector_counts_packs_and_reclaims_a_dead_writers_pack_temp(make_store, tmp_path):
+    pack_size = 4096 + 4 * sum(SHARDS)  # header page + 4 blocks
+    # Written without a limit (no pass can run before the ages are set), then collected by a
+    # store that has one (its own first pass may do the work: judge the outcome).
+    writer = make_store(SHARDS, store_pipeline="Posix")
+    packs = [chain(4, f"p{i}") for i in range(8)]
+    for i, keys in enumerate(packs):
+        assert writer.write_pack(keys, [block(k, SHARDS) for k in keys]) == ("", 4)
+        path = tmp_path / "b0" / keys[0].hex()[:3] / (keys[0].hex() + ".pack")
+        assert path.stat().st_size == pack_size
+        os.utime(path, (1000 + i, 1000 + i))  # oldest first
+    first = packs[0][0].hex()
+    # a writer of this host whose pid is gone, and one of another host, fresh: only the first goes
+    dead = tmp_path / "b0" / first[:3] / f"{first}.pack.tmp.{socket.gethostname()}.{dead_pid()}.0"
+    remote = tmp_path / "b0" / first[:3] / f"{first}.pack.tmp.other.node.example.123.0"
+    for p in (dead, remote):
+        p.write_bytes(b"x" * 4096)
+    store = make_store(SHARDS, store_pipeline="Posix", posix_capacity_gb=6 * pack_size / 2**30)
+    report = store.collect_garbage()
+    assert not dead.exists() and remote.exists()
+    assert store.stats()["temps_reclaimed"] == 1
+    assert report["blocks"] == 5  # 8 packs, each one entry, down to 90% of 6
+    assert report["used_bytes"] == 5 * pack_size
+    left = {p.name for p in pack_files(tmp_path / "b0")}
+    assert left == {keys[0].hex() + ".pack" for keys in packs[3:]}  # the oldest went first
+
+
+def test_packs_and_single_blocks_live_side_by_side(make_store):
+    store = make_store(SHARDS, store_pipeline="Posix")
+    keys = chain(4)
+    store.write_pack(keys, [block(k, SHARDS) for k in keys])
+    # A block file of the pack's first key is another thing: the block API does not see packs.
+    assert store.lookup_prefix(keys) == 0
+    assert store.wait(store.dump(keys[:1], [block(keys[0], SHARDS)]), timeout=10).all_ok
+    assert store.lookup_prefix(keys) == 1 and store.pack_prefix(keys) == 4
+    target = empty(SHARDS)
+    assert store.wait(store.load(keys[:1], [target]), timeout=10).all_ok
+    assert same(target, block(keys[0], SHARDS))
+
+
+def test_bad_arguments_are_refused(make_store):
+    store = make_store(SHARDS, store_pipeline="Posix")
+    with pytest.raises(ValueError, match="1 to 4096 blocks"):
+        store.write_pack([], [])
+    keys = chain(2)
+    with pytest.raises(ValueError, match="within the keys"):
+        store.read_pack(keys, 1, 3, [empty(SHARDS)] * 2)
+    with pytest.raises(ValueError, match="shards"):
+        store.write_pack(keys, [[np.zeros(4096, np.uint8)]] * 2)
+    cache_only = make_store(SHARDS, store_pipeline="Cache")
+    with pytest.raises(ValueError, match="Posix tier"):
+        cache_only.pack_prefix(keys)
