@@ -75,6 +75,40 @@ std::vector<Key> parse_keys(nb::handle seq) {
     return keys;
 }
 
+// None, or one entry per key: None (a block of its own) or (first block's key, index).
+PackRefs parse_packs(nb::handle seq, size_t nkeys) {
+    PackRefs refs;
+    if (seq.is_none()) return refs;
+    PyObject* fast = PySequence_Fast(seq.ptr(), "packs must be None or a sequence");
+    if (!fast) throw nb::python_error();
+    std::unique_ptr<PyObject, void (*)(PyObject*)> guard(fast, [](PyObject* o) { Py_DECREF(o); });
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    if (size_t(n) != nkeys)
+        throw std::invalid_argument(std::to_string(nkeys) + " keys but " + std::to_string(n) +
+                                    " pack references");
+    refs.resize(nkeys);
+    for (Py_ssize_t i = 0; i < n; ++i) {
+        PyObject* r = PySequence_Fast_GET_ITEM(fast, i);
+        if (r == Py_None) continue;
+        PyObject *head = nullptr, *index = nullptr;
+        if (PyTuple_Check(r) && PyTuple_GET_SIZE(r) == 2) {
+            head = PyTuple_GET_ITEM(r, 0);
+            index = PyTuple_GET_ITEM(r, 1);
+        }
+        if (!head || !PyBytes_Check(head) || PyBytes_GET_SIZE(head) != Py_ssize_t(kKeySize) ||
+            !PyLong_Check(index))
+            throw std::invalid_argument("pack reference " + std::to_string(i) +
+                                        " must be None or (16-byte first key, index)");
+        long long j = PyLong_AsLongLong(index);
+        if (j < 0 || j >= (long long)kMaxPackBlocks)
+            throw std::invalid_argument("pack reference " + std::to_string(i) + ": index " +
+                                        std::to_string(j) + " out of 0.." +
+                                        std::to_string(kMaxPackBlocks - 1));
+        refs[size_t(i)] = PackRef{Key::from(PyBytes_AS_STRING(head)), uint32_t(j), true};
+    }
+    return refs;
+}
+
 std::vector<std::vector<Span>> parse_blocks(nb::handle seq, size_t nkeys,
                                             const std::vector<uint64_t>& shard_sizes,
                                             bool writable, BufferHolds& holds) {
@@ -139,15 +173,16 @@ public:
         store_.reset();
     }
 
-    uint64_t submit(nb::handle keys_obj, nb::handle blocks_obj, bool is_dump) {
+    uint64_t submit(nb::handle keys_obj, nb::handle blocks_obj, bool is_dump, nb::handle packs_obj) {
         Store& s = live();
         auto keys = parse_keys(keys_obj);
+        auto packs = parse_packs(packs_obj, keys.size());
         auto holds = std::make_shared<BufferHolds>();
         auto blocks = parse_blocks(blocks_obj, keys.size(), shard_sizes_, !is_dump, *holds);
         uint64_t tid;
         {
             nb::gil_scoped_release nogil;
-            tid = is_dump ? s.dump(keys, blocks) : s.load(keys, blocks);
+            tid = is_dump ? s.dump(keys, blocks, packs) : s.load(keys, blocks, packs);
         }
         if (!holds->views.empty()) holds_[tid] = std::move(holds);
         return tid;
@@ -190,18 +225,20 @@ public:
         return to_result(*o);
     }
 
-    std::vector<bool> lookup(nb::handle keys_obj, int tier) {
+    std::vector<bool> lookup(nb::handle keys_obj, int tier, nb::handle packs_obj) {
         Store& s = live();
         auto keys = parse_keys(keys_obj);
+        auto packs = parse_packs(packs_obj, keys.size());
         nb::gil_scoped_release nogil;
-        return s.lookup(keys, tier);
+        return s.lookup(keys, tier, packs);
     }
 
-    size_t lookup_prefix(nb::handle keys_obj) {
+    size_t lookup_prefix(nb::handle keys_obj, nb::handle packs_obj) {
         Store& s = live();
         auto keys = parse_keys(keys_obj);
+        auto packs = parse_packs(packs_obj, keys.size());
         nb::gil_scoped_release nogil;
-        return s.lookup_prefix(keys);
+        return s.lookup_prefix(keys, packs);
     }
 
     std::pair<std::string, uint32_t> pack_write(nb::handle keys_obj, nb::handle blocks_obj) {
@@ -338,13 +375,21 @@ NB_MODULE(_native, m) {
             nb::arg("shard_sizes"), nb::arg("copy_threads"), nb::arg("io_threads"),
             nb::arg("lookup_threads"), nb::arg("cache_prefault"), nb::arg("cache_on_load"),
             nb::arg("stale_temp_s"))
-        .def("dump", [](PyStore& s, nb::handle k, nb::handle b) { return s.submit(k, b, true); })
-        .def("load", [](PyStore& s, nb::handle k, nb::handle b) { return s.submit(k, b, false); })
+        .def(
+            "dump",
+            [](PyStore& s, nb::handle k, nb::handle b, nb::handle p) { return s.submit(k, b, true, p); },
+            nb::arg("keys"), nb::arg("blocks"), nb::arg("packs").none() = nb::none())
+        .def(
+            "load",
+            [](PyStore& s, nb::handle k, nb::handle b, nb::handle p) { return s.submit(k, b, false, p); },
+            nb::arg("keys"), nb::arg("blocks"), nb::arg("packs").none() = nb::none())
         .def("wait", &PyStore::wait, nb::arg("tid"), nb::arg("timeout_ms"))
         .def("wait_persisted", &PyStore::wait_persisted, nb::arg("tid"), nb::arg("timeout_ms"))
         .def("cancel", &PyStore::cancel, nb::arg("tid"), nb::arg("reason"))
-        .def("lookup", &PyStore::lookup, nb::arg("keys"), nb::arg("tier"))
-        .def("lookup_prefix", &PyStore::lookup_prefix)
+        .def("lookup", &PyStore::lookup, nb::arg("keys"), nb::arg("tier"),
+             nb::arg("packs").none() = nb::none())
+        .def("lookup_prefix", &PyStore::lookup_prefix, nb::arg("keys"),
+             nb::arg("packs").none() = nb::none())
         .def("flush", &PyStore::flush, nb::arg("timeout_ms"))
         .def("pack_write", &PyStore::pack_write, nb::arg("keys"), nb::arg("blocks"))
         .def("pack_prefix", &PyStore::pack_prefix, nb::arg("keys"))

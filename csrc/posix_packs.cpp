@@ -81,17 +81,16 @@ PosixTier::Read PosixTier::open_pack(const std::string& path, const Key& first, 
     return Read::Ok;
 }
 
-uint32_t PosixTier::pack_prefix(const std::vector<Key>& keys) {
-    if (keys.empty()) return 0;
+bool PosixTier::pack_keys(const Key& head, std::vector<Key>* keys) {
     fault::stall(fault::Site::PosixStat);
-    Backend& b = *backends_[pick(keys[0])];
-    const std::string hex = keys[0].hex();
+    Backend& b = *backends_[pick(head)];
+    const std::string hex = head.hex();
     const std::string path = dir_of(b, hex) + "/" + hex + ".pack";
     int fd = -1, err = 0;
     struct stat st;
     PackHeader h;
     std::string reason;
-    Read r = open_pack(path, keys[0], b.direct.load(std::memory_order_relaxed), &fd, &st, &h,
+    Read r = open_pack(path, head, b.direct.load(std::memory_order_relaxed), &fd, &st, &h,
                        &reason, &err);
     if (r != Read::Ok) {
         if (r == Read::Error && err) {  // the storage failed to answer: counted by kind
@@ -100,10 +99,11 @@ uint32_t PosixTier::pack_prefix(const std::vector<Key>& keys) {
             else if (err == ENOTCONN) c_.lookup_enotconn.add();
             else if (err == EIO) c_.lookup_eio.add();
         }
-        return 0;  // a corrupt pack is moved aside by the read that finds it
+        return false;  // a corrupt pack is moved aside by the read that finds it
     }
     close(fd);
-    return leading_match(h, keys);
+    *keys = std::move(h.keys);
+    return true;
 }
 
 PosixTier::PackWrite PosixTier::write_pack(const std::vector<Key>& keys,
@@ -245,17 +245,17 @@ PosixTier::PackWrite PosixTier::write_pack(const std::vector<Key>& keys,
 }
 
 PosixTier::PackRead PosixTier::read_pack(
-    const std::vector<Key>& keys, uint32_t begin, uint32_t end,
-    const std::function<void(uint32_t, const uint8_t*)>& deliver) {
+    const Key& head, const std::vector<PackEntry>& wanted,
+    const std::function<void(size_t, const uint8_t*)>& deliver) {
     PackRead out;
-    const size_t count = end - begin;
+    const size_t count = wanted.size();
     auto all = [&](Read r, const std::string& why) {
         out.outcome.assign(count, r);
         out.reasons.assign(count, why);
         return out;
     };
-    Backend& b = *backends_[pick(keys[0])];
-    const std::string hex = keys[0].hex();
+    Backend& b = *backends_[pick(head)];
+    const std::string hex = head.hex();
     const std::string path = dir_of(b, hex) + "/" + hex + ".pack";
     fault::point(fault::Site::PosixRead, "posix read");
     fault::stall(fault::Site::PosixRead);
@@ -264,29 +264,38 @@ PosixTier::PackRead PosixTier::read_pack(
     struct stat st;
     PackHeader h;
     std::string reason;
-    Read r = open_pack(path, keys[0], direct, &fd, &st, &h, &reason, &out.err);
+    Read r = open_pack(path, head, direct, &fd, &st, &h, &reason, &out.err);
     if (r == Read::Corrupt) {
         c_.corrupt_blocks.add();
         quarantine(b, path, hex + ".pack", st.st_ino);
     }
     if (r != Read::Ok) return all(r, reason);
-    // The blocks of the range the pack holds: their keys match ours from the first on.
-    const uint32_t held = leading_match(h, keys);
-    const uint32_t last = std::min(end, held);  // [begin, last) are in the pack
+    // A block is in the pack when the pack holds its key at its index (a key digests the
+    // whole chain before it, so the blocks before it match too). One read spans them all.
     out.outcome.assign(count, Read::Missing);
     out.reasons.assign(count, "not found");
-    if (last <= begin) {
+    uint32_t lo = UINT32_MAX, hi = 0;
+    std::vector<bool> held(count, false);
+    for (size_t w = 0; w < count; ++w) {
+        const auto& [j, key] = wanted[w];
+        if (j < h.blocks && h.keys[j] == key) {
+            held[w] = true;
+            lo = std::min(lo, j);
+            hi = std::max(hi, j + 1);
+        }
+    }
+    if (lo >= hi) {
         close(fd);
         return out;
     }
     const PackLayout pl(layout_, h.blocks);
-    const uint64_t span = uint64_t(last - begin) * pl.stride;
+    const uint64_t span = uint64_t(hi - lo) * pl.stride;
     uint8_t* buf = scratch().reserve(span);
     size_t got = 0;
-    int rc = read_full(fd, buf, span, off_t(pl.offset(begin)), &got);
+    int rc = read_full(fd, buf, span, off_t(pl.offset(lo)), &got);
     if (rc == EINVAL && direct) {
         fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_DIRECT);
-        rc = read_full(fd, buf, span, off_t(pl.offset(begin)), &got);
+        rc = read_full(fd, buf, span, off_t(pl.offset(lo)), &got);
     }
     if (rc || got < span) {
         close(fd);
@@ -296,19 +305,21 @@ PosixTier::PackRead PosixTier::read_pack(
     }
     if (opts_.capacity && st.st_mtime + 60 < time(nullptr)) futimens(fd, nullptr);
     close(fd);
+    c_.posix_packs_read.add();
     bool corrupt = false;
-    for (uint32_t j = begin; j < last; ++j) {
-        const uint8_t* payload = buf + uint64_t(j - begin) * pl.stride;
+    for (size_t w = 0; w < count; ++w) {
+        if (!held[w]) continue;
+        const uint32_t j = wanted[w].first;
+        const uint8_t* payload = buf + uint64_t(j - lo) * pl.stride;
         if (crc32c(payload, layout_.payload) != h.crcs[j]) {
             corrupt = true;
-            out.outcome[j - begin] = Read::Corrupt;
-            out.reasons[j - begin] = path + ": payload checksum mismatch in block " +
-                                     std::to_string(j);
+            out.outcome[w] = Read::Corrupt;
+            out.reasons[w] = path + ": payload checksum mismatch in block " + std::to_string(j);
             continue;
         }
-        deliver(j, payload);
-        out.outcome[j - begin] = Read::Ok;
-        out.reasons[j - begin].clear();
+        deliver(w, payload);
+        out.outcome[w] = Read::Ok;
+        out.reasons[w].clear();
         c_.posix_bytes_read.add(layout_.payload);
         c_.posix_blocks_read.add();
     }

@@ -66,19 +66,20 @@ public:
     // one (a hard link commits it), so a block reported held stays held.
     PackWrite write_pack(const std::vector<Key>& keys,
                          const std::vector<std::vector<ConstSpan>>& blocks);
-    // How many leading `keys` the pack of keys[0] holds: 0 without one (or unreadable).
-    uint32_t pack_prefix(const std::vector<Key>& keys);
-    // Reads blocks [begin, end) of the pack of keys[0]; `deliver(j, payload)` gets each
-    // block whose key and CRC-32C check. Outcome and reason per block of the range; a block
-    // the pack does not hold (it ends sooner, or holds another chain's block there) is
-    // Missing. A block failing its CRC quarantines the pack.
+    // The keys the pack of `head` holds, in order: false without one (or unreadable).
+    bool pack_keys(const Key& head, std::vector<Key>* keys);
+    // Reads the `wanted` blocks (index in the pack, key) of the pack of `head` in one read;
+    // `deliver(w, payload)` gets each whose key and CRC-32C check. Outcome and reason per
+    // wanted block: Missing where the pack does not hold that key at that index. A block
+    // failing its CRC quarantines the pack.
+    using PackEntry = std::pair<uint32_t, Key>;
     struct PackRead {
         std::vector<Read> outcome;
         std::vector<std::string> reasons;
         int err = 0;  // errno of the call that failed, for Read::Error
     };
-    PackRead read_pack(const std::vector<Key>& keys, uint32_t begin, uint32_t end,
-                       const std::function<void(uint32_t, const uint8_t*)>& deliver);
+    PackRead read_pack(const Key& head, const std::vector<PackEntry>& wanted,
+                       const std::function<void(size_t, const uint8_t*)>& deliver);
 
     // One synchronous pass: reclaims dead writers' temp files and, over capacity, removes
     // the least recently written/read blocks down to 90% of it.

@@ -23,7 +23,7 @@ struct Counter {
     X(cache_bytes_written) X(cache_blocks_written) X(cache_bytes_read) X(cache_blocks_read) \
     X(cache_hits) X(cache_misses) X(cache_full)                                            \
     X(posix_bytes_written) X(posix_blocks_written) X(posix_bytes_read) X(posix_blocks_read) \
-    X(posix_packs_written) X(posix_hits) X(posix_misses) X(posix_write_skipped) X(posix_write_errors)              \
+    X(posix_packs_written) X(posix_packs_read) X(posix_hits) X(posix_misses) X(posix_write_skipped) X(posix_write_errors)              \
     X(posix_read_errors) X(posix_read_estale) X(posix_read_enotconn) X(posix_read_eio)     \
     X(corrupt_blocks) X(quarantined_blocks)                                                \
     X(gc_runs) X(gc_removed_blocks) X(gc_removed_bytes) X(temps_reclaimed)                 \

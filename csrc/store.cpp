@@ -19,11 +19,8 @@ struct PendingWrite {
     ~PendingWrite() { n.fetch_sub(1); }
 };
 
-const std::string kGivenUp = "given up before it was stored (the caller's wait timed out)";
 constexpr size_t kLookupChunk = 64;   // keys per unit of parallel lookup work
 constexpr size_t kInlineLookup = 256;  // smaller batches are not worth a thread hop
-
-using Blocks = std::vector<std::vector<Span>>;
 
 // Runs fn(begin, end) over [0, n) in chunks on the pool and on the calling thread; chunks are
 // handed out in increasing order so lookup_prefix can stop everyone at the first miss.
@@ -74,6 +71,8 @@ void parallel_chunks(ThreadPool& pool, size_t n, Fn fn) {
 }
 
 }  // namespace
+
+const std::string kGivenUp = "given up before it was stored (the caller's wait timed out)";
 
 Store::Store(StoreConfig cfg) : cfg_(std::move(cfg)) {
     for (auto s : cfg_.shard_sizes) block_bytes_ += s;
@@ -148,22 +147,6 @@ std::shared_ptr<Task> Store::find(uint64_t tid, bool persist_table) {
                             " (never issued, or its result was already fetched)");
 }
 
-template <class Fn>
-void Store::submit_block(ThreadPool& pool, const std::shared_ptr<Task>& t, size_t i, bool urgent,
-                         Fn fn) {
-    pool.submit(
-        [this, t, i, fn = std::move(fn)] {
-            try {
-                fn();
-            } catch (const std::exception& e) {
-                fail_block(t, i, e.what());
-            } catch (...) {
-                fail_block(t, i, "unknown exception");
-            }
-        },
-        urgent);
-}
-
 void Store::fail_block(const std::shared_ptr<Task>& t, size_t i, const std::string& what) {
     c_.job_errors.add();
     // A job that threw while it held the caller's memory lets go of it (it will not touch it
@@ -177,7 +160,8 @@ void Store::fail_block(const std::shared_ptr<Task>& t, size_t i, const std::stri
     persist_done(t, i, err);  // no-op for a load or a block whose persisted outcome is out
 }
 
-uint64_t Store::dump(const std::vector<Key>& keys, const Blocks& blocks_in) {
+uint64_t Store::dump(const std::vector<Key>& keys, const Blocks& blocks_in,
+                     const PackRefs& packs) {
     auto blocks = std::make_shared<const Blocks>(blocks_in);
     auto t = new_task(keys.size(), true);
     {
@@ -185,8 +169,25 @@ uint64_t Store::dump(const std::vector<Key>& keys, const Blocks& blocks_in) {
         pending_persist_ += keys.size();
     }
     c_.dump_blocks.add(keys.size());
+    auto members = pack_groups(t, blocks, keys, packs, true);
     for (size_t i = 0; i < keys.size(); ++i) {
         Key key = keys[i];
+        if (const Member& m = members[i]; m.group) {
+            if (!cache_) {  // one job writes the whole group from the caller's memory
+                if (m.pos == 0)
+                    submit_block(*io_pool_, t, i, true, [this, g = m.group] { dump_group_direct(g); });
+                continue;
+            }
+            submit_block(*copy_pool_, t, i, true, [this, t, i, key, blocks, m] {
+                try {
+                    dump_to_cache(t, i, key, (*blocks)[i], &m);
+                } catch (...) {
+                    member_ready(m, Source{});  // the group goes on without it
+                    throw;
+                }
+            });
+            continue;
+        }
         if (cache_)
             submit_block(*copy_pool_, t, i, true,
                          [this, t, i, key, blocks] { dump_to_cache(t, i, key, (*blocks)[i]); });
@@ -207,11 +208,12 @@ void Store::persist_done(const std::shared_ptr<Task>& t, size_t i, const std::st
 }
 
 void Store::dump_to_cache(const std::shared_ptr<Task>& t, size_t i, const Key& key,
-                          const std::vector<Span>& shards) {
+                          const std::vector<Span>& shards, const Member* m) {
     // The caller's memory is read only under the claim; a dump given up (cancel) before its
     // turn reads nothing and is never persisted.
     if (!t->begin_copy(i)) {
         persist_done(t, i, kGivenUp);
+        if (m) member_ready(*m, Source{});
         return;
     }
     uint32_t slot = 0;
@@ -219,22 +221,22 @@ void Store::dump_to_cache(const std::shared_ptr<Task>& t, size_t i, const Key& k
         switch (cache_->reserve(key, &slot)) {
         case CacheTier::Reserve::Exists:
             if (cache_->pin_when_ready(key, &slot)) {
-                dump_cached_copy(t, i, key, slot);
+                dump_cached_copy(t, i, key, slot, m);
                 return;
             }
             continue;  // the slot was given back or evicted meanwhile: claim one again
         case CacheTier::Reserve::Full:
-            dump_around_full_cache(t, i, key, shards);
+            dump_around_full_cache(t, i, key, shards, m);
             return;
         case CacheTier::Reserve::Reserved:
-            fill_slot(t, i, key, shards, slot);
+            fill_slot(t, i, key, shards, slot, m);
             return;
         }
     }
 }
 
 void Store::dump_cached_copy(const std::shared_ptr<Task>& t, size_t i, const Key& key,
-                             uint32_t slot) {
+                             uint32_t slot, const Member* m) {
     // The key is in DRAM (another dump or a load filled it; pin_when_ready waited for that
     // copy to complete), so this task's bytes are stored. Its persisted outcome must be its
     // own, though: the other dump's write-through may still be running, or may fail (disk
@@ -247,12 +249,16 @@ void Store::dump_cached_copy(const std::shared_ptr<Task>& t, size_t i, const Key
         return;
     }
     pending_writes_.fetch_add(1);
+    if (m) {
+        member_ready(*m, Source{Source::Kind::Slot, slot, nullptr});
+        return;
+    }
     submit_block(*io_pool_, t, i, false,
                  [this, t, i, key, slot] { write_through(t, i, key, slot); });
 }
 
 void Store::dump_around_full_cache(const std::shared_ptr<Task>& t, size_t i, const Key& key,
-                                   const std::vector<Span>& shards) {
+                                   const std::vector<Span>& shards, const Member* m) {
     // Every slot is pinned by reads or pending write-throughs: write around the cache rather
     // than fail the block, from a copy the store owns, on the I/O pool. A copy thread never
     // sits in a write (the mount may stall), and the caller's memory is free once copied.
@@ -268,6 +274,10 @@ void Store::dump_around_full_cache(const std::shared_ptr<Task>& t, size_t i, con
                 dst += s.n;
             }
             t->end_copy(i, std::nullopt);  // still open: stored once written
+            if (m) {
+                member_ready(*m, Source{Source::Kind::Owned, 0, owned});
+                return;
+            }
             submit_block(*io_pool_, t, i, false, [this, t, i, key, owned] {
                 PendingWrite done{pending_writes_};
                 std::string err = posix_->write(key, {{owned->reserve(block_bytes_), block_bytes_}});
@@ -287,10 +297,11 @@ void Store::dump_around_full_cache(const std::shared_ptr<Task>& t, size_t i, con
     c_.dump_errors.add();
     t->end_copy(i, why);
     persist_done(t, i, why);
+    if (m) member_ready(*m, Source{});
 }
 
 void Store::fill_slot(const std::shared_ptr<Task>& t, size_t i, const Key& key,
-                      const std::vector<Span>& shards, uint32_t slot) {
+                      const std::vector<Span>& shards, uint32_t slot, const Member* m) {
     // Nothing between reserve() and commit() may throw: a slot left FILLING would stall
     // every later dump of this key in pin_when_ready.
     uint8_t* dst = cache_->data(slot);
@@ -307,6 +318,10 @@ void Store::fill_slot(const std::shared_ptr<Task>& t, size_t i, const Key& key,
         return;
     }
     pending_writes_.fetch_add(1);
+    if (m) {
+        member_ready(*m, Source{Source::Kind::Slot, slot, nullptr});
+        return;
+    }
     submit_block(*io_pool_, t, i, false,
                  [this, t, i, key, slot] { write_through(t, i, key, slot); });
 }
@@ -351,12 +366,30 @@ void Store::dump_to_posix(const std::shared_ptr<Task>& t, size_t i, const Key& k
     persist_done(t, i, err);
 }
 
-uint64_t Store::load(const std::vector<Key>& keys, const Blocks& blocks_in) {
+uint64_t Store::load(const std::vector<Key>& keys, const Blocks& blocks_in,
+                     const PackRefs& packs) {
     auto blocks = std::make_shared<const Blocks>(blocks_in);
     auto t = new_task(keys.size(), false);
     c_.load_blocks.add(keys.size());
+    auto members = pack_groups(t, blocks, keys, packs, false);
     for (size_t i = 0; i < keys.size(); ++i) {
         Key key = keys[i];
+        if (const Member& m = members[i]; m.group) {
+            if (!cache_) {  // every block is a miss: one job reads the group's blocks
+                if (m.pos == 0)
+                    submit_block(*io_pool_, t, i, true, [this, g = m.group] { read_group(g); });
+                continue;
+            }
+            submit_block(*copy_pool_, t, i, true, [this, t, i, key, blocks, m] {
+                try {
+                    load_one(t, i, key, (*blocks)[i], &m);
+                } catch (...) {
+                    member_checked(m, false);  // failed by the caller of this job
+                    throw;
+                }
+            });
+            continue;
+        }
         if (cache_)
             submit_block(*copy_pool_, t, i, true,
                          [this, t, i, key, blocks] { load_one(t, i, key, (*blocks)[i]); });
@@ -368,8 +401,11 @@ uint64_t Store::load(const std::vector<Key>& keys, const Blocks& blocks_in) {
 }
 
 void Store::load_one(const std::shared_ptr<Task>& t, size_t i, const Key& key,
-                     const std::vector<Span>& shards) {
-    if (!t->open(i)) return;  // given up before its turn: nothing to read, nowhere to put it
+                     const std::vector<Span>& shards, const Member* m) {
+    if (!t->open(i)) {  // given up before its turn: nothing to read, nowhere to put it
+        if (m) member_checked(*m, false);
+        return;
+    }
     uint32_t slot = 0;
     if (cache_->pin(key, &slot)) {
         if (t->begin_copy(i)) {
@@ -384,11 +420,16 @@ void Store::load_one(const std::shared_ptr<Task>& t, size_t i, const Key& key,
             t->end_copy(i, std::string());
         }
         cache_->unpin(slot);
+        if (m) member_checked(*m, false);
         return;
     }
     c_.cache_misses.add();
     if (!posix_) {
         if (t->finish(i, "not found")) c_.load_errors.add();
+        return;
+    }
+    if (m) {
+        member_checked(*m, true);  // read with the rest of its pack
         return;
     }
     // Hand over to the I/O pool: a copy thread must never sit in a disk read.
@@ -423,36 +464,26 @@ void Store::load_from_posix(const std::shared_ptr<Task>& t, size_t i, const Key&
         }
     };
     int err = 0;
-    switch (posix_->read(key, deliver, &reason, &err)) {
-    case PosixTier::Read::Ok:
-        c_.posix_hits.add();
+    auto outcome = posix_->read(key, deliver, &reason, &err);
+    count_read(outcome, err);
+    if (outcome == PosixTier::Read::Ok) {
         if (copied) t->end_copy(i, std::string());
         else c_.load_late.add();  // came back after the caller gave up: the cache has it now
         return;
-    case PosixTier::Read::Missing:
-        c_.posix_misses.add();
-        break;
-    case PosixTier::Read::Corrupt:
-        reason = "corrupt block, moved aside: " + reason;
-        c_.posix_read_errors.add();
-        break;
-    case PosixTier::Read::Error:
-        c_.posix_read_errors.add();
-        // the kinds a network filesystem gives: a handle gone stale, the server gone, an I/O error
-        if (err == ESTALE) c_.posix_read_estale.add();
-        else if (err == ENOTCONN) c_.posix_read_enotconn.add();
-        else if (err == EIO) c_.posix_read_eio.add();
-        break;
     }
+    if (outcome == PosixTier::Read::Corrupt) reason = "corrupt block, moved aside: " + reason;
     if (t->finish(i, reason)) c_.load_errors.add();
 }
 
-std::vector<bool> Store::lookup(const std::vector<Key>& keys, int tier) {
+std::vector<bool> Store::lookup(const std::vector<Key>& keys, int tier, const PackRefs& packs) {
     std::vector<uint8_t> hit(keys.size(), 0);
+    PackMemo memo;
     auto probe = [&](size_t b, size_t e) {
         for (size_t i = b; i < e; ++i) {
             bool h = false;
             if (cache_ && tier != 2) h = cache_->contains(keys[i]);
+            if (!h && posix_ && tier != 1 && i < packs.size() && packs[i].set)
+                h = in_pack(memo, packs[i], keys[i]);
             if (!h && posix_ && tier != 1) h = posix_->exists(keys[i]);
             hit[i] = h;
         }
@@ -467,12 +498,15 @@ std::vector<bool> Store::lookup(const std::vector<Key>& keys, int tier) {
     return std::vector<bool>(hit.begin(), hit.end());
 }
 
-size_t Store::lookup_prefix(const std::vector<Key>& keys) {
+size_t Store::lookup_prefix(const std::vector<Key>& keys, const PackRefs& packs) {
     std::atomic<size_t> first_miss{keys.size()};
+    PackMemo memo;
     auto probe = [&](size_t b, size_t e) {
         for (size_t i = b; i < e; ++i) {
             if (i >= first_miss.load(std::memory_order_relaxed)) return false;
-            bool h = (cache_ && cache_->contains(keys[i])) || (posix_ && posix_->exists(keys[i]));
+            bool h = (cache_ && cache_->contains(keys[i])) ||
+                     (posix_ && i < packs.size() && packs[i].set && in_pack(memo, packs[i], keys[i])) ||
+                     (posix_ && posix_->exists(keys[i]));
             if (!h) {
                 size_t cur = first_miss.load();
                 while (i < cur && !first_miss.compare_exchange_weak(cur, i)) {
@@ -556,37 +590,47 @@ std::pair<std::string, uint32_t> Store::write_pack(const std::vector<Key>& keys,
 }
 
 uint32_t Store::pack_prefix(const std::vector<Key>& keys) {
-    return need_posix(posix_).pack_prefix(keys);
+    std::vector<Key> held;
+    if (keys.empty() || !need_posix(posix_).pack_keys(keys[0], &held)) return 0;
+    uint32_t n = 0;
+    while (n < held.size() && n < keys.size() && held[n] == keys[n]) ++n;
+    return n;
 }
 
 std::vector<std::string> Store::read_pack(const std::vector<Key>& keys, uint32_t begin,
                                           uint32_t end, const Blocks& blocks) {
     if (begin > end || end > keys.size() || blocks.size() != end - begin)
         throw std::invalid_argument("read_pack: blocks [begin, end) of the keys, one buffer each");
-    auto deliver = [&](uint32_t j, const uint8_t* payload) {
-        for (const auto& s : blocks[j - begin]) {
+    std::vector<PosixTier::PackEntry> wanted;
+    for (uint32_t j = begin; j < end; ++j) wanted.emplace_back(j, keys[j]);
+    auto deliver = [&](size_t w, const uint8_t* payload) {
+        for (const auto& s : blocks[w]) {
             std::memcpy(s.p, payload, s.n);
             payload += s.n;
         }
     };
-    auto r = need_posix(posix_).read_pack(keys, begin, end, deliver);
+    auto r = need_posix(posix_).read_pack(keys.empty() ? Key{} : keys[0], wanted, deliver);
     for (size_t i = 0; i < r.outcome.size(); ++i) {
-        switch (r.outcome[i]) {
-        case PosixTier::Read::Ok: c_.posix_hits.add(); break;
-        case PosixTier::Read::Missing: c_.posix_misses.add(); break;
-        case PosixTier::Read::Corrupt:
+        if (r.outcome[i] == PosixTier::Read::Corrupt)
             r.reasons[i] = "corrupt block, pack moved aside: " + r.reasons[i];
-            c_.posix_read_errors.add();
-            break;
-        case PosixTier::Read::Error:
-            c_.posix_read_errors.add();
-            if (r.err == ESTALE) c_.posix_read_estale.add();
-            else if (r.err == ENOTCONN) c_.posix_read_enotconn.add();
-            else if (r.err == EIO) c_.posix_read_eio.add();
-            break;
-        }
+        count_read(r.outcome[i], r.err);
     }
     return r.reasons;
+}
+
+void Store::count_read(PosixTier::Read outcome, int err) {
+    switch (outcome) {
+    case PosixTier::Read::Ok: c_.posix_hits.add(); break;
+    case PosixTier::Read::Missing: c_.posix_misses.add(); break;
+    case PosixTier::Read::Corrupt: c_.posix_read_errors.add(); break;
+    case PosixTier::Read::Error:
+        c_.posix_read_errors.add();
+        // the kinds a network filesystem gives: a handle gone stale, the server gone, an I/O error
+        if (err == ESTALE) c_.posix_read_estale.add();
+        else if (err == ENOTCONN) c_.posix_read_enotconn.add();
+        else if (err == EIO) c_.posix_read_eio.add();
+        break;
+    }
 }
 
 GcReport Store::collect_garbage() { return posix_ ? posix_->collect() : GcReport{}; }

@@ -34,7 +34,14 @@ Operations (all batched; dump and load return a task id at once):
 - ``cancel(tid, reason) -> TaskResult``: gives up on a task's unfinished blocks (see there).
 - ``finish_within(tid, timeout, op=..., persisted=False) -> Outcome``: the bounded wait the
   connector and the simulator use for each step (see there).
-- ``dump(keys, blocks) -> int``, ``load(keys, blocks) -> int``.
+- ``dump(keys, blocks, packs=None) -> int``, ``load(keys, blocks, packs=None) -> int``.
+- ``packs`` (dump, load, lookup, lookup_prefix): None, or per key None or ``(head, index)``: the
+  key of the block that starts the key's pack and its index there (``pack_refs`` computes them
+  for a chain). A dump writes the blocks of one head with indices 0, 1, 2... as one pack once
+  they are all in the DRAM tier (blocks past a gap, or that another writer's pack of the same
+  head does not hold, go to files of their own; a persisted outcome per block as ever); a load
+  reads the blocks of one pack that miss the cache in one read, and looks for a block the pack
+  does not hold in its own file; a lookup asks the pack's header (once per call), then the file.
 - ``wait(tid, timeout=None) -> TaskResult`` (``TimeoutError`` on timeout) and
   ``check(tid) -> TaskResult | None``. A result is handed out once: fetching it forgets the
   task (a second wait raises ``KeyError``). ``TaskResult.ok`` / ``.errors`` are per block,
@@ -54,9 +61,9 @@ Operations (all batched; dump and load return a task id at once):
 - A load verifies the block's header and CRC-32C before any byte reaches the caller's
   buffer; a corrupt, torn or truncated file is a failed block whose error says why, and the
   file is moved to ``<backend>/corrupt/``.
-- Packs (several blocks of one chain in one file; ``csrc/README.md``): ``write_pack(keys,
-  blocks) -> (error, held)``, ``pack_prefix(keys) -> int``, ``read_pack(keys, begin, end,
-  blocks) -> list[str]``, synchronous; the dump and load tasks do not use them yet.
+- Packs (several blocks of one chain in one file; ``csrc/README.md``), synchronous, for tests
+  and benchmarks: ``write_pack(keys, blocks) -> (error, held)``, ``pack_prefix(keys) -> int``,
+  ``read_pack(keys, begin, end, blocks) -> list[str]``.
 - ``stats() -> dict[str, int]``, ``notes() -> list[str]``, ``direct_io() -> list[bool]``,
   ``collect_garbage() -> dict`` (one synchronous pass: stale temp files, capacity),
   ``close()``; the store is a context manager.
@@ -89,9 +96,24 @@ __all__ = [
     "Store",
     "StoreSettings",
     "TaskResult",
+    "pack_refs",
 ]
 
 _TIER_CODES = {None: 0, "Cache": 1, "Posix": 2}
+
+# Per key: None, or (the key of its pack's first block, its index in that pack).
+PackRefs = Sequence[tuple[bytes, int] | None]
+
+
+def pack_refs(
+    chain: Sequence[bytes], start: int, count: int, per_pack: int
+) -> list[tuple[bytes, int] | None]:
+    """Pack references of blocks ``start .. start + count - 1`` of a prefix chain whose block
+    keys from the first on are ``chain``: block ``p`` sits at index ``p % per_pack`` of the pack
+    named by block ``p - p % per_pack``. ``per_pack`` <= 1: no packs (all None)."""
+    if per_pack <= 1:
+        return [None] * count
+    return [(chain[p - p % per_pack], p % per_pack) for p in range(start, start + count)]
 
 
 def _ms(timeout: float | None, default_ms: int) -> int:
@@ -202,22 +224,28 @@ class Store:
         return sum(self._native.shard_sizes)
 
     def lookup(
-        self, keys: Sequence[bytes], tier: str | None = None, timeout: float | None = None
+        self,
+        keys: Sequence[bytes],
+        tier: str | None = None,
+        timeout: float | None = None,
+        packs: PackRefs | None = None,
     ) -> list[bool]:
-        """Presence of each key (in any tier, or in `tier` alone); see `timeout` above."""
+        """Presence of each key (in any tier, or in `tier` alone); see `timeout` and `packs` above."""
         if tier not in _TIER_CODES:
             raise ValueError(f"tier must be None, 'Cache' or 'Posix', got {tier!r}")
         if timeout is None:
-            return self._native.lookup(keys, _TIER_CODES[tier])
+            return self._native.lookup(keys, _TIER_CODES[tier], packs)
         self._refuse_if_stalled()
-        return self._bounded.call(self._native.lookup, (list(keys), _TIER_CODES[tier]), timeout)
+        return self._bounded.call(self._native.lookup, (list(keys), _TIER_CODES[tier], packs), timeout)
 
-    def lookup_prefix(self, keys: Sequence[bytes], timeout: float | None = None) -> int:
+    def lookup_prefix(
+        self, keys: Sequence[bytes], timeout: float | None = None, packs: PackRefs | None = None
+    ) -> int:
         """Number of leading keys present, stopping at the first miss."""
         if timeout is None:
-            return self._native.lookup_prefix(keys)
+            return self._native.lookup_prefix(keys, packs)
         self._refuse_if_stalled()
-        return self._bounded.call(self._native.lookup_prefix, (list(keys),), timeout)
+        return self._bounded.call(self._native.lookup_prefix, (list(keys), packs), timeout)
 
     def stalled_for(self) -> float | None:
         """Seconds since a bounded wait found the storage stalled, while it still is; else None.
@@ -241,13 +269,17 @@ class Store:
         if (since := self._dump_stalled_since()) is not None:
             raise TimeoutError(f"the storage is stalled ({time.monotonic() - since:.0f} s): lookup not tried")
 
-    def dump(self, keys: Sequence[bytes], blocks: Sequence[Sequence[Any]]) -> int:
-        """Starts writing `blocks[i]` under `keys[i]`; returns a task id."""
-        return self._native.dump(keys, blocks)
+    def dump(
+        self, keys: Sequence[bytes], blocks: Sequence[Sequence[Any]], packs: PackRefs | None = None
+    ) -> int:
+        """Starts writing `blocks[i]` under `keys[i]` (in packs: see `packs` above); returns a task id."""
+        return self._native.dump(keys, blocks, packs)
 
-    def load(self, keys: Sequence[bytes], blocks: Sequence[Sequence[Any]]) -> int:
+    def load(
+        self, keys: Sequence[bytes], blocks: Sequence[Sequence[Any]], packs: PackRefs | None = None
+    ) -> int:
         """Starts reading `keys[i]` into the buffers `blocks[i]`; returns a task id."""
-        return self._native.load(keys, blocks)
+        return self._native.load(keys, blocks, packs)
 
     def wait(self, tid: int, timeout: float | None = None) -> TaskResult:
         """Result of a task; raises TimeoutError if it is still running after `timeout` s."""

@@ -12,11 +12,14 @@ import os
 import socket
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+import ucm_store
 from blocks import block, empty, key, same
+from ucm_store import _native
 
 SHARDS = [4096, 8192]  # whole pages: written straight from the caller's memory
 ODD = [1000, 3000]  # not pages: staged (O_DIRECT) or padded (buffered)
@@ -230,3 +233,153 @@ def test_bad_arguments_are_refused(make_store):
     cache_only = make_store(SHARDS, store_pipeline="Cache")
     with pytest.raises(ValueError, match="Posix tier"):
         cache_only.pack_prefix(keys)
+
+
+# ---- packs in the dump and load tasks -------------------------------------------------------
+
+PIPELINES = ["Posix", "Cache|Posix"]
+
+
+def refs(chain_keys: list[bytes], start: int, count: int, per_pack: int):
+    return ucm_store.pack_refs(chain_keys, start, count, per_pack)
+
+
+def single_files(root: Path) -> list[Path]:
+    return [p for p in root.rglob("*") if p.is_file() and len(p.name) == 32]
+
+
+@pytest.mark.parametrize("pipeline", PIPELINES)
+def test_a_dump_in_packs_is_read_back_by_another_store_in_one_read_per_pack(make_store, tmp_path, pipeline):
+    keys = chain(8)
+    writer = make_store(SHARDS, store_pipeline=pipeline)
+    res = writer.wait_persisted(
+        writer.dump(keys, [block(k, SHARDS) for k in keys], packs=refs(keys, 0, 8, 4)), 10
+    )
+    assert res.all_ok, res
+    assert [p.name for p in pack_files(tmp_path / "b0")] == sorted(
+        k.hex() + ".pack" for k in (keys[0], keys[4])
+    )
+    assert single_files(tmp_path / "b0") == []
+    assert writer.stats()["posix_packs_written"] == 2
+    reader = make_store(SHARDS, store_pipeline=pipeline)  # a cold cache: every block from the packs
+    packs = refs(keys, 0, 8, 4)
+    assert reader.lookup_prefix(keys) == 0  # the block files: none
+    assert reader.lookup_prefix(keys, packs=packs) == 8
+    assert reader.lookup(keys, packs=packs) == [True] * 8
+    targets = [empty(SHARDS, fill=3) for _ in keys]
+    assert reader.wait(reader.load(keys, targets, packs=packs), 10).all_ok
+    assert all(same(t, block(k, SHARDS)) for t, k in zip(targets, keys, strict=True))
+    stats = reader.stats()
+    assert stats["posix_packs_read"] == 2 and stats["posix_hits"] == 8
+    # a part of a pack: blocks 5..6 only
+    part = [empty(SHARDS) for _ in range(2)]
+    assert reader.wait(reader.load(keys[5:7], part, packs=refs(keys, 5, 2, 4)), 10).all_ok
+    assert all(same(t, block(k, SHARDS)) for t, k in zip(part, keys[5:7], strict=True))
+
+
+@pytest.mark.parametrize("pipeline", PIPELINES)
+def test_blocks_past_a_gap_or_not_from_a_packs_start_are_files_of_their_own(make_store, tmp_path, pipeline):
+    keys = chain(8)
+    store = make_store(SHARDS, store_pipeline=pipeline)
+    # a step saves blocks 0..5 (one whole pack, and the first two of the next), a later step 6..7
+    first = store.dump(keys[:6], [block(k, SHARDS) for k in keys[:6]], packs=refs(keys, 0, 6, 4))
+    assert store.wait_persisted(first, 10).all_ok
+    later = store.dump(keys[6:], [block(k, SHARDS) for k in keys[6:]], packs=refs(keys, 6, 2, 4))
+    assert store.wait_persisted(later, 10).all_ok
+    assert len(pack_files(tmp_path / "b0")) == 2  # [0..3] and [4, 5]
+    assert {p.name for p in single_files(tmp_path / "b0")} == {keys[6].hex(), keys[7].hex()}
+    # a gap: indices 0, 1, 3 of another chain: a pack of two, block 3 a file
+    other = chain(4, "gap")
+    picked = [0, 1, 3]
+    gap = store.dump(
+        [other[i] for i in picked],
+        [block(other[i], SHARDS) for i in picked],
+        packs=[(other[0], i) for i in picked],
+    )
+    assert store.wait_persisted(gap, 10).all_ok
+    assert (tmp_path / "b0" / other[0].hex()[:3] / f"{other[0].hex()}.pack").exists()
+    assert (tmp_path / "b0" / other[3].hex()[:3] / other[3].hex()).exists()
+    reader = make_store(SHARDS, store_pipeline=pipeline)
+    packs = refs(keys, 0, 8, 4)
+    assert reader.lookup_prefix(keys, packs=packs) == 8
+    targets = [empty(SHARDS) for _ in keys]
+    assert reader.wait(reader.load(keys, targets, packs=packs), 10).all_ok
+    assert all(same(t, block(k, SHARDS)) for t, k in zip(targets, keys, strict=True))
+
+
+@pytest.mark.parametrize("pipeline", PIPELINES)
+def test_a_chain_forking_inside_anothers_pack_stores_its_own_blocks_beside_it(make_store, tmp_path, pipeline):
+    first = chain(8)
+    store = make_store(SHARDS, store_pipeline=pipeline)
+    assert store.wait_persisted(
+        store.dump(first, [block(k, SHARDS) for k in first], packs=refs(first, 0, 8, 8)), 10
+    ).all_ok
+    other = forked(first, 5, "other")
+    packs = refs(other, 0, 8, 8)
+    reader = make_store(SHARDS, store_pipeline=pipeline)
+    assert reader.lookup_prefix(other, packs=packs) == 5
+    # Its dump finds the first chain's pack: the 5 shared blocks held there, its 3 as files.
+    res = reader.wait_persisted(reader.dump(other, [block(k, SHARDS) for k in other], packs=packs), 10)
+    assert res.all_ok, res
+    assert len(pack_files(tmp_path / "b0")) == 1
+    assert {p.name for p in single_files(tmp_path / "b0")} == {k.hex() for k in other[5:]}
+    fresh = make_store(SHARDS, store_pipeline=pipeline)
+    for keys in (first, other):
+        assert fresh.lookup_prefix(keys, packs=refs(keys, 0, 8, 8)) == 8
+        targets = [empty(SHARDS) for _ in keys]
+        assert fresh.wait(fresh.load(keys, targets, packs=refs(keys, 0, 8, 8)), 10).all_ok
+        assert all(same(t, block(k, SHARDS)) for t, k in zip(targets, keys, strict=True))
+
+
+def test_a_dump_in_packs_through_a_full_cache_is_still_stored_whole(make_store, tmp_path):
+    keys = chain(16)
+    slot = sum(SHARDS) / 2**30
+    store = make_store(SHARDS, store_pipeline="Cache|Posix", cache_buffer_capacity_gb=2 * slot)
+    res = store.wait_persisted(
+        store.dump(keys, [block(k, SHARDS) for k in keys], packs=refs(keys, 0, 16, 8)), 10
+    )
+    assert res.all_ok, res
+    assert store.stats()["cache_full"] > 0  # some went around the cache, from a copy
+    assert len(pack_files(tmp_path / "b0")) == 2
+    reader = make_store(SHARDS, store_pipeline="Posix")
+    targets = [empty(SHARDS) for _ in keys]
+    assert reader.wait(reader.load(keys, targets, packs=refs(keys, 0, 16, 8)), 10).all_ok
+    assert all(same(t, block(k, SHARDS)) for t, k in zip(targets, keys, strict=True))
+
+
+@pytest.mark.parametrize("pipeline", PIPELINES)
+def test_a_pack_read_that_returns_after_cancel_leaves_the_reused_buffers_alone(make_store, pipeline):
+    keys = chain(4, "late")
+    writer = make_store(SHARDS, store_pipeline="Posix")
+    assert writer.wait_persisted(
+        writer.dump(keys, [block(k, SHARDS) for k in keys], packs=refs(keys, 0, 4, 4)), 10
+    ).all_ok
+    reader = make_store(SHARDS, store_pipeline=pipeline)
+    _native._inject_stall("posix_read", 1, 1500)
+    try:
+        targets = [empty(SHARDS) for _ in keys]
+        tid = reader.load(keys, targets, packs=refs(keys, 0, 4, 4))
+        with pytest.raises(TimeoutError):
+            reader.wait(tid, timeout=0.2)
+        res = reader.cancel(tid, "load timed out")
+        assert res.ok == [False] * 4
+        for t in targets:  # vLLM hands the blocks to another request
+            for shard in t:
+                shard[:] = 0x5A
+        time.sleep(2.0)  # the read returns meanwhile
+        assert all(same(t, empty(SHARDS, fill=0x5A)) for t in targets)
+        assert reader.stats()["load_late"] == 4
+    finally:
+        _native._inject_stall("posix_read", 0, 0)
+
+
+def test_bad_pack_references_are_refused(make_store):
+    store = make_store(SHARDS, store_pipeline="Posix")
+    keys = chain(2)
+    with pytest.raises(ValueError, match="2 keys but 1 pack references"):
+        store.lookup_prefix(keys, packs=[None])
+    with pytest.raises(ValueError, match="16-byte first key"):
+        store.dump(keys, [block(k, SHARDS) for k in keys], packs=[(b"short", 0), None])
+    with pytest.raises(ValueError, match=r"out of 0\.\.4095"):
+        store.load(keys, [empty(SHARDS)] * 2, packs=[(keys[0], 5000), None])
+    assert ucm_store.pack_refs(keys, 0, 2, 1) == [None, None]
