@@ -383,3 +383,60 @@ def test_bad_pack_references_are_refused(make_store):
     with pytest.raises(ValueError, match=r"out of 0\.\.4095"):
         store.load(keys, [empty(SHARDS)] * 2, packs=[(keys[0], 5000), None])
     assert ucm_store.pack_refs(keys, 0, 2, 1) == [None, None]
+
+
+@pytest.mark.parametrize("pipeline", PIPELINES)
+def test_two_stores_dumping_packs_of_one_head_at_once_both_persist_every_block(
+    make_store, tmp_path, pipeline
+):
+    a, b = make_store(SHARDS, store_pipeline=pipeline), make_store(SHARDS, store_pipeline=pipeline)
+    for round_ in range(6):
+        left = chain(8, f"d{round_}")
+        right = forked(left, 3, f"d{round_}-right")
+        tids = {}
+        go = threading.Barrier(2)
+
+        def dump(name: str, store, keys: list[bytes], tids=tids, go=go) -> None:
+            data = [block(k, SHARDS) for k in keys]
+            go.wait()
+            tids[name] = (store, store.dump(keys, data, packs=refs(keys, 0, 8, 8)))
+
+        threads = [
+            threading.Thread(target=dump, args=("left", a, left)),
+            threading.Thread(target=dump, args=("right", b, right)),
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for store, tid in tids.values():
+            res = store.wait_persisted(tid, 10)
+            assert res.all_ok, res
+        fresh = make_store(SHARDS, store_pipeline="Posix")
+        for keys in (left, right):  # whichever pack won, each chain reads back whole
+            packs = refs(keys, 0, 8, 8)
+            assert fresh.lookup_prefix(keys, packs=packs) == 8
+            targets = [empty(SHARDS) for _ in keys]
+            assert fresh.wait(fresh.load(keys, targets, packs=packs), 10).all_ok
+            assert all(same(t, block(k, SHARDS)) for t, k in zip(targets, keys, strict=True))
+    assert len(pack_files(tmp_path / "b0")) == 6
+    assert not list((tmp_path / "b0").rglob("*.tmp.*"))
+
+
+@pytest.mark.parametrize("pipeline", PIPELINES)
+def test_a_pack_that_cannot_be_written_fails_its_blocks_with_the_reason(make_store, tmp_path, pipeline):
+    store = make_store(SHARDS, store_pipeline=pipeline)
+    keys = chain(4, "unwritable")
+    (tmp_path / "b0" / keys[0].hex()[:3]).write_text("not a directory")  # ENOTDIR on create
+    res = store.wait_persisted(
+        store.dump(keys, [block(k, SHARDS) for k in keys], packs=refs(keys, 0, 4, 4)), 10
+    )
+    assert res.ok == [False] * 4
+    assert all("Not a directory" in e for e in res.errors)
+    assert store.stats()["posix_write_errors"] == 4
+    other = chain(4, "fine")  # the store goes on
+    if other[0].hex()[:3] != keys[0].hex()[:3]:
+        res = store.wait_persisted(
+            store.dump(other, [block(k, SHARDS) for k in other], packs=refs(other, 0, 4, 4)), 10
+        )
+        assert res.all_ok, res
