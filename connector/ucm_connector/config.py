@@ -47,6 +47,7 @@ class UCMConfig:
     wait_persisted: bool = False
     load_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S
     dump_timeout_s: float = DEFAULT_DUMP_TIMEOUT_S
+    pack_blocks: int = 1  # blocks per file on the Posix tier (packs)
     source: str = "<inline>"
 
 
@@ -65,6 +66,7 @@ def parse_config(raw: Any, source: str = "<inline>") -> UCMConfig:
         wait_persisted=checked.wait_persisted,
         load_timeout_s=checked.load_timeout_s,
         dump_timeout_s=checked.dump_timeout_s,
+        pack_blocks=checked.pack_blocks,
         source=source,
     )
 

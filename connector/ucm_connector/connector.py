@@ -131,7 +131,11 @@ class UcmctlConnector(KVConnectorBase_V1):
             store = open_store(self._config, shard_sizes, lookup_only=True)
             self._scheduler_store = store
             self._scheduler = SchedulerSide(
-                store, self._keys, ns.block_size, lookup_timeout_s=lookup_bound(self._config.load_timeout_s)
+                store,
+                self._keys,
+                ns.block_size,
+                lookup_timeout_s=lookup_bound(self._config.load_timeout_s),
+                pack_blocks=self._config.pack_blocks,
             )
             logger.info(
                 "UCMConnector scheduler: config %s, pipeline %s, namespace %s",

@@ -14,10 +14,16 @@ class BlockTransfer:
     req_id: str
     keys: list[bytes]
     block_ids: list[int]
+    # With packs: per block, the block key of the block that starts its pack, and its index there.
+    packs: list[tuple[bytes, int]] | None = None
 
     def __post_init__(self) -> None:
         if len(self.keys) != len(self.block_ids):
             raise ValueError(f"request {self.req_id}: {len(self.keys)} keys for {len(self.block_ids)} blocks")
+        if self.packs is not None and len(self.packs) != len(self.keys):
+            raise ValueError(
+                f"request {self.req_id}: {len(self.packs)} pack references for {len(self.keys)} blocks"
+            )
 
 
 @dataclass

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -47,8 +48,12 @@ class SchedulerSide:
         block_size: int,
         writes: bool = True,
         lookup_timeout_s: float | None = None,
+        pack_blocks: int = 1,
     ) -> None:
         self._store = store
+        # Blocks per pack file (ucm_config pack_blocks): block p of a prompt sits at index
+        # p % pack_blocks of the pack named by block p - p % pack_blocks.
+        self._pack_blocks = pack_blocks
         # The lookup runs in vLLM's scheduler loop: a stalled mount must cost one bounded wait
         # (then misses at once, see ucm_store), not a frozen server.
         self._lookup_timeout_s = lookup_timeout_s
@@ -102,9 +107,19 @@ class SchedulerSide:
         if not block_keys:
             return []
         per = self._keys.keys_per_block
+        presence = self._keys.presence_keys(block_keys)
         started = time.perf_counter()
         try:
-            flags = self._store.lookup(self._keys.presence_keys(block_keys), timeout=self._lookup_timeout_s)
+            if self._pack_blocks > 1:  # every rank's (and layer's) key in that rank's pack
+                m = self._pack_blocks
+                packs = [
+                    (presence[(i - i % m) * per + c], i % m)
+                    for i in range(len(block_keys))
+                    for c in range(per)
+                ]
+                flags = self._store.lookup(presence, timeout=self._lookup_timeout_s, packs=packs)
+            else:
+                flags = self._store.lookup(presence, timeout=self._lookup_timeout_s)
         except Exception as exc:  # a store failure is a miss, never a failed request
             logger.warning("UCM lookup error: request_id: %s: %s; the blocks are misses", req_id, exc)
             self._count("lookup_errors", 1)
@@ -145,10 +160,12 @@ class SchedulerSide:
         state.external_blocks = external
         if external > 0:
             idx = range(local_blocks, local_blocks + external)
+            chain = self._keys.keys(request.block_hashes, 0, local_blocks + external)
             state.pending_load = BlockTransfer(
                 req_id=req_id,
-                keys=self._keys.keys(request.block_hashes, local_blocks, local_blocks + external),
+                keys=chain[local_blocks:],
                 block_ids=[block_ids[i] for i in idx],
+                packs=self._packs(chain, idx),
             )
             self.external_hit_tokens += external * self._block_size
         self._reqs[req_id] = state
@@ -203,6 +220,11 @@ class SchedulerSide:
             self._keys.num_full_blocks(req.block_hashes),
             len(state.block_ids),
         )
+        prompt = getattr(req, "num_prompt_tokens", None)
+        if self._pack_blocks > 1 and prompt is not None and computed_after_step < prompt:
+            # While the prompt is being prefilled (in chunks), save whole packs only: the blocks
+            # of a pack not complete yet wait for a later step, or for the prompt's last one.
+            full -= full % self._pack_blocks
         if full <= state.saved_upto:
             return
         todo = [i for i in range(state.saved_upto, full) if not (i < len(state.present) and state.present[i])]
@@ -215,8 +237,17 @@ class SchedulerSide:
                 req_id=req.request_id,
                 keys=[keys[i] for i in todo],
                 block_ids=[state.block_ids[i] for i in todo],
+                packs=self._packs(keys, todo),
             )
         )
+
+    def _packs(self, chain: list[bytes], blocks: Sequence[int]) -> list[tuple[bytes, int]] | None:
+        """Per block of `blocks` (positions in the prompt whose block keys from the first on are
+        `chain`): the key of the block that starts its pack and its index there."""
+        m = self._pack_blocks
+        if m <= 1:
+            return None
+        return [(chain[p - p % m], p % m) for p in blocks]
 
     # ---- feedback and lifecycle -----------------------------------------------------------
     def on_load_errors(self, block_ids: set[int]) -> None:

@@ -11,6 +11,8 @@ from ucmctl.core.ucm_config import StoreConfig
 DEFAULT_PIPELINE: str = StoreConfig.model_fields["store_pipeline"].default
 
 Shard = Any  # (address, nbytes) tuple or a buffer-protocol object
+# Per key: None, or (the store key of the block that starts its pack, its index there).
+PackRefs = Sequence[tuple[bytes, int] | None]
 
 
 class TaskResultLike(Protocol):
@@ -23,11 +25,19 @@ class StoreLike(Protocol):
     """The subset of `ucm_store.Store` the connector uses."""
 
     def lookup(
-        self, keys: Sequence[bytes], tier: str | None = None, timeout: float | None = None
+        self,
+        keys: Sequence[bytes],
+        tier: str | None = None,
+        timeout: float | None = None,
+        packs: PackRefs | None = None,
     ) -> list[bool]: ...
     def lookup_prefix(self, keys: Sequence[bytes], timeout: float | None = None) -> int: ...
-    def dump(self, keys: Sequence[bytes], blocks: Sequence[Sequence[Shard]]) -> int: ...
-    def load(self, keys: Sequence[bytes], blocks: Sequence[Sequence[Shard]]) -> int: ...
+    def dump(
+        self, keys: Sequence[bytes], blocks: Sequence[Sequence[Shard]], packs: PackRefs | None = None
+    ) -> int: ...
+    def load(
+        self, keys: Sequence[bytes], blocks: Sequence[Sequence[Shard]], packs: PackRefs | None = None
+    ) -> int: ...
     def wait(self, tid: int, timeout: float | None = None) -> TaskResultLike: ...
     def wait_persisted(self, tid: int, timeout: float | None = None) -> TaskResultLike: ...
     def cancel(self, tid: int, reason: str = ...) -> TaskResultLike: ...

@@ -169,31 +169,53 @@ class WorkerSide:
         layer = layers[0] if layers is not None else None
         return self._keys.store_keys(block_keys, self._tp_rank, layer)
 
+    def _store_packs(
+        self, refs: list[tuple[bytes, int] | None], layers: list[int] | None
+    ) -> list[tuple[bytes, int] | None] | None:
+        """The scheduler's pack references (block keys) as this rank's (and layer's) store keys."""
+        if not any(refs):
+            return None
+        heads = self._keys_for([r[0] for r in refs if r is not None], layers)
+        it = iter(heads)
+        return [(next(it), r[1]) if r is not None else None for r in refs]
+
     def _submit(self, transfers: list[BlockTransfer], op: str, layers: list[int] | None) -> _Task | None:
         assert self._store is not None and self._backend is not None and self._layout is not None
         keys: list[bytes] = []
         block_ids: list[int] = []
+        refs: list[tuple[bytes, int] | None] = []
         seen: set[bytes] = set()
         for t in transfers:
-            for k, b in zip(t.keys, t.block_ids, strict=True):
+            for j, (k, b) in enumerate(zip(t.keys, t.block_ids, strict=True)):
                 # Two requests may complete the same block in one step; one dump is enough.
                 if op == "dump" and k in seen:
                     continue
                 seen.add(k)
                 keys.append(k)
                 block_ids.append(b)
+                refs.append(t.packs[j] if t.packs is not None else None)
         if not keys:
             return None
+        packs = self._store_packs(refs, layers)
         nlayers = 1 if layers is not None else self._layout.num_layers
         nbytes = len(keys) * nlayers * self._layout.shard_bytes
         started = time.perf_counter()
         try:
+            store_keys = self._keys_for(keys, layers)
             if op == "load":
                 shards = self._backend.load_targets(block_ids, layers)
-                tid = self._store.load(self._keys_for(keys, layers), shards)
+                tid = (
+                    self._store.load(store_keys, shards, packs=packs)
+                    if packs
+                    else self._store.load(store_keys, shards)
+                )
             else:
                 shards = self._backend.dump_sources(block_ids, layers)
-                tid = self._store.dump(self._keys_for(keys, layers), shards)
+                tid = (
+                    self._store.dump(store_keys, shards, packs=packs)
+                    if packs
+                    else self._store.dump(store_keys, shards)
+                )
         except Exception as exc:
             self._failed(op, transfers, block_ids, [f"{op} not submitted: {exc}"] * len(block_ids))
             return None

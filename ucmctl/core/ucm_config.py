@@ -211,6 +211,10 @@ class UcmConfig(_Strict):
     # freeze a server.
     load_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S
     dump_timeout_s: float = DEFAULT_DUMP_TIMEOUT_S
+    # Blocks per file on the Posix tier: consecutive blocks of a prompt written as one pack
+    # (csrc/README.md, "Packs"), so a network filesystem pays its per-file round trips once
+    # per pack. 1 = a file per block. Aim for packs of ~16 MiB: 16 MiB / one rank's block bytes.
+    pack_blocks: int = 1
 
     @field_validator("ucm_connectors", mode="before")
     @classmethod
@@ -234,6 +238,13 @@ class UcmConfig(_Strict):
         if not _number(value) or not 0 < value < 86400:
             raise ValueError(f"must be a number of seconds > 0 (and < 86400), got {value!r}")
         return float(value)
+
+    @field_validator("pack_blocks", mode="before")
+    @classmethod
+    def _pack_blocks(cls, value: Any) -> int:
+        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 4096:
+            raise ValueError(f"must be an integer from 1 (a file per block) to 4096, got {value!r}")
+        return value
 
     @property
     def store(self) -> StoreConfig:

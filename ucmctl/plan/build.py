@@ -362,6 +362,7 @@ def _ucm_config(storage: Storage, *, wait_persisted: bool) -> UcmConfig:
         wait_persisted=wait_persisted,
         load_timeout_s=storage.load_timeout_s,
         dump_timeout_s=storage.dump_timeout_s,
+        pack_blocks=storage.pack_blocks,
     )
 
 

@@ -298,9 +298,12 @@ class Engine:
         external = 0
         if self.external is not None and local < usable:
             wanted = r.keys[local:usable]
-            found = min(self.external.lookup_prefix(wanted), len(wanted))
+            packs = self.external.packs(r.keys, local, len(wanted))
+            found = min(self.external.lookup_prefix(wanted, packs), len(wanted))
             if found:
-                external = await asyncio.to_thread(self.external.load, wanted[:found])
+                external = await asyncio.to_thread(
+                    self.external.load, wanted[:found], packs and packs[:found]
+                )
             self.stats.external_queries += len(r.prompt) - r.local_hit_tokens
             self.stats.external_hits += external * self.block_size
         r.external_hit_tokens = external * self.block_size
@@ -315,25 +318,33 @@ class Engine:
         blocks as prefill fills them, then answer blocks as decode does (a decode step writes
         the KV of the token emitted last), as vLLM's prefix cache and the connector do."""
         to_save: list[bytes] = []
+        packs: list[tuple[bytes, int] | None] = []  # with packs, per saved block (as the connector)
+        m = self.external.pack_blocks if self.external is not None else 1
+
+        def save(r: SimRequest, start: int, stop: int) -> None:
+            new = r.keys[start:stop]
+            self.cache.insert(new)
+            to_save.extend(new)
+            packs.extend(
+                self.external.packs(r.keys, start, len(new)) or [None] * len(new) if self.external else []
+            )
+            r.saved_blocks = stop
+
         for r, n in chunks:
             full = min((r.computed + n) // self.block_size, len(r.keys))
-            new = r.keys[r.saved_blocks : full]
-            if new:
-                self.cache.insert(new)
-                to_save.extend(new)
-                r.saved_blocks = full
+            if m > 1 and r.computed + n < len(r.prompt):
+                full -= full % m  # while prefilling, whole packs only (the connector's rule)
+            if full > r.saved_blocks:
+                save(r, r.saved_blocks, full)
         for r in decoding:
             covered = len(r.prompt) + r.generated
             if r.cancelled or r.remote_kv or covered // self.block_size <= len(r.keys):
                 continue
             extend_keys(r.keys, r.prompt + r.output[: covered - len(r.prompt)], self.block_size, r.namespace)
-            new = r.keys[r.saved_blocks :]
-            if new:
-                self.cache.insert(new)
-                to_save.extend(new)
-                r.saved_blocks = len(r.keys)
+            if len(r.keys) > r.saved_blocks:
+                save(r, r.saved_blocks, len(r.keys))
         if self.external is not None and to_save:
-            await asyncio.to_thread(self.external.save, to_save)
+            await asyncio.to_thread(self.external.save, to_save, packs)
 
     def _emit(self, r: SimRequest, now: float) -> None:
         token = (r.seed * 1103515245 + r.generated * 12345 + 1) % self.vocab

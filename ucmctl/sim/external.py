@@ -46,6 +46,7 @@ class ExternalTier:
 
         cfg, checked = load_ucm_config(ucm_config_file)
         self.wait_persisted = checked.wait_persisted
+        self.pack_blocks = checked.pack_blocks
         self.load_timeout_s = checked.load_timeout_s
         self.dump_timeout_s = checked.dump_timeout_s
         shard = max(1, block_bytes // shards)
@@ -83,12 +84,22 @@ class ExternalTier:
             log.warning("sim: a store %s took %.1f s, past its %.1f s bound", op, took, bound)
             self.counts[f"{op}_waits_over_bound"] += 1
 
-    def lookup_prefix(self, keys: Sequence[bytes]) -> int:
+    def packs(self, chain: Sequence[bytes], start: int, count: int) -> list[tuple[bytes, int]] | None:
+        """Pack references of blocks start..start+count-1 of a prompt whose keys from the first
+        block on are `chain` (as the connector's scheduler side makes them); None without packs."""
+        m = self.pack_blocks
+        if m <= 1:
+            return None
+        return [(chain[p - p % m], p % m) for p in range(start, start + count)]
+
+    def lookup_prefix(self, keys: Sequence[bytes], packs: Sequence[tuple[bytes, int]] | None = None) -> int:
         if not keys:
             return 0
         started = time.perf_counter()
         try:
-            return self.store.lookup_prefix(list(keys), timeout=lookup_bound(self.load_timeout_s))
+            return self.store.lookup_prefix(
+                list(keys), timeout=lookup_bound(self.load_timeout_s), packs=packs
+            )
         except TimeoutError as exc:
             self.counts["lookup_errors"] += 1
             self.counts["lookup_errors_timeout"] += 1
@@ -106,7 +117,7 @@ class ExternalTier:
             if kind in kinds:
                 self.counts[f"{op}_errors_{kind}"] += 1
 
-    def load(self, keys: Sequence[bytes]) -> int:
+    def load(self, keys: Sequence[bytes], packs: Sequence[tuple[bytes, int]] | None = None) -> int:
         """Load blocks into fresh buffers and verify them; returns how many leading blocks are good."""
         if not keys:
             return 0
@@ -114,7 +125,7 @@ class ExternalTier:
         started = time.perf_counter()
         nbytes = len(keys) * self.block_bytes
         result = self.store.finish_within(  # as the connector
-            self.store.load(list(keys), buffers),
+            self.store.load(list(keys), buffers, packs=packs),
             load_bound(self.load_timeout_s, nbytes),
             op="load",
             stall_s=stall_bound(self.load_timeout_s),
@@ -140,14 +151,14 @@ class ExternalTier:
         self.moved["load_seconds"] += time.perf_counter() - started
         return good
 
-    def save(self, keys: Sequence[bytes]) -> None:
+    def save(self, keys: Sequence[bytes], packs: Sequence[tuple[bytes, int] | None] | None = None) -> None:
         if not keys:
             return
         blocks = [[_pattern(key, size) for size in self.shard_sizes] for key in keys]
         # As the connector: with wait_persisted the step ends once the blocks are on disk.
         started = time.perf_counter()
         result = self.store.finish_within(
-            self.store.dump(list(keys), blocks),
+            self.store.dump(list(keys), blocks, packs=packs if packs and any(packs) else None),
             self.dump_timeout_s,
             op="dump",
             persisted=self.wait_persisted,

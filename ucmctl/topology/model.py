@@ -218,6 +218,14 @@ class Storage(Strict):
         allow_inf_nan=False,
         description="a KV dump not stored (prefill: persisted) by then is given up and counted",
     )
+    pack_blocks: int = Field(
+        1,
+        ge=1,
+        le=4096,
+        strict=True,
+        description="blocks of a prompt per file on shared storage (packs): a network filesystem pays "
+        "its per-file round trips once per pack; 1 = a file per block; aim for ~16 MiB per pack",
+    )
 
     @field_validator("load_timeout_s", "dump_timeout_s", mode="before")
     @classmethod
