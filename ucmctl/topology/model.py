@@ -424,6 +424,9 @@ class Topology(Strict):
         for part in (*SERVER_ROLES, "proxy"):
             if data.get(part) is not None and data[part].get("restart") == never:
                 del data[part]["restart"]
+        # ... and a file per block (no packs) before packs existed
+        if data.get("storage") is not None and data["storage"].get("pack_blocks") == 1:
+            del data["storage"]["pack_blocks"]
         canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 

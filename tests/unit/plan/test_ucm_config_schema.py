@@ -68,3 +68,27 @@ def test_the_topologys_store_bounds_reach_the_rendered_file(tmp_path: Path) -> N
     for f in files:
         ucm = parse_ucm_config(yaml.safe_load(f.content))
         assert (ucm.load_timeout_s, ucm.dump_timeout_s) == (2.5, 7.0)
+
+
+def test_pack_blocks_reaches_the_rendered_file_and_the_digest_only_when_set(tmp_path: Path) -> None:
+    from ucmctl.plan.build import build_plan
+    from ucmctl.topology.load import load_topology
+
+    source = Path(__file__).resolve().parents[3] / "topologies" / "local-1p1d.yaml"
+    digests, packs = {}, {}
+    for n in (None, 1, 4):
+        extra = f"  pack_blocks: {n}\n" if n is not None else ""
+        text = source.read_text().replace(
+            "  cache_buffer_capacity_gb: 2\n", f"  cache_buffer_capacity_gb: 2\n{extra}"
+        )
+        (tmp_path / f"t{n}.yaml").write_text(text)
+        topology = load_topology(tmp_path / f"t{n}.yaml")
+        digests[n] = topology.digest()
+        plan = build_plan(topology)
+        files = [f for p in plan.processes for f in p.files if f.path.endswith("/" + UCM_CONFIG_FILE)]
+        assert files
+        packs[n] = {parse_ucm_config(yaml.safe_load(f.content)).pack_blocks for f in files}
+        assert ("pack_blocks" in files[0].content) == (n == 4)
+    assert packs == {None: {1}, 1: {1}, 4: {4}}
+    # a deployment from before packs keeps its digest; turning packs on is a change
+    assert digests[None] == digests[1] != digests[4]
