@@ -52,4 +52,12 @@ struct PackHeader {
 PackHeader check_pack_header(const uint8_t* hdr, size_t have, uint64_t file_size,
                              const Layout& block, const Key& first);
 
+// How many of `keys` a pack holding `held` stores: its blocks match ours from the first on, up
+// to the first that differs (a key digests the whole chain before it).
+inline uint32_t leading_match(const std::vector<Key>& held, const std::vector<Key>& keys) {
+    uint32_t n = 0;
+    while (n < held.size() && n < keys.size() && held[n] == keys[n]) ++n;
+    return n;
+}
+
 }  // namespace ucm

@@ -13,16 +13,6 @@
 #include "posix_tier.hpp"
 
 namespace ucm {
-namespace {
-
-uint32_t leading_match(const PackHeader& h, const std::vector<Key>& keys) {
-    uint32_t n = 0;
-    while (n < h.blocks && n < keys.size() && h.keys[n] == keys[n]) ++n;
-    return n;
-}
-
-}  // namespace
-
 PosixTier::Read PosixTier::open_pack(const std::string& path, const Key& first, bool direct,
                                      int* fd, struct stat* st, PackHeader* h,
                                      std::string* reason, int* err) {
@@ -85,7 +75,7 @@ bool PosixTier::pack_keys(const Key& head, std::vector<Key>* keys) {
     fault::stall(fault::Site::PosixStat);
     Backend& b = *backends_[pick(head)];
     const std::string hex = head.hex();
-    const std::string path = dir_of(b, hex) + "/" + hex + ".pack";
+    const std::string path = pack_path(b, hex);
     int fd = -1, err = 0;
     struct stat st;
     PackHeader h;
@@ -93,12 +83,7 @@ bool PosixTier::pack_keys(const Key& head, std::vector<Key>* keys) {
     Read r = open_pack(path, head, b.direct.load(std::memory_order_relaxed), &fd, &st, &h,
                        &reason, &err);
     if (r != Read::Ok) {
-        if (r == Read::Error && err) {  // the storage failed to answer: counted by kind
-            c_.lookup_errors.add();
-            if (err == ESTALE) c_.lookup_estale.add();
-            else if (err == ENOTCONN) c_.lookup_enotconn.add();
-            else if (err == EIO) c_.lookup_eio.add();
-        }
+        if (r == Read::Error && err) count_lookup_error(err);
         return false;  // a corrupt pack is moved aside by the read that finds it
     }
     close(fd);
@@ -112,7 +97,7 @@ PosixTier::PackWrite PosixTier::write_pack(const std::vector<Key>& keys,
     Backend& b = *backends_[pick(keys[0])];
     const std::string hex = keys[0].hex();
     const std::string dir = dir_of(b, hex);
-    const std::string final_path = dir + "/" + hex + ".pack";
+    const std::string final_path = pack_path(b, hex);
     bool direct = b.direct.load(std::memory_order_relaxed);
     // A pack of this first block may be there: it holds ours as far as its keys match ours
     // (the same first block, then maybe another chain). Its header says; nothing to write.
@@ -126,7 +111,7 @@ PosixTier::PackWrite PosixTier::write_pack(const std::vector<Key>& keys,
         if (r == Read::Ok) {
             close(fd);
             *found = true;
-            return leading_match(h, keys);
+            return leading_match(h.keys, keys);
         }
         if (r == Read::Corrupt) {
             c_.corrupt_blocks.add();
@@ -256,7 +241,7 @@ PosixTier::PackRead PosixTier::read_pack(
     };
     Backend& b = *backends_[pick(head)];
     const std::string hex = head.hex();
-    const std::string path = dir_of(b, hex) + "/" + hex + ".pack";
+    const std::string path = pack_path(b, hex);
     fault::point(fault::Site::PosixRead, "posix read");
     fault::stall(fault::Site::PosixRead);
     bool direct = b.direct.load(std::memory_order_relaxed);

@@ -118,15 +118,16 @@ bool PosixTier::exists(const Key& key) const {
     struct stat st;
     if (stat((dir_of(b, hex) + "/" + hex).c_str(), &st) == 0) return S_ISREG(st.st_mode);
     int e = errno;
-    if (e != ENOENT && e != ENOTDIR) {
-        // Not "absent": the storage failed to answer. Still a miss, but counted by kind, so
-        // a hit rate that collapses says why.
-        c_.lookup_errors.add();
-        if (e == ESTALE) c_.lookup_estale.add();
-        else if (e == ENOTCONN) c_.lookup_enotconn.add();
-        else if (e == EIO) c_.lookup_eio.add();
-    }
+    if (e != ENOENT && e != ENOTDIR) count_lookup_error(e);
     return false;
+}
+
+void PosixTier::count_lookup_error(int err) const {
+    // Counted by kind, so a hit rate that collapses says why.
+    c_.lookup_errors.add();
+    if (err == ESTALE) c_.lookup_estale.add();
+    else if (err == ENOTCONN) c_.lookup_enotconn.add();
+    else if (err == EIO) c_.lookup_eio.add();
 }
 
 std::string PosixTier::write(const Key& key, const std::vector<ConstSpan>& parts) {

@@ -98,6 +98,11 @@ private:
     std::string dir_of(const Backend& b, const std::string& hex) const {
         return b.root + "/" + hex.substr(0, 3);
     }
+    std::string pack_path(const Backend& b, const std::string& hex) const {
+        return dir_of(b, hex) + "/" + hex + ".pack";
+    }
+    // A lookup the storage failed to answer (not "absent"): still a miss, counted by kind.
+    void count_lookup_error(int err) const;
     void quarantine(Backend& b, const std::string& path, const std::string& name, ino_t ino);
     // Creates `tmp` (O_EXCL, O_DIRECT while *direct), making its shard folder when needed;
     // -1 with *err set on failure.

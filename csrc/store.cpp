@@ -592,9 +592,7 @@ std::pair<std::string, uint32_t> Store::write_pack(const std::vector<Key>& keys,
 uint32_t Store::pack_prefix(const std::vector<Key>& keys) {
     std::vector<Key> held;
     if (keys.empty() || !need_posix(posix_).pack_keys(keys[0], &held)) return 0;
-    uint32_t n = 0;
-    while (n < held.size() && n < keys.size() && held[n] == keys[n]) ++n;
-    return n;
+    return leading_match(held, keys);
 }
 
 std::vector<std::string> Store::read_pack(const std::vector<Key>& keys, uint32_t begin,

@@ -133,10 +133,16 @@ private:
     void dump_group_direct(const std::shared_ptr<PackGroup>& g);
     void read_group(const std::shared_ptr<PackGroup>& g);
     std::vector<ConstSpan> parts_of(const PackGroup& g, size_t j) const;
-    // Whether the pack of `ref.head` holds `key` at `ref.index` (headers read once per call).
+    // Whether the pack of `ref.head` holds `key` at `ref.index` (headers read once per call;
+    // the lookup's threads read different packs' headers at once).
     struct PackMemo {
+        struct Held {
+            std::mutex mu;
+            bool read = false;
+            std::vector<Key> keys;
+        };
         std::mutex mu;
-        std::unordered_map<Key, std::shared_ptr<std::vector<Key>>, KeyHash> keys;
+        std::unordered_map<Key, std::shared_ptr<Held>, KeyHash> heads;
     };
     bool in_pack(PackMemo& memo, const PackRef& ref, const Key& key);
 

@@ -223,19 +223,19 @@ void Store::read_group(const std::shared_ptr<PackGroup>& gp) {
 }
 
 bool Store::in_pack(PackMemo& memo, const PackRef& ref, const Key& key) {
-    std::shared_ptr<std::vector<Key>> held;
+    std::shared_ptr<PackMemo::Held> held;
     {
         std::lock_guard<std::mutex> lk(memo.mu);
-        auto it = memo.keys.find(ref.head);
-        if (it != memo.keys.end()) {
-            held = it->second;
-        } else {
-            held = std::make_shared<std::vector<Key>>();
-            if (!posix_->pack_keys(ref.head, held.get())) held->clear();
-            memo.keys.emplace(ref.head, held);
-        }
+        auto& slot = memo.heads[ref.head];
+        if (!slot) slot = std::make_shared<PackMemo::Held>();
+        held = slot;
     }
-    return ref.index < held->size() && (*held)[ref.index] == key;
+    std::lock_guard<std::mutex> lk(held->mu);  // one header read per pack, the others wait
+    if (!held->read) {
+        if (!posix_->pack_keys(ref.head, &held->keys)) held->keys.clear();
+        held->read = true;
+    }
+    return ref.index < held->keys.size() && held->keys[ref.index] == key;
 }
 
 }  // namespace ucm

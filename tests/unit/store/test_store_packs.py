@@ -40,6 +40,25 @@ def dead_pid() -> int:
     return proc.pid
 
 
+def race(writers: dict, act) -> dict:  # type: ignore[type-arg]
+    """Each writer (name: (store, keys)) calls act(store, keys, blocks) on its own thread, all
+    released at once; their results by name."""
+    got = {}
+    go = threading.Barrier(len(writers))
+
+    def run(name: str, store, keys: list[bytes]) -> None:
+        data = [block(k, SHARDS) for k in keys]
+        go.wait()
+        got[name] = act(store, keys, data)
+
+    threads = [threading.Thread(target=run, args=(name, *w)) for name, w in writers.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return got
+
+
 def pack_files(root: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*.pack") if p.parent.name != "corrupt")
 
@@ -102,22 +121,10 @@ def test_two_writers_at_once_one_pack_remains_and_each_is_told_what_it_holds(mak
     for round_ in range(8):
         left = chain(6, f"r{round_}")
         right = forked(left, 2, f"r{round_}-right")
-        got: dict[str, tuple[str, int]] = {}
-        go = threading.Barrier(2)
-
-        def write(name: str, store, keys: list[bytes], got=got, go=go) -> None:
-            data = [block(k, SHARDS) for k in keys]
-            go.wait()
-            got[name] = store.write_pack(keys, data)
-
-        threads = [
-            threading.Thread(target=write, args=("left", a, left)),
-            threading.Thread(target=write, args=("right", b, right)),
-        ]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        got = race(
+            {"left": (a, left), "right": (b, right)},
+            lambda store, keys, data: store.write_pack(keys, data),
+        )
         assert sorted(got.values()) == [("", 2), ("", 6)], got
         winner = left if got["left"] == ("", 6) else right
         targets = [empty(SHARDS) for _ in range(6)]
@@ -393,22 +400,10 @@ def test_two_stores_dumping_packs_of_one_head_at_once_both_persist_every_block(
     for round_ in range(6):
         left = chain(8, f"d{round_}")
         right = forked(left, 3, f"d{round_}-right")
-        tids = {}
-        go = threading.Barrier(2)
-
-        def dump(name: str, store, keys: list[bytes], tids=tids, go=go) -> None:
-            data = [block(k, SHARDS) for k in keys]
-            go.wait()
-            tids[name] = (store, store.dump(keys, data, packs=refs(keys, 0, 8, 8)))
-
-        threads = [
-            threading.Thread(target=dump, args=("left", a, left)),
-            threading.Thread(target=dump, args=("right", b, right)),
-        ]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        tids = race(
+            {"left": (a, left), "right": (b, right)},
+            lambda store, keys, data: (store, store.dump(keys, data, packs=refs(keys, 0, 8, 8))),
+        )
         for store, tid in tids.values():
             res = store.wait_persisted(tid, 10)
             assert res.all_ok, res
