@@ -41,7 +41,7 @@ def main() -> int:
     argv += [] if args.full else ["--quick"]
     with cluster_or_skip(3) as hosts, gluster.gluster_volume(hosts, "sb", server="h3", clients=["h1"]) as vol:
         print("== on the GlusterFS mount (h1's client, volume served from h3)", flush=True)
-        done = vol.on("h1", *argv, "--dir", str(vol.mount / "bench"), timeout=3600)
+        done = vol.on("h1", *argv, "--target", "0.9", "--dir", str(vol.mount / "bench"), timeout=3600)
         print(done.stdout + done.stderr, flush=True)
         if done.returncode:
             return 1

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from ucm_connector import LOGGER_NAME
 from ucm_connector.keys import KeyMaker
 from ucm_connector.metadata import BlockTransfer, UCMConnectorMetadata
+from ucmctl.core.pack_heads import pack_refs
 from ucmctl.core.store_errors import LookupErrorsSince, over_bound
 
 if TYPE_CHECKING:
@@ -36,6 +37,8 @@ class _RequestState:
     local_blocks: int = 0
     external_blocks: int = 0
     pending_load: BlockTransfer | None = None
+    # With packs: per block from the lookup, the block that names its pack (Store.pack_heads).
+    pack_heads: list[int] = field(default_factory=list)
 
 
 class SchedulerSide:
@@ -51,8 +54,10 @@ class SchedulerSide:
         pack_blocks: int = 1,
     ) -> None:
         self._store = store
-        # Blocks per pack file (ucm_config pack_blocks): block p of a prompt sits at index
-        # p % pack_blocks of the pack named by block p - p % pack_blocks.
+        # Blocks per pack file (ucm_config pack_blocks): block p of a prompt sits in a pack of
+        # the blocks p - p % pack_blocks .. + pack_blocks - 1, named by the first of them, or
+        # past where its chain forks from the one that wrote that pack, by the first block after
+        # the fork (ucm_store.Store.pack_heads: the lookup finds which).
         self._pack_blocks = pack_blocks
         # The lookup runs in vLLM's scheduler loop: a stalled mount must cost one bounded wait
         # (then misses at once, see ucm_store), not a frozen server.
@@ -68,7 +73,7 @@ class SchedulerSide:
         self._logged: set[str] = set()
         # Lookups cached per request: vLLM may ask again for a request it could not schedule,
         # and the answer must not change between the ask and the allocation.
-        self._lookups: dict[str, tuple[int, list[bool], int]] = {}
+        self._lookups: dict[str, tuple[int, list[bool], int, list[int]]] = {}
         self.external_hit_tokens = 0  # connector's own count, compared with vLLM's counter
 
     # ---- lookup -----------------------------------------------------------------------
@@ -79,18 +84,18 @@ class SchedulerSide:
         local_blocks = num_computed_tokens // bs
         cached = self._lookups.get(req_id)
         if cached is not None and cached[0] == local_blocks:
-            _, present, external = cached
+            _, present, external, _heads = cached
         else:
             # At most (tokens - 1): vLLM must compute the last token itself to sample.
             max_blocks = max(request.num_tokens - 1, 0) // bs
             keys = self._keys.keys(request.block_hashes, 0, max_blocks)
-            present = self._lookup(req_id, keys)
+            present, heads = self._lookup(req_id, keys)
             external = 0
             for flag in present[local_blocks:]:
                 if not flag:
                     break
                 external += 1
-            self._lookups[req_id] = (local_blocks, present, external)
+            self._lookups[req_id] = (local_blocks, present, external, heads)
         if req_id not in self._logged:
             self._logged.add(req_id)
             logger.info(
@@ -102,21 +107,21 @@ class SchedulerSide:
             )
         return external * bs, False
 
-    def _lookup(self, req_id: str, block_keys: list[bytes]) -> list[bool]:
-        """Per block: does the store hold it for every rank (and layer) that reads it?"""
+    def _lookup(self, req_id: str, block_keys: list[bytes]) -> tuple[list[bool], list[int]]:
+        """Per block: does the store hold it for every rank (and layer) that reads it? With
+        packs, also the block that names each block's pack (as the first rank's packs say)."""
         if not block_keys:
-            return []
+            return [], []
         per = self._keys.keys_per_block
         presence = self._keys.presence_keys(block_keys)
+        heads: list[int] = []
         started = time.perf_counter()
         try:
             if self._pack_blocks > 1:  # every rank's (and layer's) key in that rank's pack
-                m = self._pack_blocks
-                packs = [
-                    (presence[(i - i % m) * per + c], i % m)
-                    for i in range(len(block_keys))
-                    for c in range(per)
-                ]
+                heads = self._store.pack_heads(
+                    presence[::per], self._pack_blocks, timeout=self._lookup_timeout_s
+                )
+                packs = [(presence[h * per + c], i - h) for i, h in enumerate(heads) for c in range(per)]
                 flags = self._store.lookup(presence, timeout=self._lookup_timeout_s, packs=packs)
             else:
                 flags = self._store.lookup(presence, timeout=self._lookup_timeout_s)
@@ -125,14 +130,14 @@ class SchedulerSide:
             self._count("lookup_errors", 1)
             if isinstance(exc, TimeoutError):
                 self._count("lookup_errors_timeout", 1)
-            return [False] * len(block_keys)
+            return [False] * len(block_keys), []
         finally:
             if over_bound(took := time.perf_counter() - started, self._lookup_timeout_s):
                 logger.warning("UCM lookup took %.1f s, past its %s s bound", took, self._lookup_timeout_s)
                 self._count("lookup_waits_over_bound", 1)
             for name, n in self._errors_since.take().items():
                 self._count(name, n)
-        return [all(flags[i * per : (i + 1) * per]) for i in range(len(block_keys))]
+        return [all(flags[i * per : (i + 1) * per]) for i in range(len(block_keys))], heads
 
     def _store_stats(self) -> dict[str, int]:
         try:
@@ -151,9 +156,9 @@ class SchedulerSide:
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         req_id = request.request_id
         lookup = self._lookups.pop(req_id, None)
-        local_blocks, present, planned = lookup if lookup is not None else (0, [], 0)
+        local_blocks, present, planned, heads = lookup if lookup is not None else (0, [], 0, [])
         block_ids = list(blocks.get_block_ids()[0]) if blocks is not None else []
-        state = _RequestState(request=request, present=present, block_ids=block_ids)
+        state = _RequestState(request=request, present=present, block_ids=block_ids, pack_heads=heads)
         state.local_blocks = local_blocks
         # vLLM may grant fewer external tokens than offered (never more).
         external = min(num_external_tokens // self._block_size, planned)
@@ -165,7 +170,7 @@ class SchedulerSide:
                 req_id=req_id,
                 keys=chain[local_blocks:],
                 block_ids=[block_ids[i] for i in idx],
-                packs=self._packs(chain, idx),
+                packs=self._packs(chain, idx, state.pack_heads),
             )
             self.external_hit_tokens += external * self._block_size
         self._reqs[req_id] = state
@@ -237,17 +242,16 @@ class SchedulerSide:
                 req_id=req.request_id,
                 keys=[keys[i] for i in todo],
                 block_ids=[state.block_ids[i] for i in todo],
-                packs=self._packs(keys, todo),
+                packs=self._packs(keys, todo, state.pack_heads),
             )
         )
 
-    def _packs(self, chain: list[bytes], blocks: Sequence[int]) -> list[tuple[bytes, int]] | None:
+    def _packs(
+        self, chain: list[bytes], blocks: Sequence[int], heads: list[int]
+    ) -> list[tuple[bytes, int]] | None:
         """Per block of `blocks` (positions in the prompt whose block keys from the first on are
-        `chain`): the key of the block that starts its pack and its index there."""
-        m = self._pack_blocks
-        if m <= 1:
-            return None
-        return [(chain[p - p % m], p % m) for p in blocks]
+        `chain`): the key of the block that names its pack and its index there."""
+        return pack_refs(chain, blocks, self._pack_blocks, heads)
 
     # ---- feedback and lifecycle -----------------------------------------------------------
     def on_load_errors(self, block_ids: set[int]) -> None:

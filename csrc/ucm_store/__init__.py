@@ -36,12 +36,17 @@ Operations (all batched; dump and load return a task id at once):
   connector and the simulator use for each step (see there).
 - ``dump(keys, blocks, packs=None) -> int``, ``load(keys, blocks, packs=None) -> int``.
 - ``packs`` (dump, load, lookup, lookup_prefix): None, or per key None or ``(head, index)``: the
-  key of the block that starts the key's pack and its index there (``pack_refs`` computes them
-  for a chain). A dump writes the blocks of one head with indices 0, 1, 2... as one pack once
-  they are all in the DRAM tier (blocks past a gap, or that another writer's pack of the same
-  head does not hold, go to files of their own; a persisted outcome per block as ever); a load
+  key of the block that names the key's pack and its index there (``pack_refs`` computes them
+  for a chain where no other chain's pack is on disk, ``pack_heads`` finds them where one is).
+  A dump writes the blocks of one head with indices 0, 1, 2... as one pack once they are all
+  in the DRAM tier (blocks past a gap, or that another writer's pack of the same head does not
+  hold, go to files of their own; a persisted outcome per block as ever); a load
   reads the blocks of one pack that miss the cache in one read, and looks for a block the pack
   does not hold in its own file; a lookup asks the pack's header (once per call), then the file.
+- ``pack_heads(chain, per_pack, timeout=None) -> list[int]``: per block of a prefix chain, the
+  position of the block that names its pack, following the packs on disk (a chain that forks
+  inside another's pack keeps its own blocks of that pack's range in a *tail pack* named by the
+  first of them); bounded as ``lookup``.
 - ``wait(tid, timeout=None) -> TaskResult`` (``TimeoutError`` on timeout) and
   ``check(tid) -> TaskResult | None``. A result is handed out once: fetching it forgets the
   task (a second wait raises ``KeyError``). ``TaskResult.ok`` / ``.errors`` are per block,
@@ -110,7 +115,8 @@ def pack_refs(
 ) -> list[tuple[bytes, int] | None]:
     """Pack references of blocks ``start .. start + count - 1`` of a prefix chain whose block
     keys from the first on are ``chain``: block ``p`` sits at index ``p % per_pack`` of the pack
-    named by block ``p - p % per_pack``. ``per_pack`` <= 1: no packs (all None)."""
+    named by block ``p - p % per_pack`` (where no other chain's pack is on disk: see
+    ``Store.pack_heads``). ``per_pack`` <= 1: no packs (all None)."""
     if per_pack <= 1:
         return [None] * count
     return [(chain[p - p % per_pack], p % per_pack) for p in range(start, start + count)]
@@ -246,6 +252,36 @@ class Store:
             return self._native.lookup_prefix(keys, packs)
         self._refuse_if_stalled()
         return self._bounded.call(self._native.lookup_prefix, (list(keys), packs), timeout)
+
+    def pack_heads(self, chain: Sequence[bytes], per_pack: int, timeout: float | None = None) -> list[int]:
+        """Per block of a prefix chain (its block keys from the first on), the position of the
+        block that names the pack it is in, or is to be stored in.
+
+        Block ``p``'s pack holds blocks of the range ``p - p % per_pack`` .. ``+ per_pack - 1``
+        only. The pack of the range's first block holds our leading blocks as far as its keys
+        match ours; where another chain wrote it and ours forks inside, the blocks past the fork
+        are in a pack named by the first of them (a tail pack, which a third chain forking later
+        continues the same way), and the blocks past the last pack found are to be stored in a
+        pack named by the first of them. Without packs on disk: ``p - p % per_pack``. One
+        header read per pack found, bounded by ``timeout`` as ``lookup``."""
+        keys = list(chain)
+
+        def walk() -> list[int]:
+            heads: list[int] = []
+            for first in range(0, len(keys), per_pack):
+                end, at = min(first + per_pack, len(keys)), first
+                while at < end and (held := int(self._native.pack_prefix(keys[at:end]))) > 0:
+                    heads += [at] * held
+                    at += held
+                heads += [at] * (end - at)
+            return heads
+
+        if per_pack < 1:
+            raise ValueError(f"per_pack must be >= 1, got {per_pack!r}")
+        if timeout is None:
+            return walk()
+        self._refuse_if_stalled()
+        return list(self._bounded.call(walk, (), timeout))
 
     def stalled_for(self) -> float | None:
         """Seconds since a bounded wait found the storage stalled, while it still is; else None.

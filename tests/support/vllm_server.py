@@ -40,7 +40,12 @@ def free_port() -> int:
 
 
 def write_ucm_config(
-    path: Path, storage: Path, pipeline: str = "Cache|Posix", cache_gb: float = 0.5, layerwise: bool = False
+    path: Path,
+    storage: Path,
+    pipeline: str = "Cache|Posix",
+    cache_gb: float = 0.5,
+    layerwise: bool = False,
+    pack_blocks: int = 1,
 ) -> Path:
     # Same shape as the Plan's rendered file; a small DRAM tier so two servers fit here.
     path.write_text(
@@ -52,6 +57,7 @@ def write_ucm_config(
         f"      cache_buffer_capacity_gb: {cache_gb}\n"
         "enable_event_sync: true\n"
         f"use_layerwise: {'true' if layerwise else 'false'}\n"
+        + (f"pack_blocks: {pack_blocks}\n" if pack_blocks > 1 else "")
     )
     parse_ucm_config(yaml.safe_load(path.read_text()))  # the file's one schema, as the connector reads it
     return path

@@ -50,6 +50,7 @@ class SimRequest:
     external_hit_tokens: int = 0
     generated: int = 0
     saved_blocks: int = 0  # prompt blocks already handed to the external tier
+    pack_heads: list[int] = field(default_factory=list)  # with packs: per block, its pack's (lookup)
     cancelled: bool = False
     delivered: bool = False  # the client has every token
     admitted: bool = False
@@ -298,7 +299,8 @@ class Engine:
         external = 0
         if self.external is not None and local < usable:
             wanted = r.keys[local:usable]
-            packs = self.external.packs(r.keys, local, len(wanted))
+            r.pack_heads = await asyncio.to_thread(self.external.pack_heads, r.keys[:usable])
+            packs = self.external.packs(r.keys, local, len(wanted), r.pack_heads)
             found = min(self.external.lookup_prefix(wanted, packs), len(wanted))
             if found:
                 external = await asyncio.to_thread(
@@ -326,7 +328,9 @@ class Engine:
             self.cache.insert(new)
             to_save.extend(new)
             packs.extend(
-                self.external.packs(r.keys, start, len(new)) or [None] * len(new) if self.external else []
+                self.external.packs(r.keys, start, len(new), r.pack_heads) or [None] * len(new)
+                if self.external
+                else []
             )
             r.saved_blocks = stop
 

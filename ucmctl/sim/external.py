@@ -10,6 +10,7 @@ from typing import Any
 
 import yaml
 
+from ucmctl.core.pack_heads import pack_refs
 from ucmctl.core.store_errors import (
     LOAD_KINDS,
     LOOKUP_KINDS,
@@ -84,13 +85,32 @@ class ExternalTier:
             log.warning("sim: a store %s took %.1f s, past its %.1f s bound", op, took, bound)
             self.counts[f"{op}_waits_over_bound"] += 1
 
-    def packs(self, chain: Sequence[bytes], start: int, count: int) -> list[tuple[bytes, int]] | None:
+    def packs(
+        self, chain: Sequence[bytes], start: int, count: int, heads: Sequence[int] = ()
+    ) -> list[tuple[bytes, int]] | None:
         """Pack references of blocks start..start+count-1 of a prompt whose keys from the first
-        block on are `chain` (as the connector's scheduler side makes them); None without packs."""
-        m = self.pack_blocks
-        if m <= 1:
-            return None
-        return [(chain[p - p % m], p % m) for p in range(start, start + count)]
+        block on are `chain`, its packs' heads as `pack_heads` found them (as the connector's
+        scheduler side makes them); None without packs."""
+        return pack_refs(chain, range(start, start + count), self.pack_blocks, heads)
+
+    def pack_heads(self, chain: Sequence[bytes]) -> list[int]:
+        """Per block of a prompt's chain, the block that names its pack, as the packs on disk
+        say (ucm_store.Store.pack_heads, bounded as a lookup); [] without packs or when the
+        storage does not answer (the blocks then go by their ranges, as without it)."""
+        if self.pack_blocks <= 1 or not chain:
+            return []
+        started = time.perf_counter()
+        try:
+            return self.store.pack_heads(
+                list(chain), self.pack_blocks, timeout=lookup_bound(self.load_timeout_s)
+            )
+        except TimeoutError as exc:
+            self.counts["lookup_errors"] += 1
+            self.counts["lookup_errors_timeout"] += 1
+            log.warning("UCM lookup error: %s; the blocks are misses", exc)
+            return []
+        finally:
+            self._took(started, "lookup")
 
     def lookup_prefix(self, keys: Sequence[bytes], packs: Sequence[tuple[bytes, int]] | None = None) -> int:
         if not keys:

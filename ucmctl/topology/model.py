@@ -224,7 +224,7 @@ class Storage(Strict):
         le=4096,
         strict=True,
         description="blocks of a prompt per file on shared storage (packs): a network filesystem pays "
-        "its per-file round trips once per pack; 1 = a file per block; aim for ~16 MiB per pack",
+        "its per-file round trips once per pack; 1 = a file per block; aim for 16-64 MiB per pack",
     )
 
     @field_validator("load_timeout_s", "dump_timeout_s", mode="before")

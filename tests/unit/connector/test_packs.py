@@ -42,11 +42,13 @@ def prompt(req_id: str, nblocks: int, tag: str = "p") -> SimpleNamespace:
 class Node:
     """One node's scheduler and worker sides over one store folder."""
 
-    def __init__(self, root: Path, pack_blocks: int) -> None:
+    def __init__(self, root: Path, pack_blocks: int, lookup_timeout_s: float | None = None) -> None:
         self.km = KeyMaker(namespace())
         cfg = {"store_pipeline": "Posix", "storage_backends": str(root)}
         self.lookup_store = ucm_store.Store.from_config(cfg, shard_sizes=[SHARD] * LAYERS)
-        self.scheduler = SchedulerSide(self.lookup_store, self.km, BS, pack_blocks=pack_blocks)
+        self.scheduler = SchedulerSide(
+            self.lookup_store, self.km, BS, pack_blocks=pack_blocks, lookup_timeout_s=lookup_timeout_s
+        )
         self.storage = torch.randn(LAYERS, KV_BLOCKS, HEADS, BS, 2 * HD).to(torch.bfloat16)
         caches = {f"model.layers.{i}.self_attn.attn": self.storage[i] for i in range(LAYERS)}
         self.stores: list[ucm_store.Store] = []
@@ -82,8 +84,8 @@ class Node:
 def nodes(tmp_path: Path):
     made: list[Node] = []
 
-    def make(pack_blocks: int) -> Node:
-        made.append(Node(tmp_path / "kv", pack_blocks))
+    def make(pack_blocks: int, lookup_timeout_s: float | None = None) -> Node:
+        made.append(Node(tmp_path / "kv", pack_blocks, lookup_timeout_s))
         return made[-1]
 
     yield make
@@ -133,7 +135,7 @@ def test_a_prompt_prefilled_in_chunks_is_saved_in_whole_packs_and_found_by_anoth
     assert b.stores[0].stats()["posix_packs_read"] == 3
 
 
-def test_a_prompt_that_shares_a_system_prompt_finds_the_shared_blocks_in_the_others_pack(nodes):
+def test_a_prompt_that_shares_a_system_prompt_finds_the_shared_blocks_in_the_others_pack(nodes, tmp_path):
     a = nodes(8)
     first = prompt("r1", 8, "sys")
     ids = list(range(1, 10))
@@ -152,14 +154,70 @@ def test_a_prompt_that_shares_a_system_prompt_finds_the_shared_blocks_in_the_oth
     meta = b.scheduler.build_connector_meta(
         step(new=[new_req("r2", dest, 5 * BS)], scheduled={"r2": 3 * BS + 1})
     )
-    # its own 3 blocks: saved beside the first prompt's pack (which holds the shared 5 only)
+    # its own 3 blocks: a tail pack named by the first of them, beside the first prompt's pack
+    # (which holds the shared 5 only); no file of one block
+    keys, okeys = a.km.keys(first.block_hashes), b.km.keys(other.block_hashes)
+    (load,) = meta.loads
+    assert load.packs == [(keys[0], i) for i in range(5)]
+    assert [(s.keys, s.packs) for s in meta.saves] == [(okeys[5:], [(okeys[5], i) for i in range(3)])]
     b.load(meta)
     assert b.worker.take_load_errors() == set()
     assert torch.equal(b.storage[:, 20:25], a.storage[:, 1:6])
+    assert packs_on_disk(tmp_path / "kv") == {f"{keys[0].hex()}.pack": 8, f"{okeys[5].hex()}.pack": 3}
+    assert [p for p in (tmp_path / "kv").rglob("*") if p.is_file() and len(p.name) == 32] == []
+    # a third node with the second prompt finds all 8, in the two packs, byte for byte
     c = nodes(8)
     again = prompt("r3", 8)
     again.block_hashes = other.block_hashes
     assert c.scheduler.get_num_new_matched_tokens(again, 0) == (8 * BS, False)
+    dest = list(range(10, 19))
+    c.scheduler.update_state_after_alloc(again, blocks(dest), 8 * BS)
+    meta = c.scheduler.build_connector_meta(step(new=[new_req("r3", dest, 8 * BS)], scheduled={"r3": 1}))
+    c.load(meta)
+    assert c.worker.take_load_errors() == set()
+    assert torch.equal(c.storage[:, 10:15], a.storage[:, 1:6])
+    assert torch.equal(c.storage[:, 15:18], b.storage[:, 25:28])
+    assert c.stores[0].stats()["posix_packs_read"] == 2
+
+
+def test_a_stalled_mount_while_finding_the_packs_is_one_bounded_wait_and_misses(nodes):
+    """The packs' headers are read at lookup, in vLLM's scheduler loop: a header read stuck in
+    the filesystem costs the lookup's bound once, the blocks are misses, and the prompt is
+    saved by its ranges as without packs on disk."""
+    import time
+
+    from ucm_store import _native
+
+    a = nodes(4)
+    req = prompt("r1", 8)
+    a.scheduler.get_num_new_matched_tokens(req, 0)
+    a.scheduler.update_state_after_alloc(req, blocks(list(range(1, 10))), 0)
+    a.worker.wait_for_save(
+        a.scheduler.build_connector_meta(
+            step(new=[new_req("r1", list(range(1, 10)), 0)], scheduled={"r1": 33})
+        )
+    )
+    b = nodes(4, lookup_timeout_s=0.3)
+    again = prompt("r2", 8)
+    _native._inject_stall("posix_stat", 1, 1500)  # the first header read waits 1.5 s
+    try:
+        t0 = time.perf_counter()
+        assert b.scheduler.get_num_new_matched_tokens(again, 0) == (0, False)
+        waited = time.perf_counter() - t0
+        assert 0.25 <= waited < 1.0, f"the lookup waited {waited:.2f} s, its bound 0.3 s"
+        assert b.scheduler.take_lookup_errors() == {"lookup_errors": 1, "lookup_errors_timeout": 1}
+        b.scheduler.update_state_after_alloc(again, blocks(list(range(10, 19))), 0)
+        meta = b.scheduler.build_connector_meta(
+            step(new=[new_req("r2", list(range(10, 19)), 0)], scheduled={"r2": 33})
+        )
+        keys = b.km.keys(again.block_hashes)
+        assert [s.packs for s in meta.saves] == [[(keys[p - p % 4], p % 4) for p in range(8)]]
+    finally:
+        time.sleep(1.3)  # the stuck read returns
+        _native._inject_stall("posix_stat", 0, 0)
+    # once the storage answers again, the lookup finds all 8 in their packs
+    c = nodes(4, lookup_timeout_s=5)
+    assert c.scheduler.get_num_new_matched_tokens(prompt("r3", 8), 0) == (8 * BS, False)
 
 
 def test_without_packs_the_metadata_carries_none(nodes):

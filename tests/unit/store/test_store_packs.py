@@ -338,6 +338,52 @@ def test_a_chain_forking_inside_anothers_pack_stores_its_own_blocks_beside_it(ma
         assert all(same(t, block(k, SHARDS)) for t, k in zip(targets, keys, strict=True))
 
 
+def head_refs(keys: list[bytes], heads: list[int]) -> list[tuple[bytes, int]]:
+    return [(keys[h], p - h) for p, h in enumerate(heads)]
+
+
+@pytest.mark.parametrize("pipeline", PIPELINES)
+def test_chains_forking_inside_packs_keep_their_tails_in_packs_that_pack_heads_finds(
+    make_store, tmp_path, pipeline
+):
+    """Packs of 4. A chain forking inside another's pack stores its blocks of that pack's range
+    in a tail pack named by the first of them; one forking inside that tail continues the same
+    way; pack_heads says where every block of every chain is, and each reads back whole."""
+    a = chain(8, "a")
+    b = forked(a, 2, "b")  # forks inside a's first pack
+    c = forked(b, 3, "c")  # inside b's tail
+    d = forked(b, 5, "d")  # inside b's second pack
+    store = make_store(SHARDS, store_pipeline=pipeline)
+    assert store.pack_heads(a, 4) == [0, 0, 0, 0, 4, 4, 4, 4]  # nothing on disk: the ranges
+    assert store.pack_heads(a[:6], 4, timeout=5) == [0, 0, 0, 0, 4, 4]
+
+    def stored(keys: list[bytes], heads: list[int], expect: list[int]) -> None:
+        assert heads == expect, heads
+        refs_ = head_refs(keys, heads)
+        todo = [p for p, held in enumerate(store.lookup(keys, packs=refs_)) if not held]
+        res = store.wait_persisted(
+            store.dump([keys[p] for p in todo], [block(keys[p], SHARDS) for p in todo],
+                       packs=[refs_[p] for p in todo]), 10)  # fmt: skip
+        assert res.all_ok, res
+
+    stored(a, store.pack_heads(a, 4), [0, 0, 0, 0, 4, 4, 4, 4])
+    stored(b, store.pack_heads(b, 4), [0, 0, 2, 2, 4, 4, 4, 4])
+    stored(c, store.pack_heads(c, 4), [0, 0, 2, 3, 4, 4, 4, 4])
+    stored(d, store.pack_heads(d, 4), [0, 0, 2, 2, 4, 5, 5, 5])
+    assert {p.name for p in pack_files(tmp_path / "b0")} == {
+        f"{k.hex()}.pack" for k in (a[0], a[4], b[2], b[4], c[4], d[5])
+    }
+    assert {p.name for p in single_files(tmp_path / "b0")} == {c[3].hex()}  # a tail of one block
+    fresh = make_store(SHARDS, store_pipeline="Posix")
+    for keys in (a, b, c, d):
+        packs = head_refs(keys, fresh.pack_heads(keys, 4))
+        assert fresh.lookup_prefix(keys, packs=packs) == 8
+        targets = [empty(SHARDS) for _ in keys]
+        assert fresh.wait(fresh.load(keys, targets, packs=packs), 10).all_ok
+        assert all(same(t, block(k, SHARDS)) for t, k in zip(targets, keys, strict=True))
+    assert fresh.stats()["posix_packs_read"] == 2 + 3 + 3 + 4  # c's block 3 from its own file
+
+
 def test_a_dump_in_packs_through_a_full_cache_is_still_stored_whole(make_store, tmp_path):
     keys = chain(16)
     slot = sum(SHARDS) / 2**30
