@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_connector_vllm import block_files, hit_lines, prompt, wait_for_new_files
+from tests.e2e.test_connector_vllm import hit_lines, prompt, stored, wait_for_new_files
 from tests.support.vllm_server import VllmServer, write_ucm_config
 
 pytestmark = pytest.mark.slow
@@ -40,7 +40,7 @@ def layerwise(e2e_root: Path, tiny_model: Path, compile_cache: Path) -> Iterator
 def test_layerwise_round_trip_after_reset_equals_recompute(layerwise: tuple[VllmServer, Path]) -> None:
     server, storage = layerwise
     p = prompt(21)
-    before = block_files(storage)
+    before = set(stored(storage))
     recompute = server.complete(p)
     wait_for_new_files(storage, before, 7 * LAYERS)  # one file per block and layer
     # Drop the local prefix cache (and the connector's cached lookups): the next request can

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_connector_vllm import block_files, hit_lines, prompt, wait_for_new_files
+from tests.e2e.test_connector_vllm import hit_lines, prompt, stored, wait_for_new_files
 from tests.support.vllm_server import VllmServer, start_together, write_ucm_config
 
 pytestmark = pytest.mark.slow
@@ -83,7 +83,7 @@ def test_blocks_cross_between_a_composed_and_a_plain_server(composed: Composed) 
     a, b = composed.a, composed.b
     # saved by the composed server, loaded by the plain one
     p = prompt(11)
-    before = block_files(composed.storage)
+    before = set(stored(composed.storage))
     computed = a.complete(p)
     wait_for_new_files(composed.storage, before, 7)
     loaded = b.complete(p)
@@ -92,7 +92,7 @@ def test_blocks_cross_between_a_composed_and_a_plain_server(composed: Composed) 
 
     # saved by the plain server, loaded by the composed one through its UCM child
     q = prompt(12)
-    before = block_files(composed.storage)
+    before = set(stored(composed.storage))
     computed = b.complete(q)
     wait_for_new_files(composed.storage, before, 7)
     loaded = a.complete(q)
