@@ -6,6 +6,7 @@ fault that names no process or no time in the phase is refused before anything i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import socket
@@ -285,6 +286,28 @@ def test_a_scale_onto_a_taken_port_is_refused_before_anything_changes(
     assert json.loads((home / "deployments" / "t-fault.json").read_text()) == before
 
 
+@contextlib.contextmanager
+def taken_with_a_free_port_after() -> Iterator[socket.socket]:
+    """A listening socket on a port whose next port is free (a bind says so): decode-0 and
+    decode-1's new ports. The next port may be another socket's (an ephemeral port of the
+    deployment's own connections): then another pair."""
+    for _ in range(50):
+        taken = socket.socket()
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        taken.bind(("127.0.0.1", 0))
+        try:
+            with socket.socket() as beside:
+                beside.bind(("127.0.0.1", taken.getsockname()[1] + 1))
+        except OSError:
+            taken.close()
+            continue
+        with taken:
+            taken.listen()
+            yield taken
+        return
+    raise AssertionError("no port with a free port after it in 50 tries")
+
+
 def test_up_that_moves_a_server_onto_a_taken_port_is_refused_before_anything_changes(
     tmp_path: Path, pd: tuple[Path, dict[str, int]]
 ) -> None:
@@ -294,13 +317,8 @@ def test_up_that_moves_a_server_onto_a_taken_port_is_refused_before_anything_cha
     before = json.loads((home / "deployments" / "t-fault.json").read_text())
     original = Path(before["topology_path"])
     sides = yaml.safe_load(original.read_text())
-    with socket.socket() as taken, socket.socket() as beside:
-        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        taken.bind(("127.0.0.1", 0))
+    with taken_with_a_free_port_after() as taken:
         moved_to = taken.getsockname()[1]
-        beside.bind(("127.0.0.1", moved_to + 1))  # decode-1's new port: free (a bind says so)
-        beside.close()
-        taken.listen()
         sides["decode"]["port"] = moved_to
         edited = tmp_path / "t-fault.yaml"
         edited.write_text(yaml.safe_dump(sides, sort_keys=False))
