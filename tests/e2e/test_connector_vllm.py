@@ -39,7 +39,8 @@ def prompt(seed: int, n: int = PROMPT_LEN) -> list[int]:
 
 def pack_size(path: Path) -> int:
     """How many blocks a pack holds, as its header says (csrc/pack_file.hpp: count at byte 32)."""
-    head = path.read_bytes()[:36]
+    with path.open("rb") as f:  # the header only: a pack is megabytes, polled while it is written
+        head = f.read(36)
     assert head[:8] == b"UCMPACK1", path
     return struct.unpack_from("<I", head, 32)[0]
 

@@ -299,7 +299,8 @@ class Engine:
         external = 0
         if self.external is not None and local < usable:
             wanted = r.keys[local:usable]
-            r.pack_heads = await asyncio.to_thread(self.external.pack_heads, r.keys[:usable])
+            if self.external.pack_blocks > 1:
+                r.pack_heads = await asyncio.to_thread(self.external.pack_heads, r.keys[:usable])
             packs = self.external.packs(r.keys, local, len(wanted), r.pack_heads)
             found = min(self.external.lookup_prefix(wanted, packs), len(wanted))
             if found:

@@ -21,6 +21,8 @@ import ucm_store
 from blocks import block, empty, key, same
 from ucm_store import _native
 
+from ucmctl.core.pack_heads import pack_refs
+
 SHARDS = [4096, 8192]  # whole pages: written straight from the caller's memory
 ODD = [1000, 3000]  # not pages: staged (O_DIRECT) or padded (buffered)
 
@@ -338,8 +340,9 @@ def test_a_chain_forking_inside_anothers_pack_stores_its_own_blocks_beside_it(ma
         assert all(same(t, block(k, SHARDS)) for t, k in zip(targets, keys, strict=True))
 
 
-def head_refs(keys: list[bytes], heads: list[int]) -> list[tuple[bytes, int]]:
-    return [(keys[h], p - h) for p, h in enumerate(heads)]
+def head_refs(keys: list[bytes], heads: list[int]) -> list[tuple[bytes, int]] | None:
+    """As the connector makes them from a lookup's heads (packs of 4)."""
+    return pack_refs(keys, range(len(heads)), 4, heads)
 
 
 @pytest.mark.parametrize("pipeline", PIPELINES)
