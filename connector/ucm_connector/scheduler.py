@@ -16,7 +16,7 @@ from ucm_connector import LOGGER_NAME
 from ucm_connector.keys import KeyMaker
 from ucm_connector.metadata import BlockTransfer, UCMConnectorMetadata
 from ucmctl.core.pack_heads import pack_refs
-from ucmctl.core.store_errors import LookupErrorsSince, over_bound
+from ucmctl.core.store_errors import LookupErrorsSince, over_bound, time_left
 
 if TYPE_CHECKING:
     from ucm_connector.store import StoreLike
@@ -122,7 +122,10 @@ class SchedulerSide:
                     presence[::per], self._pack_blocks, timeout=self._lookup_timeout_s
                 )
                 packs = [(presence[h * per + c], i - h) for i, h in enumerate(heads) for c in range(per)]
-                flags = self._store.lookup(presence, timeout=self._lookup_timeout_s, packs=packs)
+                # One bound for the lookup, not one per call: the presence check gets what
+                # the walk over the packs left of it.
+                left = time_left(self._lookup_timeout_s, started)
+                flags = self._store.lookup(presence, timeout=left, packs=packs)
             else:
                 flags = self._store.lookup(presence, timeout=self._lookup_timeout_s)
         except Exception as exc:  # a store failure is a miss, never a failed request

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import re
+import time
 from collections.abc import Callable
 
 from ucmctl.core.exposition import samples
@@ -32,6 +33,18 @@ WAIT_OPS = ("lookup", "load", "save")
 def over_bound(took_s: float, bound_s: float | None) -> bool:
     """Did one store wait outlast its bound by more than the grace?"""
     return bound_s is not None and took_s > bound_s + OVER_BOUND_GRACE_S
+
+
+def time_left(bound_s: float | None, started: float) -> float | None:
+    """What is left of a bound that began at `started` (time.perf_counter()), for the next of
+    several store calls that together make one bounded wait; None without a bound. Raises
+    TimeoutError when nothing is left."""
+    if bound_s is None:
+        return None
+    left = bound_s - (time.perf_counter() - started)
+    if left <= 0:
+        raise TimeoutError(f"the bound of {bound_s:g} s was spent before the last call")
+    return left
 
 
 def lookup_errors(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:

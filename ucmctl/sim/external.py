@@ -19,6 +19,7 @@ from ucmctl.core.store_errors import (
     LookupErrorsSince,
     error_kind,
     over_bound,
+    time_left,
 )
 from ucmctl.core.ucm_config import (
     UcmConfig,
@@ -112,21 +113,27 @@ class ExternalTier:
         finally:
             self._took(started, "lookup")
 
-    def lookup_prefix(self, keys: Sequence[bytes], packs: Sequence[tuple[bytes, int]] | None = None) -> int:
+    def lookup_prefix(
+        self,
+        keys: Sequence[bytes],
+        packs: Sequence[tuple[bytes, int]] | None = None,
+        started: float | None = None,
+    ) -> int:
+        """Leading `keys` present; `started`: when this request's lookup began (its
+        `pack_heads` walk), so that both calls together keep to one lookup bound."""
         if not keys:
             return 0
-        started = time.perf_counter()
+        began = time.perf_counter()
         try:
-            return self.store.lookup_prefix(
-                list(keys), timeout=lookup_bound(self.load_timeout_s), packs=packs
-            )
+            bound = time_left(lookup_bound(self.load_timeout_s), began if started is None else started)
+            return self.store.lookup_prefix(list(keys), timeout=bound, packs=packs)
         except TimeoutError as exc:
             self.counts["lookup_errors"] += 1
             self.counts["lookup_errors_timeout"] += 1
             log.warning("UCM lookup error: %s; the blocks are misses", exc)
             return 0
         finally:
-            self._took(started, "lookup")
+            self._took(began if started is None else started, "lookup")
             for name, n in self._lookup_errors.take().items():
                 self.counts[name] += n
 

@@ -220,6 +220,40 @@ def test_a_stalled_mount_while_finding_the_packs_is_one_bounded_wait_and_misses(
     assert c.scheduler.get_num_new_matched_tokens(prompt("r3", 8), 0) == (8 * BS, False)
 
 
+def test_finding_the_packs_and_checking_the_blocks_share_one_lookup_bound(nodes):
+    """With packs a lookup is two store calls (the walk over the packs' headers, then the
+    presence of every rank's keys): on a slow mount each fits the bound alone but not both
+    together, and the lookup still waits its bound once (a miss), not the bound twice."""
+    import time
+
+    from ucm_store import _native
+
+    a = nodes(4)
+    req = prompt("r1", 8)
+    a.scheduler.get_num_new_matched_tokens(req, 0)
+    a.scheduler.update_state_after_alloc(req, blocks(list(range(1, 10))), 0)
+    a.worker.wait_for_save(
+        a.scheduler.build_connector_meta(
+            step(new=[new_req("r1", list(range(1, 10)), 0)], scheduled={"r1": 33})
+        )
+    )
+    b = nodes(4, lookup_timeout_s=0.7)
+    # every header read takes 0.3 s: the walk reads 2 (0.6 s, inside the bound), the
+    # presence check would read them again
+    _native._inject_stall("posix_stat", 8, 300)
+    try:
+        t0 = time.perf_counter()
+        assert b.scheduler.get_num_new_matched_tokens(prompt("r2", 8), 0) == (0, False)
+        waited = time.perf_counter() - t0
+        assert 0.65 <= waited < 0.85, f"the lookup waited {waited:.2f} s, its bound 0.7 s"
+        assert b.scheduler.take_lookup_errors() == {"lookup_errors": 1, "lookup_errors_timeout": 1}
+    finally:
+        time.sleep(1.0)  # the stuck reads return
+        _native._inject_stall("posix_stat", 0, 0)
+    c = nodes(4, lookup_timeout_s=5)
+    assert c.scheduler.get_num_new_matched_tokens(prompt("r3", 8), 0) == (8 * BS, False)
+
+
 def test_without_packs_the_metadata_carries_none(nodes):
     a = nodes(1)
     req = prompt("r1", 3)
