@@ -1,7 +1,7 @@
 """The store's Posix tier on a real network filesystem against `dd` on the same mount, and the same
 on the filesystem under the volume's brick, side by side in one run.
 
-    sudo python benchmarks/netfs_store_bench.py [--full] [--pack-mib 16]
+    sudo python benchmarks/netfs_store_bench.py [--full] [--pack-mib 16] [--repeats 5]
 
 Three network-namespace test hosts, a GlusterFS volume served from h3 and FUSE-mounted on h1
 (tests/support/gluster.py, the coherent client options docs/storage.md recommends).
@@ -33,11 +33,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--full", action="store_true", help="store_bench's full set of shapes (slow)")
     ap.add_argument("--pack-mib", type=int, default=16, help="pack size to measure beside (0: none)")
+    ap.add_argument("--repeats", type=int, default=5, help="repeats per shape (the ratio is their median)")
     args = ap.parse_args()
     if reason := gluster.available():
         print(f"cannot run: {reason}", file=sys.stderr)
         return 2
     argv = [sys.executable, str(BENCH), "--only", "posix", "--pack-mib", str(args.pack_mib)]
+    argv += ["--repeats", str(args.repeats)]
     argv += [] if args.full else ["--quick"]
     with cluster_or_skip(3) as hosts, gluster.gluster_volume(hosts, "sb", server="h3", clients=["h1"]) as vol:
         print("== on the GlusterFS mount (h1's client, volume served from h3)", flush=True)

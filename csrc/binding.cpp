@@ -352,7 +352,7 @@ NB_MODULE(_native, m) {
                std::vector<std::string> backends, uint64_t posix_capacity, bool io_direct,
                bool io_fsync, std::vector<uint64_t> shard_sizes, unsigned copy_threads,
                unsigned io_threads, unsigned lookup_threads, bool cache_prefault,
-               bool cache_on_load, double stale_temp_s) {
+               bool cache_on_load, double stale_temp_s, bool io_prefault) {
                 StoreConfig c;
                 c.cache = cache;
                 c.posix = posix;
@@ -368,13 +368,14 @@ NB_MODULE(_native, m) {
                 c.lookup_threads = lookup_threads;
                 c.cache_prefault = cache_prefault;
                 c.cache_on_load = cache_on_load;
+                c.io_prefault = io_prefault;
                 new (self) PyStore(c);
             },
             nb::arg("cache"), nb::arg("posix"), nb::arg("cache_bytes"), nb::arg("backends"),
             nb::arg("posix_capacity"), nb::arg("io_direct"), nb::arg("io_fsync"),
             nb::arg("shard_sizes"), nb::arg("copy_threads"), nb::arg("io_threads"),
             nb::arg("lookup_threads"), nb::arg("cache_prefault"), nb::arg("cache_on_load"),
-            nb::arg("stale_temp_s"))
+            nb::arg("stale_temp_s"), nb::arg("io_prefault") = true)
         .def(
             "dump",
             [](PyStore& s, nb::handle k, nb::handle b, nb::handle p) { return s.submit(k, b, true, p); },

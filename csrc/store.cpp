@@ -3,11 +3,16 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <condition_variable>
 #include <cstring>
 #include <exception>
+#include <memory>
+#include <mutex>
+#include <new>
 #include <stdexcept>
 
 #include "aligned_buffer.hpp"
+#include "posix_common.hpp"
 
 namespace ucm {
 namespace {
@@ -85,6 +90,7 @@ Store::Store(StoreConfig cfg) : cfg_(std::move(cfg)) {
             throw std::invalid_argument("the Posix tier needs at least one storage backend");
         posix_ = std::make_unique<PosixTier>(cfg_.posix_opts, Layout(cfg_.shard_sizes), c_);
         io_pool_ = std::make_unique<ThreadPool>(cfg_.io_threads, "ucm-io");
+        if (cfg_.io_prefault) prefault_io(Layout(cfg_.shard_sizes).file_size + kAlign);
     }
     if (cfg_.cache) copy_pool_ = std::make_unique<ThreadPool>(cfg_.copy_threads, "ucm-copy");
     // Writes waiting for the storage, past which a dump that finds the cache full is dropped:
@@ -94,6 +100,39 @@ Store::Store(StoreConfig cfg) : cfg_(std::move(cfg)) {
 }
 
 Store::~Store() { close(); }
+
+void Store::prefault_io(size_t bytes) {
+    // One job per I/O thread: each waits until every thread holds one (so no thread takes
+    // two), then reserves its buffer and touches every page of it. Open returns when all are
+    // done: the first load finds them ready.
+    struct Rendezvous {
+        std::mutex mu;
+        std::condition_variable cv;
+        unsigned arrived = 0, done = 0;
+    };
+    auto rv = std::make_shared<Rendezvous>();
+    const unsigned n = io_pool_->size();
+    for (unsigned i = 0; i < n; ++i)
+        io_pool_->submit([rv, n, bytes] {
+            {
+                std::unique_lock<std::mutex> lk(rv->mu);
+                ++rv->arrived;
+                rv->cv.notify_all();
+                rv->cv.wait(lk, [&] { return rv->arrived == n; });
+            }
+            try {
+                uint8_t* p = scratch().reserve(bytes);
+                for (size_t off = 0; off < bytes; off += kAlign) p[off] = 0;
+            } catch (const std::bad_alloc&) {
+                // No memory for it now: the first read tries again, as without prefaulting.
+            }
+            std::lock_guard<std::mutex> lk(rv->mu);
+            ++rv->done;
+            rv->cv.notify_all();
+        });
+    std::unique_lock<std::mutex> lk(rv->mu);
+    rv->cv.wait(lk, [&] { return rv->done == n; });
+}
 
 void Store::close() {
     if (closed_) return;

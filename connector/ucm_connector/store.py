@@ -80,7 +80,10 @@ def open_store(config: UCMConfig, shard_sizes: Sequence[int], lookup_only: bool 
         ) from exc
     cfg: Mapping[str, Any] = store_config_for_role(config, lookup_only)
     try:
-        return ucm_store.Store.from_config(dict(cfg), shard_sizes=list(shard_sizes))
+        # A lookup-only store never loads: no read buffers for its I/O threads.
+        return ucm_store.Store.from_config(
+            dict(cfg), shard_sizes=list(shard_sizes), io_prefault=not lookup_only
+        )
     except ucm_store.ConfigError as exc:
         raise UCMConfigError(
             f"UCM config {config.source}: ucm_connectors[0].ucm_connector_config: {exc}"

@@ -193,7 +193,9 @@ class _BoundedCalls:
 class Store:
     """A block store over a tier pipeline; see the module docstring."""
 
-    def __init__(self, settings: StoreSettings, shard_sizes: Sequence[int]) -> None:
+    def __init__(self, settings: StoreSettings, shard_sizes: Sequence[int], io_prefault: bool = True) -> None:
+        """`io_prefault`: fault in each I/O thread's read buffer (a block's bytes) now, so the
+        first loads do not pay for it; False for a store that only looks up."""
         self.settings = settings
         self._bounded = _BoundedCalls()
         self._stalled: tuple[int, float] | None = None  # a dump not persisted in time, since when
@@ -212,14 +214,17 @@ class Store:
             cache_prefault=settings.cache_prefault,
             cache_on_load=settings.cache_on_load,
             stale_temp_s=settings.stale_temp_s,
+            io_prefault=io_prefault,
         )
         for note in self._native.notes():
             warnings.warn(f"ucm_store: {note}", RuntimeWarning, stacklevel=3)
 
     @classmethod
-    def from_config(cls, cfg: Mapping[str, Any], shard_sizes: Sequence[int]) -> Store:
-        """Opens a store from the UCM `ucm_connector_config` mapping."""
-        return cls(parse(cfg, shard_sizes), shard_sizes)
+    def from_config(
+        cls, cfg: Mapping[str, Any], shard_sizes: Sequence[int], io_prefault: bool = True
+    ) -> Store:
+        """Opens a store from the UCM `ucm_connector_config` mapping (`io_prefault`: see Store)."""
+        return cls(parse(cfg, shard_sizes), shard_sizes, io_prefault)
 
     @property
     def shard_sizes(self) -> list[int]:

@@ -97,3 +97,25 @@ def test_store_keys_are_checked_by_the_connector_and_sizes_by_the_store(tmp_path
     with pytest.raises(UCMConfigError, match=r"ucm\.yaml: .*cache_buffer_capacity_gb.*at least one block"):
         open_store(cfg, [1 << 20])
     assert issubclass(ucm_store.ConfigError, ValueError)
+
+
+def test_only_a_store_that_loads_faults_in_read_buffers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker's store faults in its I/O threads' read buffers when it opens (its first loads
+    must not pay for them); the scheduler's lookup-only store never loads and does not."""
+    ucm_store = pytest.importorskip("ucm_store")
+    from ucm_connector.store import open_store
+
+    opened: list[tuple[str, bool]] = []
+    real = ucm_store.Store.from_config
+
+    def spy(cfg: dict, shard_sizes: list[int], io_prefault: bool = True) -> object:
+        opened.append((cfg["store_pipeline"], io_prefault))
+        return real(cfg, shard_sizes, io_prefault)
+
+    monkeypatch.setattr(ucm_store.Store, "from_config", spy)
+    cfg = parse_config(_raw(storage_backends=str(tmp_path), cache_buffer_capacity_gb=0.01), source="ucm.yaml")
+    for lookup_only in (False, True):
+        open_store(cfg, [1 << 20], lookup_only=lookup_only).close()
+    assert opened == [("Cache|Posix", True), ("Posix", False)]
