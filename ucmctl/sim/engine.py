@@ -299,12 +299,16 @@ class Engine:
         external = 0
         if self.external is not None and local < usable:
             wanted = r.keys[local:usable]
-            looked = None
+            looked: float | None = None
+            heads: list[int] | None = []
             if self.external.pack_blocks > 1:
                 looked = time.perf_counter()  # the walk and the presence check: one bound
-                r.pack_heads = await asyncio.to_thread(self.external.pack_heads, r.keys[:usable])
+                heads = await asyncio.to_thread(self.external.pack_heads, r.keys[:usable])
+                r.pack_heads = heads or []
             packs = self.external.packs(r.keys, local, len(wanted), r.pack_heads)
-            found = min(self.external.lookup_prefix(wanted, packs, looked), len(wanted))
+            found = 0  # the storage did not answer the walk: a miss, counted there
+            if heads is not None:
+                found = min(self.external.lookup_prefix(wanted, packs, looked), len(wanted))
             if found:
                 external = await asyncio.to_thread(
                     self.external.load, wanted[:found], packs and packs[:found]

@@ -94,10 +94,11 @@ class ExternalTier:
         scheduler side makes them); None without packs."""
         return pack_refs(chain, range(start, start + count), self.pack_blocks, heads)
 
-    def pack_heads(self, chain: Sequence[bytes]) -> list[int]:
+    def pack_heads(self, chain: Sequence[bytes]) -> list[int] | None:
         """Per block of a prompt's chain, the block that names its pack, as the packs on disk
-        say (ucm_store.Store.pack_heads, bounded as a lookup); [] without packs or when the
-        storage does not answer (the blocks then go by their ranges, as without it)."""
+        say (ucm_store.Store.pack_heads, bounded as a lookup); [] without packs; None when the
+        storage does not answer: the lookup is a miss, counted once, as the connector's (the
+        blocks are then saved by their ranges)."""
         if self.pack_blocks <= 1 or not chain:
             return []
         started = time.perf_counter()
@@ -109,7 +110,7 @@ class ExternalTier:
             self.counts["lookup_errors"] += 1
             self.counts["lookup_errors_timeout"] += 1
             log.warning("UCM lookup error: %s; the blocks are misses", exc)
-            return []
+            return None
         finally:
             self._took(started, "lookup")
 

@@ -59,3 +59,22 @@ def test_finding_the_packs_and_checking_the_blocks_share_one_lookup_bound(tmp_pa
         time.sleep(1.0)  # the stuck reads return
         _native._inject_stall("posix_stat", 0, 0)
     assert slow.lookup_prefix(keys, slow.packs(keys, 0, 8, slow.pack_heads(keys))) == 8
+
+
+def test_a_walk_the_storage_does_not_answer_is_one_miss_counted_once(tmp_path: Path) -> None:
+    """A header read stuck past the lookup bound: pack_heads says None (not "no packs"), so
+    the engine asks nothing more for that request; one lookup error, as the connector counts."""
+    keys = [f"chain-{i}".encode().ljust(16, b".") for i in range(8)]
+    first = tier(tmp_path, 10.0)
+    first.save(keys, first.packs(keys, 0, 8, first.pack_heads(keys)))
+    slow = tier(tmp_path, 0.6)  # lookups bounded at 0.3 s
+    _native._inject_stall("posix_stat", 1, 1500)
+    try:
+        t0 = time.perf_counter()
+        assert slow.pack_heads(keys) is None
+        assert time.perf_counter() - t0 < 0.8
+        assert slow.counts["lookup_errors"] == 1 and slow.counts["lookup_errors_timeout"] == 1
+    finally:
+        time.sleep(1.5)  # the stuck read returns
+        _native._inject_stall("posix_stat", 0, 0)
+    assert slow.pack_heads(keys) == [0] * 4 + [4] * 4
