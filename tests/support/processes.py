@@ -52,10 +52,21 @@ def environ(pid: int) -> dict[str, str]:
     return {}
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A free loopback port, never one this process was handed before: two calls before
+    either port is bound could otherwise get the same one (a fresh-clone CI did: a simulator's
+    HTTP port equal to its Mooncake bootstrap port, EADDRINUSE)."""
+    for _ in range(1000):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
+    raise RuntimeError("no free loopback port that was not handed out before")
 
 
 @dataclass
