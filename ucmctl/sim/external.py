@@ -124,9 +124,9 @@ class ExternalTier:
         `pack_heads` walk), so that both calls together keep to one lookup bound."""
         if not keys:
             return 0
-        began = time.perf_counter()
+        since = time.perf_counter() if started is None else started
         try:
-            bound = time_left(lookup_bound(self.load_timeout_s), began if started is None else started)
+            bound = time_left(lookup_bound(self.load_timeout_s), since)
             return self.store.lookup_prefix(list(keys), timeout=bound, packs=packs)
         except TimeoutError as exc:
             self.counts["lookup_errors"] += 1
@@ -134,7 +134,7 @@ class ExternalTier:
             log.warning("UCM lookup error: %s; the blocks are misses", exc)
             return 0
         finally:
-            self._took(began if started is None else started, "lookup")
+            self._took(since, "lookup")
             for name, n in self._lookup_errors.take().items():
                 self.counts[name] += n
 

@@ -180,6 +180,18 @@ def test_a_prompt_that_shares_a_system_prompt_finds_the_shared_blocks_in_the_oth
     assert c.stores[0].stats()["posix_packs_read"] == 2
 
 
+def save_one_prompt(node: Node) -> None:
+    """`node` prefills prompt r1 of 8 blocks in one step and saves it (two packs of 4)."""
+    req = prompt("r1", 8)
+    node.scheduler.get_num_new_matched_tokens(req, 0)
+    node.scheduler.update_state_after_alloc(req, blocks(list(range(1, 10))), 0)
+    node.worker.wait_for_save(
+        node.scheduler.build_connector_meta(
+            step(new=[new_req("r1", list(range(1, 10)), 0)], scheduled={"r1": 33})
+        )
+    )
+
+
 def test_a_stalled_mount_while_finding_the_packs_is_one_bounded_wait_and_misses(nodes):
     """The packs' headers are read at lookup, in vLLM's scheduler loop: a header read stuck in
     the filesystem costs the lookup's bound once, the blocks are misses, and the prompt is
@@ -188,15 +200,7 @@ def test_a_stalled_mount_while_finding_the_packs_is_one_bounded_wait_and_misses(
 
     from ucm_store import _native
 
-    a = nodes(4)
-    req = prompt("r1", 8)
-    a.scheduler.get_num_new_matched_tokens(req, 0)
-    a.scheduler.update_state_after_alloc(req, blocks(list(range(1, 10))), 0)
-    a.worker.wait_for_save(
-        a.scheduler.build_connector_meta(
-            step(new=[new_req("r1", list(range(1, 10)), 0)], scheduled={"r1": 33})
-        )
-    )
+    save_one_prompt(nodes(4))
     b = nodes(4, lookup_timeout_s=0.3)
     again = prompt("r2", 8)
     _native._inject_stall("posix_stat", 1, 1500)  # the first header read waits 1.5 s
@@ -228,15 +232,7 @@ def test_finding_the_packs_and_checking_the_blocks_share_one_lookup_bound(nodes)
 
     from ucm_store import _native
 
-    a = nodes(4)
-    req = prompt("r1", 8)
-    a.scheduler.get_num_new_matched_tokens(req, 0)
-    a.scheduler.update_state_after_alloc(req, blocks(list(range(1, 10))), 0)
-    a.worker.wait_for_save(
-        a.scheduler.build_connector_meta(
-            step(new=[new_req("r1", list(range(1, 10)), 0)], scheduled={"r1": 33})
-        )
-    )
+    save_one_prompt(nodes(4))
     b = nodes(4, lookup_timeout_s=0.7)
     # every header read takes 0.3 s: the walk reads 2 (0.6 s, inside the bound), the
     # presence check would read them again
