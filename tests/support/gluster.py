@@ -118,6 +118,20 @@ class Volume:
         tag = host if at == self.mount else f"{host}-{at.name}"
         return self.base / f"client-{tag}.log", self.base / "run" / f"client-{tag}.pid"
 
+    def wait_serving(self, timeout: float = 120) -> float:
+        """Until every client mounted answers a stat of its mount point (a call to the server:
+        a client that has not reconnected says ENOTCONN); the seconds it took. After a restart
+        the clients reconnect by themselves, ~3 s here, but a loaded CI machine took ~30."""
+        start = time.monotonic()
+        waiting = list(self.mounted)
+        while waiting:
+            waiting = [(h, at) for h, at in waiting if self.on(h, "stat", "-c", "%i", str(at)).returncode]
+            if waiting and time.monotonic() - start > timeout:
+                raise RuntimeError(f"the clients {waiting} did not reconnect within {timeout:.0f} s")
+            if waiting:
+                time.sleep(0.2)
+        return time.monotonic() - start
+
     def fs_type(self, host: str, at: Path | None = None) -> str:
         return self.on(host, "stat", "-f", "-c", "%T", str(at or self.mount)).stdout.strip()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -55,18 +56,40 @@ def environ(pid: int) -> dict[str, str]:
 _HANDED_OUT: set[int] = set()
 
 
-def free_port() -> int:
-    """A free loopback port, never one this process was handed before: two calls before
-    either port is bound could otherwise get the same one (a fresh-clone CI did: a simulator's
-    HTTP port equal to its Mooncake bootstrap port, EADDRINUSE)."""
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_port(span: int = 1) -> int:
+    """The first of `span` consecutive loopback ports free now (a server with
+    `servers_per_node: 2` takes its port and the next), none handed out before in this process.
+    They are below the kernel's ephemeral range: a port from bind(0) is one that any outgoing
+    connection may take as its local port before the server binds it (a fresh-clone CI lost
+    a prefill's second port so, EADDRINUSE), and two calls before either port is bound could
+    get the same one. (Not below 20000: Mooncake's transfer engine takes RPC ports at random
+    from 15000-17000.)"""
+    low = _ephemeral_low()
+    rng = random.Random()
     for _ in range(1000):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        if port not in _HANDED_OUT:
-            _HANDED_OUT.add(port)
-            return port
-    raise RuntimeError("no free loopback port that was not handed out before")
+        base = rng.randrange(20000, max(20001, low - span))
+        ports = range(base, base + span)
+        if any(p in _HANDED_OUT for p in ports) or not all(_bindable(p) for p in ports):
+            continue
+        _HANDED_OUT.update(ports)
+        return base
+    raise RuntimeError(f"no {span} free loopback ports that were not handed out before")
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 @dataclass

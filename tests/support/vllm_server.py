@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,17 +25,12 @@ from typing import Any
 
 import yaml
 
+from tests.support.processes import free_port
 from ucmctl.core.ucm_config import parse_ucm_config
 
 VENV_BIN = Path(sys.executable).parent
 HASH_SEED = "0"
 EAGER_ENV = {"TORCHDYNAMO_DISABLE": "1"}  # with --enforce-eager: see VllmServer.eager
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def write_ucm_config(

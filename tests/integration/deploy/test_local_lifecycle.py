@@ -35,8 +35,8 @@ nodes:
   me: {{host: 127.0.0.1, transport: local, platform: cpu, python: {sys.executable},
         workdir: {json.dumps(str(workdir))}}}
 storage: {{storage_backends: {json.dumps(str(workdir / "store"))}, cache_buffer_capacity_gb: 0.25}}
-prefill: {{nodes: [me], port: {free_port()}{", " + prefill if prefill else ""}}}
-decode: {{nodes: [me], port: {free_port()}{", " + decode if decode else ""}}}
+prefill: {{nodes: [me], port: {free_port(4)}{", " + prefill if prefill else ""}}}
+decode: {{nodes: [me], port: {free_port(4)}{", " + decode if decode else ""}}}
 proxy: {{node: me, port: {free_port()}}}
 """
     )

@@ -21,7 +21,6 @@ from pathlib import Path
 import pytest
 
 from tests.support import gluster
-from tests.support.processes import wait_for
 from tests.support.storage_rig import BOUND_S, NAME, Rig, storage_rig
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
@@ -64,7 +63,7 @@ def check_the_fault_run(rig: Rig, out: str, doc: dict, prompts: int, kinds: set[
 
 def check_recovered(rig: Rig, tag: str, seed: int) -> None:
     # The clients reconnect by themselves; the first lookups after may still see the outage.
-    assert wait_for(lambda: rig.vol.on("h2", "stat", str(rig.vol.mount / "kv")).returncode == 0, timeout=60)
+    rig.vol.wait_serving()
     time.sleep(2 * BOUND_S)
     out, doc = rig.run_bench(tag, 16, 8, seed)
     phase = measured(doc)

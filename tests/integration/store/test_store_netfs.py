@@ -36,6 +36,14 @@ def volume() -> Iterator[gluster.Volume]:
         yield vol
 
 
+@pytest.fixture(autouse=True)
+def serving(volume: gluster.Volume) -> None:
+    """Each test starts with the server up and every client connected (a test before may have
+    failed with the brick down)."""
+    volume.gluster("volume", "start", volume.name, "force")
+    volume.wait_serving()
+
+
 def client(vol: gluster.Volume, host: str, op: str, *more: str, backend: Path | None = None) -> dict:
     backend = backend or vol.mount / "kv"
     done = vol.on(host, sys.executable, str(CLIENT), op, str(backend), str(COUNT), *more, timeout=180)
@@ -78,10 +86,11 @@ def test_blocks_cross_hosts_and_a_lost_server_is_a_counted_miss(volume: gluster.
     assert any("Transport endpoint is not connected" in r for r in lost["reasons"]), lost
 
     volume.gluster("volume", "start", volume.name, "force")
+    volume.wait_serving()  # both clients reconnected by themselves
     deadline = time.monotonic() + 30
     while (back := client(volume, "h2", "load"))["loaded"] < COUNT and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert back["loaded"] == back["right"] == COUNT, back  # the client reconnected by itself
+    assert back["loaded"] == back["right"] == COUNT, back
 
 
 def test_a_block_replaced_under_a_caching_client_is_an_estale_miss_then_read_right(
@@ -92,7 +101,9 @@ def test_a_block_replaced_under_a_caching_client_is_an_estale_miss_then_read_rig
     its copy of each over them (as two prefill nodes storing one prefix do). h2's next open of a
     cached name is ESTALE: a miss counted by that kind, no byte delivered; once its caches expire the same
     client reads them right. (quick-read stays off: with it on, h2 is served the old file's cached
-    bytes instead: the same bytes, as they are for one key, since a block is named by its content.)"""
+    bytes instead: the same bytes, as they are for one key, since a block is named by its content.)
+    The client does not always say ESTALE: in about 1 round of 18 here it looked the names up
+    again by itself and read the new files right; so up to 5 rounds, each checked in full."""
     assert client(volume, "h1", "dump", "stale") == {"stored": COUNT}
     volume.gluster("volume", "set", volume.name, "performance.stat-prefetch", "on")
     cached = volume.hosts.base / "gluster-kv-cached"
@@ -102,16 +113,42 @@ def test_a_block_replaced_under_a_caching_client_is_an_estale_miss_then_read_rig
     volume.mount_on("h2", at=cached, coherent=False, options=[f"--entry-timeout={CACHE_S}",
                                                                f"--attribute-timeout={CACHE_S}"])  # fmt: skip
     try:
-        h = volume.hosts.host("h2")
-        assert h.sshd is not None
-        reader = subprocess.Popen(
-            ["nsenter", f"--target={h.sshd.pid}", "--mount", "--net", sys.executable, str(CLIENT), "reload",
-             str(cached / "kv"), str(COUNT), "stale"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
+        estale = 0
+        for _ in range(5):
+            stale = replaced_under_a_reader(volume, cached)
+            stats = stale["stats"]
+            # no byte of a failed block reached the caller; what was delivered is right
+            assert stale["right"] == stale["loaded"] and stale["untouched"] == COUNT - stale["loaded"], stale
+            assert stats["load_errors"] == stats["posix_read_errors"] == COUNT - stale["loaded"], stale
+            assert stats["posix_read_errors"] == stats["posix_read_estale"], stale  # each one ESTALE
+            time.sleep(CACHE_S + 1)  # past the client's caches
+            if estale := stats["posix_read_estale"]:
+                assert any("Stale file handle" in r for r in stale["reasons"]), stale
+                break
+        assert estale >= 1  # produced for real, counted by its kind
+        again = client(volume, "h2", "load", "stale", backend=cached / "kv")
+        assert again["loaded"] == again["right"] == COUNT, again
+    finally:
+        volume.unmount_on("h2", cached)
+        cached.rmdir()
+        for option, value in gluster.COHERENT_OPTIONS.items():
+            volume.gluster("volume", "set", volume.name, option, value)
+
+
+def replaced_under_a_reader(volume: gluster.Volume, cached: Path) -> dict:
+    """A reader on h2's caching client loads every block; h1 renames a copy over REPLACED of
+    them; the same reader loads them all again: what that second load printed."""
+    h = volume.hosts.host("h2")
+    assert h.sshd is not None
+    reader = subprocess.Popen(
+        ["nsenter", f"--target={h.sshd.pid}", "--mount", "--net", sys.executable, str(CLIENT), "reload",
+         str(cached / "kv"), str(COUNT), "stale"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
         assert reader.stdout is not None and reader.stdin is not None
         first = json.loads(reader.stdout.readline() or "{}")
-        assert first.get("loaded") == first.get("right") == COUNT, (first, reader.stderr.read())
+        assert first.get("loaded") == first.get("right") == COUNT, first
         # the second writer's copies, renamed over the blocks h2 has just read
         # (a few, so that h2 reads them again well within its client's caches)
         names = {key(i, "stale").hex() for i in range(REPLACED)}
@@ -123,18 +160,8 @@ def test_a_block_replaced_under_a_caching_client_is_an_estale_miss_then_read_rig
         assert replaced.returncode == 0, replaced.stderr
         out, err = reader.communicate("go\n", timeout=120)
         assert reader.returncode == 0, err[-3000:]
-        stale = json.loads(out.splitlines()[-1])
-        stats = stale["stats"]
-        # no byte of a failed block reached the caller; what was delivered is right
-        assert stale["right"] == stale["loaded"] and stale["untouched"] == COUNT - stale["loaded"], stale
-        assert stats["posix_read_estale"] >= 1, stale  # produced for real, counted by its kind
-        assert stats["load_errors"] == stats["posix_read_errors"] == COUNT - stale["loaded"], stale
-        assert any("Stale file handle" in r for r in stale["reasons"]), stale
-        time.sleep(CACHE_S + 1)  # past the client's caches
-        again = client(volume, "h2", "load", "stale", backend=cached / "kv")
-        assert again["loaded"] == again["right"] == COUNT, again
+        return json.loads(out.splitlines()[-1])
     finally:
-        volume.unmount_on("h2", cached)
-        cached.rmdir()
-        for option, value in gluster.COHERENT_OPTIONS.items():
-            volume.gluster("volume", "set", volume.name, option, value)
+        if reader.poll() is None:
+            reader.kill()
+            reader.wait()
