@@ -12,6 +12,7 @@
 #include <stdexcept>
 
 #include "aligned_buffer.hpp"
+#include "copy_out.hpp"
 #include "posix_common.hpp"
 
 namespace ucm {
@@ -450,7 +451,7 @@ void Store::load_one(const std::shared_ptr<Task>& t, size_t i, const Key& key,
         if (t->begin_copy(i)) {
             const uint8_t* src = cache_->data(slot);
             for (const auto& s : shards) {
-                std::memcpy(s.p, src, s.n);
+                copy_out(s.p, src, s.n, block_bytes_);
                 src += s.n;
             }
             c_.cache_hits.add();
@@ -489,7 +490,7 @@ void Store::load_from_posix(const std::shared_ptr<Task>& t, size_t i, const Key&
             copied = true;
             const uint8_t* src = payload;
             for (const auto& s : shards) {
-                std::memcpy(s.p, src, s.n);
+                copy_out(s.p, src, s.n, block_bytes_);
                 src += s.n;
             }
         }
@@ -642,7 +643,7 @@ std::vector<std::string> Store::read_pack(const std::vector<Key>& keys, uint32_t
     for (uint32_t j = begin; j < end; ++j) wanted.emplace_back(j, keys[j]);
     auto deliver = [&](size_t w, const uint8_t* payload) {
         for (const auto& s : blocks[w]) {
-            std::memcpy(s.p, payload, s.n);
+            copy_out(s.p, payload, s.n, block_bytes_);
             payload += s.n;
         }
     };

@@ -208,3 +208,42 @@ def test_context_manager_persists_on_close(tmp_path):
         assert store.wait(store.dump([key(7)], [block(key(7), [4096])])).all_ok
     with ucm_store.Store.from_config({**cfg, "store_pipeline": "Posix"}, [4096]) as store:
         assert store.lookup([key(7)]) == [True]
+
+
+# A block of 1 MiB and more is copied out with streaming stores (csrc/copy_out.cpp): every
+# start alignment within a cache line and every tail length below one, and not a byte past the
+# buffer on either side.
+BIG = [(1 << 20) + 3, 65536 + 61, 7, 200_000]
+STARTS = [1, 17, 63, 0]
+
+
+def guarded(offset: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """A view of n bytes at `offset` into a 0xEE-filled allocation with 128 spare bytes."""
+    whole = np.full(n + 128, 0xEE, dtype=np.uint8)
+    base = -whole.ctypes.data % 64  # the view's address is `offset` past a cache line
+    return whole, whole[base + offset : base + offset + n]
+
+
+@pytest.mark.parametrize("path", ["Posix", "Cache", "pack"])
+def test_large_blocks_land_exactly_in_unaligned_buffers(make_store, path):
+    store = make_store(BIG, store_pipeline="Posix" if path == "pack" else path, io_direct=True)
+    keys = [key(i, "big") for i in range(3)]
+    data = [block(k, BIG) for k in keys]
+    if path == "pack":
+        assert store.write_pack(keys, data) == ("", 3)
+    else:
+        assert store.wait(store.dump(keys, data)).all_ok
+    for trial in range(len(STARTS)):
+        starts = STARTS[trial:] + STARTS[:trial]
+        bufs = [[guarded(o, n) for o, n in zip(starts, BIG, strict=True)] for _ in keys]
+        out = [[view for _, view in b] for b in bufs]
+        if path == "pack":
+            assert store.read_pack(keys, 0, 3, out) == [""] * 3
+        else:
+            assert store.wait(store.load(keys, out)).all_ok
+        assert all(same(a, b) for a, b in zip(data, out, strict=True))
+        for b in bufs:
+            for (whole, view), o in zip(b, starts, strict=True):
+                lead = view.ctypes.data - whole.ctypes.data
+                assert (whole[:lead] == 0xEE).all() and (whole[lead + view.size :] == 0xEE).all()
+                assert view.ctypes.data % 64 == o
