@@ -7,6 +7,7 @@
 #include <cstring>
 #include <map>
 
+#include "copy_out.hpp"
 #include "store.hpp"
 
 namespace ucm {
@@ -174,7 +175,7 @@ void Store::read_group(const std::shared_ptr<PackGroup>& gp) {
                 copied[w] = true;
                 const uint8_t* src = payload;
                 for (const auto& s : (*g.blocks)[i]) {
-                    std::memcpy(s.p, src, s.n);
+                    copy_out(s.p, src, s.n, block_bytes_);
                     src += s.n;
                 }
             }

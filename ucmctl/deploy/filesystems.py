@@ -135,6 +135,19 @@ def warnings(node: str, backend: str, m: Mounted) -> list[str]:
     return out
 
 
+def file_per_block(backend: str, seen: dict[str, Mounted], pack_blocks: int) -> list[str]:
+    """What a file per block costs on a network filesystem: one line, whichever nodes mount it."""
+    kinds = sorted({k for m in seen.values() if (k := m.shared_kind)})
+    if pack_blocks > 1 or not kinds:
+        return []
+    return [
+        f"storage backend {backend} is on {'/'.join(kinds)} with a file per KV block "
+        "(storage.pack_blocks 1): blocks under a few MiB move at a fraction of the mount's rate "
+        "through its client (256 KiB: 0.12x dd writing, 0.55x reading, measured on GlusterFS); "
+        "set storage.pack_blocks so a pack holds 16-64 MiB of a rank's blocks (docs/storage.md)"
+    ]
+
+
 def summary(backend: str, seen: dict[str, Mounted]) -> str:
     """One line: the backend's filesystem on every node (grouped when they agree)."""
     by_type: dict[str, list[str]] = {}

@@ -377,6 +377,7 @@ class _SharedCheck:
     def __init__(self, plan: Plan) -> None:
         self.backends = list(plan.store.backends) if plan.store else []
         self.io_direct = plan.store.io_direct if plan.store else False
+        self.pack_blocks = plan.store.pack_blocks if plan.store else 1
         nodes = plan.store_nodes()
         self.writer = nodes[0] if nodes and self.backends else None
         self.readers = nodes[1:]
@@ -411,6 +412,7 @@ class _SharedCheck:
                 notes.append(filesystems.summary(backend, seen) + (f"; O_DIRECT: {said}" if said else ""))
             for node, m in seen.items():
                 warnings += filesystems.warnings(node, backend, m)
+            warnings += filesystems.file_per_block(backend, seen, self.pack_blocks)
         return notes, warnings
 
     def judge(self, writer: NodeFacts, executors: dict[str, Executor], *, all_reachable: bool) -> list[str]:

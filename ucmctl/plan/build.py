@@ -98,6 +98,7 @@ def _store(t: Topology, processes: list[Process]) -> StorePlan | None:
         backends=_backends(t.storage),
         cache_buffer_capacity_gb=t.storage.cache_buffer_capacity_gb,
         io_direct=t.storage.io_direct,
+        pack_blocks=t.storage.pack_blocks,
         users=[p.name for p in processes if p.is_server and _uses_store(t, p.role)],
     )
 

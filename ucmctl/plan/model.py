@@ -164,6 +164,7 @@ class StorePlan(Frozen):
     backends: list[str]  # shared directories, the same filesystem on every node
     cache_buffer_capacity_gb: float  # DRAM tier per user process, GiB (when the pipeline has Cache)
     io_direct: bool = False  # the store opens its files O_DIRECT: preflight proves the filesystem takes it
+    pack_blocks: int = 1  # blocks of one prompt per file (storage.pack_blocks); 1: a file per block
     users: list[str]  # the processes that load the UCM connector, each with its UCM_CONFIG_FILE
 
     @property

@@ -6,7 +6,15 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from ucmctl.deploy.filesystems import Mounted, client_timeouts, parse, probe_lines, summary, warnings
+from ucmctl.deploy.filesystems import (
+    Mounted,
+    client_timeouts,
+    file_per_block,
+    parse,
+    probe_lines,
+    summary,
+    warnings,
+)
 
 
 def facts_of(script: str) -> dict[str, str]:
@@ -56,3 +64,14 @@ def test_the_volumes_client_caches_are_read_from_the_clients_graph() -> None:
     assert "volume t2p2d with performance.quick-read, performance.stat-prefetch on" in line
     assert "gluster volume set t2p2d performance.quick-read off; gluster volume set t2p2d " in line
     assert warnings("h1", "/m/kv", Mounted("fuse.glusterfs", "/m", (), timeouts, graph[:3])) == []
+
+
+def test_a_file_per_block_on_a_network_filesystem_is_one_warning_per_backend() -> None:
+    gluster, ext4 = Mounted("fuse.glusterfs", "/m", ()), Mounted("ext4", "/", ())
+    (line,) = file_per_block("/m/kv", {"h1": gluster, "h2": gluster, "h3": ext4}, pack_blocks=1)
+    assert line.startswith("storage backend /m/kv is on GlusterFS with a file per KV block (storage.pack")
+    assert line.endswith("so a pack holds 16-64 MiB of a rank's blocks (docs/storage.md)")
+    nfs = Mounted("nfs4", "/shared", ("rw",))
+    assert "is on GlusterFS/NFS with" in file_per_block("/kv", {"a": gluster, "b": nfs}, 1)[0]
+    assert file_per_block("/m/kv", {"h1": gluster}, pack_blocks=4) == []  # packs: nothing to say
+    assert file_per_block("/data/kv", {"h1": ext4, "h2": ext4}, pack_blocks=1) == []  # a local disk
