@@ -168,6 +168,8 @@ def deployment_facts(record: Any | None, model: str | None, url: str | None) -> 
     for process in dumped["processes"]:
         if process.get("restart") and process["restart"].get("script") is None:
             process["restart"].pop("script", None)
+    if dumped.get("store") and dumped["store"].get("pack_blocks") == 1:
+        dumped["store"].pop("pack_blocks")
     out["plan_digest"] = hashlib.sha256(json.dumps(dumped, sort_keys=True).encode()).hexdigest()[:16]
     out["engine"], out["mode"] = plan.engine, plan.mode
     nodes: dict[str, dict[str, Any]] = {}

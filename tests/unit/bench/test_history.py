@@ -4,19 +4,24 @@ key keeps apart, and the files it refuses without touching them."""
 from __future__ import annotations
 
 import hashlib
+import json
 import sqlite3
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from rich.console import Console
 
 from tests.unit.bench.helpers import cell, invoke
+from tests.unit.plan.conftest import TOPOLOGIES
 from ucmctl.bench import history, history_view
-from ucmctl.bench.report import document, provenance
+from ucmctl.bench.report import deployment_facts, document, provenance
 from ucmctl.core.errors import UcmctlError
+from ucmctl.plan.build import build_plan
+from ucmctl.topology.load import load_topology
 
 
 def doc(ttfts: dict[int, float], *, salt: str = "s1", num_prompts: int = 8, **prov: Any) -> dict[str, Any]:
@@ -159,3 +164,22 @@ def test_the_listing_and_trends_fit_80_columns(tmp_path: Path) -> None:
     assert max(len(line) for line in text.splitlines()) <= 80, text
     assert "a-long-deployment-name" in text and "trend of ucm/1024" in text
     assert "123456.7 / 123456.7" in " ".join(text.split()) and "80.0%" in text, text
+
+
+def test_a_field_newer_than_the_history_keeps_its_plan_digests_at_its_default() -> None:
+    """A stored baseline's plan digest holds across an upgrade that adds a field to the plan
+    (StorePlan.pack_blocks): at its default the field is left out of the digest."""
+    plan = build_plan(load_topology(TOPOLOGIES / "2p2d-centralized.yaml"))
+    assert plan.store is not None and plan.store.pack_blocks == 1
+
+    def digest(p: object) -> str:
+        return deployment_facts(SimpleNamespace(plan=p, node_facts={}), "m", None)["plan_digest"]
+
+    older = plan.model_dump(mode="json")  # what a record of the ucmctl before the field held
+    del older["store"]["pack_blocks"]
+    for node in older["nodes"].values():
+        node.pop("slurm_node", None)
+        node.pop("systemd", None)
+    assert digest(plan) == hashlib.sha256(json.dumps(older, sort_keys=True).encode()).hexdigest()[:16]
+    packed = plan.model_copy(update={"store": plan.store.model_copy(update={"pack_blocks": 4})})
+    assert digest(packed) != digest(plan)
