@@ -449,11 +449,7 @@ void Store::load_one(const std::shared_ptr<Task>& t, size_t i, const Key& key,
     uint32_t slot = 0;
     if (cache_->pin(key, &slot)) {
         if (t->begin_copy(i)) {
-            const uint8_t* src = cache_->data(slot);
-            for (const auto& s : shards) {
-                copy_out(s.p, src, s.n, block_bytes_);
-                src += s.n;
-            }
+            scatter_out(shards, cache_->data(slot));
             c_.cache_hits.add();
             c_.cache_bytes_read.add(block_bytes_);
             c_.cache_blocks_read.add();
@@ -478,6 +474,13 @@ void Store::load_one(const std::shared_ptr<Task>& t, size_t i, const Key& key,
                  [this, t, i, key, shards_copy] { load_from_posix(t, i, key, shards_copy); });
 }
 
+void Store::scatter_out(const std::vector<Span>& shards, const uint8_t* payload) const {
+    for (const auto& s : shards) {
+        copy_out(s.p, payload, s.n, block_bytes_);
+        payload += s.n;
+    }
+}
+
 void Store::load_from_posix(const std::shared_ptr<Task>& t, size_t i, const Key& key,
                             const std::vector<Span>& shards) {
     if (!t->open(i)) return;  // given up while queued (a stalled mount): do not add a read to it
@@ -488,11 +491,7 @@ void Store::load_from_posix(const std::shared_ptr<Task>& t, size_t i, const Key&
     auto deliver = [&](const uint8_t* payload) {
         if (t->begin_copy(i)) {
             copied = true;
-            const uint8_t* src = payload;
-            for (const auto& s : shards) {
-                copy_out(s.p, src, s.n, block_bytes_);
-                src += s.n;
-            }
+            scatter_out(shards, payload);
         }
         uint32_t slot = 0;
         if (cache_ && cfg_.cache_on_load &&
@@ -641,12 +640,7 @@ std::vector<std::string> Store::read_pack(const std::vector<Key>& keys, uint32_t
         throw std::invalid_argument("read_pack: blocks [begin, end) of the keys, one buffer each");
     std::vector<PosixTier::PackEntry> wanted;
     for (uint32_t j = begin; j < end; ++j) wanted.emplace_back(j, keys[j]);
-    auto deliver = [&](size_t w, const uint8_t* payload) {
-        for (const auto& s : blocks[w]) {
-            copy_out(s.p, payload, s.n, block_bytes_);
-            payload += s.n;
-        }
-    };
+    auto deliver = [&](size_t w, const uint8_t* payload) { scatter_out(blocks[w], payload); };
     auto r = need_posix(posix_).read_pack(keys.empty() ? Key{} : keys[0], wanted, deliver);
     for (size_t i = 0; i < r.outcome.size(); ++i) {
         if (r.outcome[i] == PosixTier::Read::Corrupt)

@@ -179,6 +179,8 @@ private:
                   const std::vector<Span>& shards, const Member* m = nullptr);
     void load_from_posix(const std::shared_ptr<Task>& t, size_t i, const Key& key,
                          const std::vector<Span>& shards);
+    // One block's payload into the caller's shards (copy_out.hpp).
+    void scatter_out(const std::vector<Span>& shards, const uint8_t* payload) const;
     void persist_done(const std::shared_ptr<Task>& t, size_t i, const std::string& err);
     void count_read(PosixTier::Read outcome, int err);
 

@@ -7,7 +7,6 @@
 #include <cstring>
 #include <map>
 
-#include "copy_out.hpp"
 #include "store.hpp"
 
 namespace ucm {
@@ -173,11 +172,7 @@ void Store::read_group(const std::shared_ptr<PackGroup>& gp) {
             // As load_from_posix: the caller's memory only while the block is still wanted.
             if (g.t->begin_copy(i)) {
                 copied[w] = true;
-                const uint8_t* src = payload;
-                for (const auto& s : (*g.blocks)[i]) {
-                    copy_out(s.p, src, s.n, block_bytes_);
-                    src += s.n;
-                }
+                scatter_out((*g.blocks)[i], payload);
             }
             uint32_t slot = 0;
             if (cache_ && cfg_.cache_on_load &&
