@@ -37,7 +37,7 @@ from ucmctl.deploy.health import why_not
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 
 if os.geteuid() != 0 or shutil.which("podman") is None:
-    pytest.skip("rootful podman is installed by scripts/setup.sh (root)", allow_module_level=True)
+    pytest.skip("rootful podman is installed by scripts/setup.sh --tests (root)", allow_module_level=True)
 
 NAME = "pod-1p1d"
 BASE = "ucmctl-test-sim:1"
@@ -65,7 +65,7 @@ def runtime(request: pytest.FixtureRequest, podman_env: dict[str, str], tmp_path
         yield Runtime("podman", podman_env, cgroup_parent(group))
     else:
         if shutil.which("dockerd") is None:
-            pytest.fail("dockerd is installed by scripts/setup.sh (docker.io)")
+            pytest.fail("dockerd is installed by scripts/setup.sh --tests (docker.io)")
         with docker_daemon(tmp_path / "docker") as env:
             load_from_podman(podman_env, env, f"localhost/{BASE}")
             yield Runtime("docker", env, cgroup_parent(group))

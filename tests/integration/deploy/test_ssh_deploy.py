@@ -200,7 +200,7 @@ def test_p2p_with_the_real_mooncake_master(tmp_path: Path, hosts: Cluster, cli: 
 
     master = Path(sys.executable).parent / "mooncake_master"
     if not master.exists() and shutil.which("mooncake_master") is None:
-        pytest.fail("mooncake_master is missing: scripts/setup.sh installs mooncake-transfer-engine")
+        pytest.fail("mooncake_master is missing: scripts/setup.sh --tests installs mooncake-transfer-engine")
     topo = write(
         tmp_path,
         f"""
@@ -460,7 +460,7 @@ def test_prometheus_scrapes_every_target_and_every_dashboard_panel_has_data(
 
     from ucmctl.monitor.dashboards import PANELS
 
-    assert shutil.which("prometheus") and shutil.which("promtool"), "scripts/setup.sh installs prometheus"
+    assert shutil.which("prometheus") and shutil.which("promtool"), "setup.sh --tests installs prometheus"
     topo = write(tmp_path, centralized(hosts, "t-prom"))
     assert cli("up", str(topo)).returncode == 0
     folder = tmp_path / "prom"

@@ -43,7 +43,7 @@ def test_every_metrics_endpoint_of_every_shipped_topology_is_a_labelled_target(p
 
 @pytest.mark.parametrize("path", TOPOLOGIES[:4], ids=lambda p: p.stem)
 def test_promtool_accepts_the_config_and_the_rules(path: Path, tmp_path: Path) -> None:
-    assert shutil.which("promtool"), "scripts/setup.sh installs prometheus (promtool is in it)"
+    assert shutil.which("promtool"), "scripts/setup.sh --tests installs prometheus (promtool is in it)"
     plan = build_plan(load_topology(path))
     write(render(plan, 2.0), tmp_path)
     for check in (["config", "prometheus.yml"], ["rules", f"ucmctl-{plan.deployment}-alerts.yml"]):
