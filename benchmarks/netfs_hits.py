@@ -27,9 +27,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.integration.deploy.conftest import Cli, node_lines
 from tests.support import gluster
+from tests.support.cli import Cli
 from tests.support.netns import cluster_or_skip
+from tests.support.topology import node_lines
 
 
 def topology(hosts, name: str, backend: Path, pack_blocks: int) -> str:  # type: ignore[no-untyped-def]

@@ -9,6 +9,8 @@ import tempfile
 
 import pytest
 
+pytest_plugins = ["tests.support.fixtures"]
+
 _FOLDER = tempfile.mkdtemp(prefix="ucmctl-test-history-")
 
 

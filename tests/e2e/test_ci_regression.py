@@ -7,10 +7,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.support.cli import Cli
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -18,10 +19,7 @@ pytestmark = pytest.mark.slow
 
 
 def ucmctl(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run([sys.executable, "-m", "ucmctl", *args], capture_output=True, text=True, env=env,
-                          cwd=ROOT, timeout=600)  # fmt: skip
-    assert "Traceback" not in done.stderr, done.stderr
-    return done
+    return Cli(Path(env["UCMCTL_HOME"]), env=env, cwd=ROOT, timeout=600)(*args)
 
 
 def suite_and_gate(tmp_path: Path, env: dict[str, str], tag: str) -> subprocess.CompletedProcess[str]:

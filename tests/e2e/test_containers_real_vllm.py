@@ -13,13 +13,14 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from tests.support.cli import Cli
 from tests.support.containers import build_base_image, cgroup_parent, remove_cgroup
-from tests.support.netns import Cluster, cluster_or_skip
+from tests.support.netns import Cluster
 from tests.support.openai_checks import counter, greedy_with_logprobs
 from ucmctl.deploy.health import why_not
 
@@ -28,10 +29,7 @@ BLOCK = 128
 BASE = "ucmctl-test-vllm:1"
 
 
-@pytest.fixture(scope="module")
-def hosts() -> Iterator[Cluster]:
-    with cluster_or_skip(2, containers=True) as c:
-        yield c
+HOSTS = {"count": 2, "containers": True}  # the `hosts` fixture's (tests/support/fixtures.py)
 
 
 def topology(c: Cluster, model: Path, name: str, container: str = "", decode_nodes: str = "[h2]",
@@ -74,13 +72,7 @@ def test_1p1d_in_containers_answers_as_the_bare_one(hosts: Cluster, tmp_path: Pa
     model = make_model(hosts.shared / "tiny", size="tiny", seed=0)
     build_base_image(hosts.image_env, BASE, engine=True)
     group = f"ucmctl-e2e-{os.getpid()}"
-    env = {**os.environ, "UCMCTL_HOME": str(tmp_path / "home"), "UCMCTL_SSH_CONFIG": str(hosts.ssh_config)}
-
-    def ucmctl(*args: str) -> subprocess.CompletedProcess[str]:
-        done = subprocess.run([sys.executable, "-m", "ucmctl", *args], capture_output=True, text=True,
-                              env=env, timeout=900)  # fmt: skip
-        assert "Traceback" not in done.stderr, done.stderr
-        return done
+    ucmctl = Cli(tmp_path / "home", hosts.ssh_config, timeout=900)
 
     prompt = [(i * 37) % 3000 + 20 for i in range(3 * BLOCK + 40)]  # 3 full blocks + 40 tokens
     proxy = f"http://{hosts.host('h1').address}:8000"

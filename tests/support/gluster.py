@@ -73,12 +73,20 @@ class Volume:
             raise RuntimeError(f"{' '.join(args)}: {done.stdout}{done.stderr}")
         return done
 
-    def on(self, host: str, *argv: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        """`argv` in the host's network and mount namespaces (where its SSH sessions run)."""
+    def enter(self, host: str, wd: Path | None = None) -> list[str]:
+        """The command prefix that runs in the host's network and mount namespaces (where its SSH
+        sessions run), in folder `wd` there."""
         h = self.hosts.host(host)
         assert h.sshd is not None, f"{host} has no sshd"
-        enter = ["nsenter", f"--target={h.sshd.pid}", "--mount", "--net"]
-        return subprocess.run([*enter, *argv], capture_output=True, text=True, timeout=timeout, check=False)
+        return ["nsenter", f"--target={h.sshd.pid}", "--mount", "--net", *([f"--wd={wd}"] if wd else [])]
+
+    def on(
+        self, host: str, *argv: str, timeout: float = 60, wd: Path | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        """`argv` in the host's network and mount namespaces, in folder `wd` there."""
+        return subprocess.run(
+            [*self.enter(host, wd), *argv], capture_output=True, text=True, timeout=timeout, check=False
+        )
 
     def mount_on(
         self, host: str, timeout: float = 30, at: Path | None = None, coherent: bool | None = None,

@@ -23,3 +23,18 @@ def post(url: str, body: Any, raw: bool = False, timeout: float = 120) -> tuple[
 def get(url: str) -> str:
     with urllib.request.urlopen(url, timeout=10) as r:
         return r.read().decode()
+
+
+def completion(url: str, prompt: list[int], max_tokens: int = 4) -> dict:
+    """One /v1/completions of the simulator's model, its JSON answer."""
+    body = json.dumps({"model": "sim-model", "prompt": prompt, "max_tokens": max_tokens}).encode()
+    req = urllib.request.Request(
+        f"{url}/v1/completions", data=body, headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.loads(r.read())
+
+
+def metrics(url: str) -> str:
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as r:
+        return r.read().decode()

@@ -395,6 +395,14 @@ def _remove_cgroups(s: Slurm) -> None:
                     time.sleep(0.05)
 
 
+@dataclass
+class Site:
+    """A Slurm cluster and the test hosts it runs on."""
+
+    hosts: netns.Cluster
+    slurm: Slurm
+
+
 @contextlib.contextmanager
 def slurm_or_skip(
     hosts: netns.Cluster, nodes: list[str] | None = None, gpus: int = 0, oci: bool = False

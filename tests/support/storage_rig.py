@@ -12,10 +12,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.integration.deploy.conftest import Cli, metrics, node_lines
 from tests.support import gluster
+from tests.support.cli import Cli
+from tests.support.http import metrics
 from tests.support.netns import Cluster, cluster_or_skip
 from tests.support.processes import wait_for
+from tests.support.topology import node_lines
 
 NAME = "f-storage"
 BOUND_S = 2.0  # load_timeout_s and dump_timeout_s of the deployment

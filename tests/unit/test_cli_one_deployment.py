@@ -3,13 +3,12 @@ one line each with an exit status a CI can act on."""
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.support.cli import Cli
 from ucmctl import cli
 from ucmctl.core.errors import ExitStatus
 from ucmctl.deploy.state import Record, StateStore
@@ -31,11 +30,7 @@ def home_with(tmp: Path, *names: str) -> Path:
 
 
 def ucmctl(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "UCMCTL_HOME": str(home)}
-    done = subprocess.run([sys.executable, "-m", "ucmctl", *args], capture_output=True, text=True, env=env,
-                          timeout=60, stdin=subprocess.DEVNULL)  # fmt: skip
-    assert "Traceback" not in done.stdout + done.stderr, done.stderr
-    return done
+    return Cli(home, timeout=60)(*args)
 
 
 def one_line(done: subprocess.CompletedProcess[str]) -> str:

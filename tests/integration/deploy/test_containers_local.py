@@ -12,7 +12,6 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.deploy.conftest import completion
+from tests.support.cli import Cli
 from tests.support.containers import (
     build_base_image,
     cgroup_parent,
@@ -31,6 +30,7 @@ from tests.support.containers import (
     write_podman_config,
 )
 from tests.support.docker import docker_daemon, load_from_podman, unmount_below
+from tests.support.http import completion
 from tests.support.processes import free_port
 from ucmctl.deploy.health import why_not
 
@@ -95,11 +95,7 @@ class Runtime:
 
 
 def ucmctl(env: dict[str, str], home: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    done = subprocess.run([sys.executable, "-m", "ucmctl", *args], capture_output=True, text=True,
-                          env={**os.environ, **env, "UCMCTL_HOME": str(home), "COLUMNS": "80"},
-                          timeout=timeout)  # fmt: skip
-    assert "Traceback" not in done.stdout + done.stderr, done.stderr
-    return done
+    return Cli(home, env={**env, "COLUMNS": "80"}, timeout=timeout)(*args)
 
 
 def topology(tmp: Path, runtime: str, cgroup: str) -> Path:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.cli import Cli
 from tests.support.processes import carries_marker, free_port
 
 pytestmark = pytest.mark.slow
@@ -58,17 +59,11 @@ def deployed(home: Path, topo: Path, workdir: Path) -> Iterator[None]:
 
 
 def ucmctl(home: Path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "UCMCTL_HOME": str(home)}
-    done = subprocess.run([sys.executable, "-m", "ucmctl", *args], capture_output=True, text=True, env=env,
-                          timeout=timeout)  # fmt: skip
-    assert "Traceback" not in done.stdout + done.stderr, done.stderr
-    return done
+    return Cli(home)(*args, timeout=timeout)
 
 
 def spawn(home: Path, *args: str) -> subprocess.Popen[str]:
-    env = {**os.environ, "UCMCTL_HOME": str(home)}
-    return subprocess.Popen([sys.executable, "-m", "ucmctl", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
+    return Cli(home).popen(*args)
 
 
 def processes_of(run_dir: Path) -> list[int]:

@@ -13,10 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.deploy.conftest import Cli, completion, metrics, mixed_sim, node_lines, write
 from tests.support import gluster
+from tests.support.cli import Cli
+from tests.support.http import completion, metrics
 from tests.support.netns import Cluster
 from tests.support.processes import wait_for
+from tests.support.topology import mixed_sim, node_lines, write
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.deploy.conftest import Cli, mixed_sim, node_lines
+from tests.support.cli import Cli
 from tests.support.netns import Cluster
+from tests.support.topology import mixed_sim, node_lines
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 

@@ -16,16 +16,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.deploy.conftest import Cli, node_lines, write
 from tests.support import systemd_host
+from tests.support.cli import Cli
 from tests.support.netns import Cluster, cluster_or_skip
 from tests.support.processes import wait_for
+from tests.support.topology import node_lines, write
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 
 
 @pytest.fixture(scope="module")
-def site() -> Iterator[tuple[Cluster, int]]:
+def systemd_site() -> Iterator[tuple[Cluster, int]]:
     """Two hosts; h2's init is systemd (the container's PID 1 as this machine sees it)."""
     reason = systemd_host.available()
     if reason:
@@ -89,9 +90,9 @@ def kill_server(c: Cluster, name: str, process: str) -> None:
 
 
 def test_systemd_restarts_a_killed_decode_until_its_limit_and_down_stops_it_for_good(
-    tmp_path: Path, site: tuple[Cluster, int]
+    tmp_path: Path, systemd_site: tuple[Cluster, int]
 ) -> None:
-    c, pid = site
+    c, pid = systemd_site
     cli = Cli(c.base / "cli-home", c.ssh_config)
     topo = write(tmp_path, topology(c, "t-sd"))
     plan = cli("plan", str(topo))
@@ -133,9 +134,9 @@ def test_systemd_restarts_a_killed_decode_until_its_limit_and_down_stops_it_for_
 
 
 def test_systemd_on_a_node_whose_init_is_not_systemd_is_refused_at_preflight(
-    tmp_path: Path, site: tuple[Cluster, int]
+    tmp_path: Path, systemd_site: tuple[Cluster, int]
 ) -> None:
-    c, _ = site
+    c, _ = systemd_site
     cli = Cli(tmp_path / "home", c.ssh_config)
     text = topology(c, "t-nosd", h1_systemd=True).replace("prefill:\n", "prefill:\n  restart: on-failure\n")
     up = cli("up", str(write(tmp_path, text)))
@@ -146,9 +147,9 @@ def test_systemd_on_a_node_whose_init_is_not_systemd_is_refused_at_preflight(
 
 
 def test_a_systemd_host_without_systemd_set_is_named_in_a_warning(
-    tmp_path: Path, site: tuple[Cluster, int]
+    tmp_path: Path, systemd_site: tuple[Cluster, int]
 ) -> None:
-    c, _ = site
+    c, _ = systemd_site
     cli = Cli(tmp_path / "home", c.ssh_config)
     up = cli("up", str(write(tmp_path, topology(c, "t-warn", h2_systemd=False))), timeout=300)
     try:

@@ -13,8 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.deploy.conftest import completion
-from tests.integration.launch.conftest import Cli, Site, centralized, queued
+from tests.support.cli import Cli
+from tests.support.http import completion
+from tests.support.slurm import Site
+from tests.support.slurm_topology import centralized, queued
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 
@@ -22,7 +24,7 @@ UP_TIMEOUT = 180.0
 
 
 def ucmctl(site: Site, home: Path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    return Cli(home, site.slurm.env)(*args, timeout=timeout)
+    return Cli(home, env=site.slurm.env)(*args, timeout=timeout)
 
 
 def wait_for(check: Callable[[], object], timeout: float) -> object:

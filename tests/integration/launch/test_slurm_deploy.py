@@ -15,9 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.deploy.conftest import completion, metrics, write
-from tests.integration.launch.conftest import Cli, Site, centralized, queued
+from tests.support.cli import Cli
+from tests.support.http import completion, metrics
 from tests.support.processes import wait_for
+from tests.support.slurm import Site
+from tests.support.slurm_topology import centralized, queued
+from tests.support.topology import write
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 
@@ -189,7 +192,8 @@ def test_bad_slurm_input_submits_nothing(tmp_path: Path, site: Site, cli: Cli) -
     done = cli("up", str(write(tmp_path, bad_time)))
     assert done.returncode == 2 and "time_limit" in done.stderr and "1h" in done.stderr, done.stderr
     assert queued(site) == []
-    no_slurm = Cli(tmp_path / "home", {**cli.env, "PATH": os.path.dirname(sys.executable)})  # /bin has sbatch
+    # /bin has sbatch
+    no_slurm = Cli(tmp_path / "home", env={**cli.env, "PATH": os.path.dirname(sys.executable)})
     one_line(no_slurm("up", str(write(tmp_path, centralized(site, "s-bad")))), 3, "`sbatch` is not on")
 
 

@@ -7,24 +7,21 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.integration.deploy.conftest import completion, write
-from tests.integration.launch.conftest import Cli, Site, queued
-from tests.support.netns import cluster_or_skip
+from tests.support.cli import Cli
+from tests.support.http import completion
 from tests.support.processes import environ
-from tests.support.slurm import slurm_or_skip
+from tests.support.slurm import Site
+from tests.support.slurm_topology import queued
+from tests.support.topology import write
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 
 
-@pytest.fixture(scope="module")
-def site() -> Iterator[Site]:
-    with cluster_or_skip(2) as hosts, slurm_or_skip(hosts, gpus=2) as slurm:
-        yield Site(hosts, slurm)
+SLURM_SITE = {"gpus": 2}  # the site's `site` fixture (tests/support/fixtures.py)
 
 
 def test_the_allocation_and_every_step_get_the_gres_and_processes_keep_their_devices(

@@ -10,26 +10,23 @@ import json
 import os
 import re
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.integration.deploy.conftest import completion, write
-from tests.integration.launch.conftest import Cli, Site, centralized, queued
 from tests.integration.launch.test_slurm_deploy import external_hits, left
+from tests.support.cli import Cli
 from tests.support.containers import build_base_bundle
-from tests.support.netns import cluster_or_skip
+from tests.support.http import completion
 from tests.support.processes import wait_for
-from tests.support.slurm import runc_containers, slurm_or_skip
+from tests.support.slurm import Site, runc_containers
+from tests.support.slurm_topology import centralized, queued
+from tests.support.topology import write
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 
 
-@pytest.fixture(scope="module")
-def site() -> Iterator[Site]:
-    with cluster_or_skip(2) as hosts, slurm_or_skip(hosts, oci=True) as slurm:
-        yield Site(hosts, slurm)
+SLURM_SITE = {"oci": True}  # the site's `site` fixture (tests/support/fixtures.py)
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,7 @@
 """A store client on one test host, for the network filesystem tests (not a test module).
 
-usage: netfs_client.py dump|load|reload|poll BACKEND COUNT [NAMESPACE] [SECONDS]
+usage (from the checkout's root):
+    python -m tests.integration.store.netfs_client dump|load|reload|poll BACKEND COUNT [NAMESPACE] [SECONDS]
 dump stores blocks key(0..COUNT) and flushes; load reads them into buffers filled with 0xAB
 first, then prints one JSON line: how many loaded, how many delivered the right bytes, how many
 buffers of a failed load are still untouched, the reasons, and the store's read counters. poll
@@ -14,12 +15,10 @@ from __future__ import annotations
 import json
 import sys
 import time
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "unit" / "store"))
 
 import ucm_store
-from blocks import block, empty, key, same
+
+from tests.support.blocks import block, empty, key, same
 
 SHARDS = [16384, 16384]
 

@@ -13,15 +13,17 @@ from pathlib import Path
 
 import pytest
 import ucm_store
-from blocks import block, empty, key, same
-from writer import SHARDS
 
-WRITER = str(Path(__file__).with_name("writer.py"))
+from tests.integration.store.writer import SHARDS
+from tests.support.blocks import block, empty, key, same
+
+ROOT = Path(__file__).resolve().parents[3]  # the writer imports `tests` from the checkout's root
 
 
 def spawn(*args: object) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, WRITER, *map(str, args)],
+        [sys.executable, "-m", "tests.integration.store.writer", *map(str, args)],
+        cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -18,11 +18,12 @@ from pathlib import Path
 import pytest
 
 from tests.support import gluster
+from tests.support.blocks import key
 from tests.support.netns import cluster_or_skip
-from tests.unit.store.blocks import key
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
-CLIENT = Path(__file__).with_name("netfs_client.py")
+ROOT = Path(__file__).resolve().parents[3]  # the client imports `tests` from the checkout's root
+CLIENT = [sys.executable, "-m", "tests.integration.store.netfs_client"]
 COUNT = 24
 REPLACED = 4
 CACHE_S = 10  # the second client's entry and attribute cache, seconds
@@ -46,7 +47,7 @@ def serving(volume: gluster.Volume) -> None:
 
 def client(vol: gluster.Volume, host: str, op: str, *more: str, backend: Path | None = None) -> dict:
     backend = backend or vol.mount / "kv"
-    done = vol.on(host, sys.executable, str(CLIENT), op, str(backend), str(COUNT), *more, timeout=180)
+    done = vol.on(host, *CLIENT, op, str(backend), str(COUNT), *more, timeout=180, wd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.splitlines()[-1])
 
@@ -138,11 +139,8 @@ def test_a_block_replaced_under_a_caching_client_is_an_estale_miss_then_read_rig
 def replaced_under_a_reader(volume: gluster.Volume, cached: Path) -> dict:
     """A reader on h2's caching client loads every block; h1 renames a copy over REPLACED of
     them; the same reader loads them all again: what that second load printed."""
-    h = volume.hosts.host("h2")
-    assert h.sshd is not None
     reader = subprocess.Popen(
-        ["nsenter", f"--target={h.sshd.pid}", "--mount", "--net", sys.executable, str(CLIENT), "reload",
-         str(cached / "kv"), str(COUNT), "stale"],
+        [*volume.enter("h2", ROOT), *CLIENT, "reload", str(cached / "kv"), str(COUNT), "stale"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:

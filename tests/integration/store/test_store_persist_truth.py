@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 import ucm_store
-from blocks import block, empty, key, same
+
+from tests.support.blocks import block, empty, key, same
 
 # 4 MiB blocks into a cache that is not prefaulted: copying one into its slot takes long
 # enough (page faults included) that the second dump of a key often finds the first one's slot

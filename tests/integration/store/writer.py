@@ -1,6 +1,7 @@
 """Writer process for the crash and contention tests (not a test module).
 
-usage: writer.py BACKEND PIPELINE NAMESPACE FIRST COUNT BATCH [GO_FILE] [SHUFFLE_SEED]
+usage (from the checkout's root):
+    python -m tests.integration.store.writer BACKEND PIPELINE NAMESPACE FIRST COUNT BATCH [GO_FILE] [SEED]
 Dumps blocks key(FIRST..FIRST+COUNT) in batches, printing one line per finished batch.
 """
 
@@ -11,10 +12,9 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "unit" / "store"))
-
 import ucm_store
-from blocks import block, key
+
+from tests.support.blocks import block, key
 
 SHARDS = [2048, 2048, 2048, 1000]
 

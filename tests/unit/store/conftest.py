@@ -1,12 +1,9 @@
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
 
 ucm_store = pytest.importorskip("ucm_store", reason="native store not built (pip install -e .)")
 

@@ -13,8 +13,9 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
-from blocks import block, empty, key, same
 from ucm_store import _native
+
+from tests.support.blocks import block, empty, key, same
 
 SHARDS = [4096, 8192]
 SLOT_GB = sum(SHARDS) / 2**30

@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import ucm_store
-from blocks import key
 from ucm_store import ConfigError
+
+from tests.support.blocks import key
 
 
 def open_store(tmp_path, shard_sizes=(4096,), **cfg):

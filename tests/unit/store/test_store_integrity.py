@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 import ucm_store
-from blocks import block, empty, key, same
+
+from tests.support.blocks import block, empty, key, same
 
 SHARDS = [4096, 4096, 100]
 HEADER = 4096

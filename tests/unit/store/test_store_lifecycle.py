@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import ucm_store
-from blocks import block, empty, key, same
+
+from tests.support.blocks import block, empty, key, same
 
 SHARDS = [4096]
 
@@ -77,8 +78,7 @@ FAULTS = """
 import json, sys
 import ucm_store
 from ucm_store import _native
-sys.path.insert(0, sys.argv[2])
-from blocks import block, empty, key
+from tests.support.blocks import block, empty, key
 
 SHARDS = [4096]
 out = {}
@@ -115,7 +115,8 @@ print(json.dumps(out))
 def test_worker_exception_fails_the_block_and_the_process_lives(tmp_path):
     # In a child process: before the fix the exception ended it (std::terminate).
     run = subprocess.run(
-        [sys.executable, "-c", FAULTS, str(tmp_path), str(Path(__file__).parent)],
+        [sys.executable, "-c", FAULTS, str(tmp_path)],
+        cwd=Path(__file__).resolve().parents[3],  # `tests` imports from the checkout's root
         capture_output=True,
         text=True,
         timeout=120,

@@ -18,9 +18,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import ucm_store
-from blocks import block, empty, key, same
 from ucm_store import _native
 
+from tests.support.blocks import block, empty, key, same
 from ucmctl.core.pack_heads import pack_refs
 
 SHARDS = [4096, 8192]  # whole pages: written straight from the caller's memory

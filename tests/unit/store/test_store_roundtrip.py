@@ -8,7 +8,8 @@ import os
 import numpy as np
 import pytest
 import ucm_store
-from blocks import block, empty, key, same
+
+from tests.support.blocks import block, empty, key, same
 
 SHARDS = [4096, 1000, 8192, 3]  # odd sizes exercise padding and unaligned tails
 

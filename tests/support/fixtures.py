@@ -1,0 +1,34 @@
+"""The fixtures every test folder shares (a pytest plugin: tests/conftest.py loads it).
+
+- `hosts`: test hosts in network namespaces with sshd, for one module; 4 of them, or what the
+  module's `HOSTS` says: a count, or `cluster()`'s options (`{"count": 2, "containers": True}`).
+- `site`: a real Slurm on two test hosts, for one module; the module's `SLURM_SITE` passes
+  `slurm_or_skip`'s options (`{"gpus": 2}`, `{"oci": True}`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.support.netns import Cluster, cluster_or_skip
+from tests.support.slurm import Site, slurm_or_skip
+
+
+def _options(request: pytest.FixtureRequest, name: str, default: dict[str, Any]) -> dict[str, Any]:
+    value = getattr(request.module, name, default)
+    return {"count": value} if isinstance(value, int) else dict(value)
+
+
+@pytest.fixture(scope="module")
+def hosts(request: pytest.FixtureRequest) -> Iterator[Cluster]:
+    with cluster_or_skip(**_options(request, "HOSTS", {"count": 4})) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def site(request: pytest.FixtureRequest) -> Iterator[Site]:
+    with cluster_or_skip(2) as hosts, slurm_or_skip(hosts, **_options(request, "SLURM_SITE", {})) as slurm:
+        yield Site(hosts, slurm)
