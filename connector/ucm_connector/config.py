@@ -1,4 +1,5 @@
-"""The UCM config file (`kv_connector_extra_config.UCM_CONFIG_FILE`): load and validate.
+"""The UCM config file (`kv_connector_extra_config.UCM_CONFIG_FILE`), as the connector takes it:
+read and validated by the one loader (ucmctl.core.ucm_config.load_ucm_config).
 
 Every problem is raised at start-up as a `UCMConfigError` that names the file and the key, so a
 typo fails the launch instead of silently running without a cache.
@@ -11,22 +12,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from ucmctl.core.ucm_config import (
-    CONNECTOR_NAMES,
     DEFAULT_DUMP_TIMEOUT_S,
     DEFAULT_LOAD_TIMEOUT_S,
     TIERS,
+    UcmConfig,
     UcmConfigError,
-    parse_ucm_config,
+    check_ucm_config,
+    load_ucm_config,
 )
 
 CONFIG_FILE_KEY = "UCM_CONFIG_FILE"
 
-# The names the guides' YAML uses, from the file's one schema (ucmctl.core.ucm_config, a leaf module
-# of the same wheel: pydantic only, no control plane).
-KNOWN_CONNECTORS = CONNECTOR_NAMES
+# The tiers the guides' YAML names, from the file's one schema (ucmctl.core.ucm_config, a leaf
+# module of the same wheel: no control plane).
 KNOWN_TIERS = TIERS
 
 
@@ -54,21 +53,10 @@ class UCMConfig:
 def parse_config(raw: Any, source: str = "<inline>") -> UCMConfig:
     """Validate an already-loaded UCM config mapping against the one schema of the file."""
     try:
-        checked = parse_ucm_config(raw)
+        store, checked = check_ucm_config(raw, source)
     except UcmConfigError as exc:
-        raise UCMConfigError(f"UCM config {source}: {exc}") from None
-    entry = raw["ucm_connectors"][0]
-    return UCMConfig(
-        connector_name=checked.connector_name,
-        store_config=dict(entry["ucm_connector_config"]),  # as written: the store parses it again
-        enable_event_sync=checked.enable_event_sync,
-        use_layerwise=checked.use_layerwise,
-        wait_persisted=checked.wait_persisted,
-        load_timeout_s=checked.load_timeout_s,
-        dump_timeout_s=checked.dump_timeout_s,
-        pack_blocks=checked.pack_blocks,
-        source=source,
-    )
+        raise UCMConfigError(str(exc)) from None
+    return _connector_config(store, checked, source)
 
 
 def load_config(extra_config: Mapping[str, Any]) -> UCMConfig:
@@ -80,13 +68,25 @@ def load_config(extra_config: Mapping[str, Any]) -> UCMConfig:
         )
     path = Path(str(path_value))
     try:
-        text = path.read_text()
+        store, checked = load_ucm_config(path)
     except OSError as exc:
         raise UCMConfigError(
             f"kv_connector_extra_config.{CONFIG_FILE_KEY}: cannot read {path}: {exc.strerror}"
         ) from exc
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise UCMConfigError(f"UCM config {path}: not valid YAML: {exc}") from exc
-    return parse_config(raw, source=str(path))
+    except UcmConfigError as exc:
+        raise UCMConfigError(str(exc)) from exc.__cause__
+    return _connector_config(store, checked, str(path))
+
+
+def _connector_config(store: dict[str, Any], checked: UcmConfig, source: str) -> UCMConfig:
+    return UCMConfig(
+        connector_name=checked.connector_name,
+        store_config=store,  # as written: the store parses it again
+        enable_event_sync=checked.enable_event_sync,
+        use_layerwise=checked.use_layerwise,
+        wait_persisted=checked.wait_persisted,
+        load_timeout_s=checked.load_timeout_s,
+        dump_timeout_s=checked.dump_timeout_s,
+        pack_blocks=checked.pack_blocks,
+        source=source,
+    )

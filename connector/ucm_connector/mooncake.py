@@ -19,19 +19,23 @@ from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.mooncake_connector im
 )
 
 from ucm_connector.prom import CounterMetrics
+from ucmctl.core.metric_names import MOONCAKE_COUNTERS
 
 
 class MooncakePromMetrics(CounterMetrics):
     """Counters for vLLM's MooncakeKVConnectorStats, whose values are lists (one per event)."""
 
-    COUNTERS = (
-        ("transfers", "vllm:mooncake_transfers", "Mooncake P2P transfers that succeeded"),
-        ("bytes_transferred", "vllm:mooncake_bytes_transferred", "Bytes sent by Mooncake P2P transfers"),
-        ("transfer_duration", "vllm:mooncake_transfer_seconds", "Seconds spent in Mooncake P2P transfers"),
-        ("num_descriptors", "vllm:mooncake_descriptors", "Memory descriptors of Mooncake P2P transfers"),
-        ("num_failed_transfers", "vllm:mooncake_failed_transfers", "Mooncake P2P transfers that failed"),
-        ("num_failed_recvs", "vllm:mooncake_failed_recvs", "Mooncake P2P receives that failed"),
-        ("num_kv_expired_reqs", "vllm:mooncake_expired_requests", "Requests whose KV expired unsent"),
+    COUNTERS = tuple(
+        (key, MOONCAKE_COUNTERS[key], doc)
+        for key, doc in (
+            ("transfers", "Mooncake P2P transfers that succeeded"),
+            ("bytes_transferred", "Bytes sent by Mooncake P2P transfers"),
+            ("transfer_duration", "Seconds spent in Mooncake P2P transfers"),
+            ("num_descriptors", "Memory descriptors of Mooncake P2P transfers"),
+            ("num_failed_transfers", "Mooncake P2P transfers that failed"),
+            ("num_failed_recvs", "Mooncake P2P receives that failed"),
+            ("num_kv_expired_reqs", "Requests whose KV expired unsent"),
+        )
     )
 
     def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:

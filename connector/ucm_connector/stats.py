@@ -8,6 +8,7 @@ from typing import Any
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
 from ucm_connector.prom import CounterMetrics
+from ucmctl.core.metric_names import ucm_counter
 from ucmctl.core.store_errors import LOAD_KINDS, LOOKUP_KINDS, SAVE_KINDS, WAIT_OPS, error_kind
 
 __all__ = ["UCMConnectorStats", "UCMPromMetrics", "error_kind"]
@@ -92,40 +93,28 @@ class UCMConnectorStats(KVConnectorStats):
 class UCMPromMetrics(CounterMetrics):
     """The connector's transfer stats as Prometheus counters, one per stats field."""
 
-    COUNTERS = (
-        ("load_blocks", "vllm:ucm_load_blocks", "Blocks loaded from the UCM store"),
-        ("load_bytes", "vllm:ucm_load_bytes", "Bytes loaded from the UCM store"),
-        ("load_s", "vllm:ucm_load_seconds", "Seconds spent loading from the UCM store"),
-        ("load_errors", "vllm:ucm_load_errors", "Blocks the UCM store could not deliver (recomputed)"),
-        ("save_blocks", "vllm:ucm_save_blocks", "Blocks saved to the UCM store"),
-        ("save_bytes", "vllm:ucm_save_bytes", "Bytes saved to the UCM store"),
-        ("save_s", "vllm:ucm_save_seconds", "Seconds spent saving to the UCM store"),
-        ("save_errors", "vllm:ucm_save_errors", "Blocks the UCM store failed to save"),
-        ("load_errors_estale", "vllm:ucm_load_errors_estale", "Load errors: stale file handle (ESTALE)"),
-        (
-            "load_errors_enotconn",
-            "vllm:ucm_load_errors_enotconn",
-            "Load errors: storage not connected (ENOTCONN)",
-        ),
-        ("load_errors_eio", "vllm:ucm_load_errors_eio", "Load errors: I/O error (EIO)"),
-        ("load_errors_timeout", "vllm:ucm_load_errors_timeout", "Load errors: not finished in time"),
-        ("load_errors_corrupt", "vllm:ucm_load_errors_corrupt", "Load errors: block failed its checksum"),
-        ("save_errors_timeout", "vllm:ucm_save_errors_timeout", "Save errors: not stored in time"),
-        ("lookup_errors", "vllm:ucm_lookup_errors", "Lookups the storage failed to answer (misses)"),
-        *((f"lookup_errors_{k}", f"vllm:ucm_lookup_errors_{k}", f"Lookup errors: {k}") for k in LOOKUP_KINDS),
-        (
-            "save_errors_dropped",
-            "vllm:ucm_save_errors_dropped",
-            "Save errors: dropped, the storage is far behind",
-        ),
-        *(
-            (
-                f"{op}_waits_over_bound",
-                f"vllm:ucm_{op}_waits_over_bound",
-                f"UCM store {op}s over their bound + 1 s",
-            )
-            for op in WAIT_OPS
-        ),
+    COUNTERS = tuple(
+        (key, ucm_counter(key), doc)
+        for key, doc in (
+            ("load_blocks", "Blocks loaded from the UCM store"),
+            ("load_bytes", "Bytes loaded from the UCM store"),
+            ("load_s", "Seconds spent loading from the UCM store"),
+            ("load_errors", "Blocks the UCM store could not deliver (recomputed)"),
+            ("save_blocks", "Blocks saved to the UCM store"),
+            ("save_bytes", "Bytes saved to the UCM store"),
+            ("save_s", "Seconds spent saving to the UCM store"),
+            ("save_errors", "Blocks the UCM store failed to save"),
+            ("load_errors_estale", "Load errors: stale file handle (ESTALE)"),
+            ("load_errors_enotconn", "Load errors: storage not connected (ENOTCONN)"),
+            ("load_errors_eio", "Load errors: I/O error (EIO)"),
+            ("load_errors_timeout", "Load errors: not finished in time"),
+            ("load_errors_corrupt", "Load errors: block failed its checksum"),
+            ("save_errors_timeout", "Save errors: not stored in time"),
+            ("lookup_errors", "Lookups the storage failed to answer (misses)"),
+            *((f"lookup_errors_{k}", f"Lookup errors: {k}") for k in LOOKUP_KINDS),
+            ("save_errors_dropped", "Save errors: dropped, the storage is far behind"),
+            *((f"{op}_waits_over_bound", f"UCM store {op}s over their bound + 1 s") for op in WAIT_OPS),
+        )
     )
 
     def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:

@@ -36,8 +36,8 @@ Operations (all batched; dump and load return a task id at once):
   connector and the simulator use for each step (see there).
 - ``dump(keys, blocks, packs=None) -> int``, ``load(keys, blocks, packs=None) -> int``.
 - ``packs`` (dump, load, lookup, lookup_prefix): None, or per key None or ``(head, index)``: the
-  key of the block that names the key's pack and its index there (``pack_refs`` computes them
-  for a chain where no other chain's pack is on disk, ``pack_heads`` finds them where one is).
+  key of the block that names the key's pack and its index there (``pack_heads`` finds where
+  each block's pack is, ``ucmctl.core.pack_heads.pack_refs`` turns that into references).
   A dump writes the blocks of one head with indices 0, 1, 2... as one pack once they are all
   in the DRAM tier (blocks past a gap, or that another writer's pack of the same head does not
   hold, go to files of their own; a persisted outcome per block as ever); a load
@@ -101,25 +101,12 @@ __all__ = [
     "Store",
     "StoreSettings",
     "TaskResult",
-    "pack_refs",
 ]
 
 _TIER_CODES = {None: 0, "Cache": 1, "Posix": 2}
 
 # Per key: None, or (the key of its pack's first block, its index in that pack).
 PackRefs = Sequence[tuple[bytes, int] | None]
-
-
-def pack_refs(
-    chain: Sequence[bytes], start: int, count: int, per_pack: int
-) -> list[tuple[bytes, int] | None]:
-    """Pack references of blocks ``start .. start + count - 1`` of a prefix chain whose block
-    keys from the first on are ``chain``: block ``p`` sits at index ``p % per_pack`` of the pack
-    named by block ``p - p % per_pack`` (where no other chain's pack is on disk: see
-    ``Store.pack_heads``). ``per_pack`` <= 1: no packs (all None)."""
-    if per_pack <= 1:
-        return [None] * count
-    return [(chain[p - p % per_pack], p % per_pack) for p in range(start, start + count)]
 
 
 def _ms(timeout: float | None, default_ms: int) -> int:

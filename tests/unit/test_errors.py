@@ -8,7 +8,6 @@ import pytest
 
 from ucmctl.core.errors import ExitStatus, Problem, UcmctlError, report
 from ucmctl.core.ucm_config import UcmConfigError
-from ucmctl.k8s.validate import ManifestError
 from ucmctl.launch.base import LaunchError
 from ucmctl.launch.slurm import SlurmError
 from ucmctl.nodes.executor import HostKeyError, NodeError
@@ -22,7 +21,6 @@ from ucmctl.nodes.executor import HostKeyError, NodeError
         (LaunchError("sbatch refused", ExitStatus.NOT_READY), "sbatch refused", ExitStatus.NOT_READY),
         (SlurmError("squeue failed: x"), "squeue failed: x", ExitStatus.FAILURE),
         (UcmConfigError("kind: invalid 'x'"), "kind: invalid 'x'", ExitStatus.BAD_INPUT),
-        (ManifestError("Service/proxy: ports: bad"), "Service/proxy: ports: bad", ExitStatus.FAILURE),
         (UcmctlError.one("bad", file="t.yaml", line=3, key="nodes.a", fix="fix it"),
          "t.yaml:3 nodes.a: bad (fix it)", ExitStatus.BAD_INPUT),
     ],
@@ -36,7 +34,7 @@ def test_every_error_is_one_line_and_a_status(error: UcmctlError, line: str, sta
 
 
 def test_config_errors_are_still_value_errors() -> None:
-    assert isinstance(UcmConfigError("x"), ValueError) and isinstance(ManifestError("x"), ValueError)
+    assert isinstance(UcmConfigError("x"), ValueError)
 
 
 def test_several_problems_are_several_lines() -> None:

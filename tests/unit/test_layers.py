@@ -45,7 +45,7 @@ def test_the_checkout_keeps_every_contract(copy: Path) -> None:
         ("nodes/fanout.py", "ucmctl.launch", "layers import one way"),
         ("proxy/health.py", "ucmctl.topology.model", "import only ucmctl.core"),
         ("sim/tokens.py", "ucmctl.proxy.rewrite", "do not import each other"),
-        ("k8s/validate.py", "ucmctl.topology.model", "never the topology"),
+        ("k8s/render.py", "ucmctl.topology.model", "never the topology"),
     ],
 )
 def test_an_upward_import_breaks_the_contract(copy: Path, module: str, imported: str, contract: str) -> None:

@@ -17,29 +17,39 @@ import aiohttp
 from ucmctl.bench.scrape import SCRAPE_TIMEOUT_S, fetch_metrics
 from ucmctl.core.errors import UcmctlError
 from ucmctl.core.exposition import samples
+from ucmctl.core.metric_names import PROCESS_START, ucm_counter
 from ucmctl.core.store_errors import LOAD_KINDS, LOOKUP_KINDS, SAVE_KINDS, WAIT_OPS
-from ucmctl.engines import ENGINES
+from ucmctl.engines import DEFAULT_ENGINE, Metrics, engine_for
 
-# Every engine ucmctl serves with exposes vLLM's series (the simulator imitates them; a test
-# holds the registry to it): an engine with names of its own would pass its Metrics here.
-METRICS = ENGINES["vllm"].metrics
-COUNTERS = {
-    "local_queries": METRICS.local_queries,
-    "local_hits": METRICS.local_hits,
-    "external_queries": METRICS.external_queries,
-    "external_hits": METRICS.external_hits,
-    "preemptions": METRICS.preemptions,  # not a hit counter: read with them, reported per phase
-    # The UCM connector's block counters (the simulator exports the same names): why loads
-    # missed (a network filesystem's errors, timeouts) and saves failed, per phase.
-    "ucm_load_errors": "vllm:ucm_load_errors",
-    **{f"ucm_load_errors_{k}": f"vllm:ucm_load_errors_{k}" for k in LOAD_KINDS},
-    "ucm_lookup_errors": "vllm:ucm_lookup_errors",
-    **{f"ucm_lookup_errors_{k}": f"vllm:ucm_lookup_errors_{k}" for k in LOOKUP_KINDS},
-    "ucm_save_errors": "vllm:ucm_save_errors",
-    **{f"ucm_save_errors_{k}": f"vllm:ucm_save_errors_{k}" for k in SAVE_KINDS},
+# The series of the default engine (vLLM's): a run passes its engine's `Metrics` to what reads.
+METRICS = engine_for(DEFAULT_ENGINE).metrics
+# The UCM connector's block counters (the simulator exports the same names): why loads missed
+# (a network filesystem's errors, timeouts) and saves failed, per phase.
+UCM_KEYS = (
+    "ucm_load_errors",
+    *(f"ucm_load_errors_{k}" for k in LOAD_KINDS),
+    "ucm_lookup_errors",
+    *(f"ucm_lookup_errors_{k}" for k in LOOKUP_KINDS),
+    "ucm_save_errors",
+    *(f"ucm_save_errors_{k}" for k in SAVE_KINDS),
     # store waits that outlasted their bound by over a second: 0 unless the bounding fails
-    **{f"ucm_{op}_waits_over_bound": f"vllm:ucm_{op}_waits_over_bound" for op in WAIT_OPS},
-}
+    *(f"ucm_{op}_waits_over_bound" for op in WAIT_OPS),
+)
+
+
+def counter_names(metrics: Metrics = METRICS) -> dict[str, str]:
+    """Our key: the Prometheus counter, of an engine's series and the UCM connector's."""
+    return {
+        "local_queries": metrics.local_queries,
+        "local_hits": metrics.local_hits,
+        "external_queries": metrics.external_queries,
+        "external_hits": metrics.external_hits,
+        "preemptions": metrics.preemptions,  # not a hit counter: read with them, reported per phase
+        **{k: ucm_counter(k.removeprefix("ucm_")) for k in UCM_KEYS},
+    }
+
+
+COUNTERS = counter_names()  # the default engine's; its keys are every engine's
 
 
 @dataclass(frozen=True)
@@ -49,14 +59,12 @@ class Instance:
     url: str  # base URL: /metrics and /reset_prefix_cache live under it
 
 
-STARTED = "process_start_time_seconds"  # prometheus_client's, in vLLM's /metrics (one API server)
-
-
-def parse_counters(text: str) -> dict[str, float]:
-    """Our counters from a Prometheus exposition, summed over label sets (engines); with
-    `started`, the server's process start time when it says it (a restart changes it)."""
-    wanted: dict[str, str] = {STARTED: "started"}
-    for key, name in COUNTERS.items():
+def parse_counters(text: str, metrics: Metrics = METRICS) -> dict[str, float]:
+    """Our counters from a Prometheus exposition of an engine of `metrics`, summed over label
+    sets (engines); with `started`, the server's process start time when it says it (a restart
+    changes it)."""
+    wanted: dict[str, str] = {PROCESS_START: "started"}
+    for key, name in counter_names(metrics).items():
         wanted[name] = key
         wanted[name + "_total"] = key
     out = dict.fromkeys(COUNTERS, 0.0)
@@ -68,13 +76,14 @@ def parse_counters(text: str) -> dict[str, float]:
 
 
 async def scrape(
-    http: aiohttp.ClientSession, instances: list[Instance]
+    http: aiohttp.ClientSession, instances: list[Instance], metrics: Metrics = METRICS
 ) -> dict[str, dict[str, float] | None]:
-    """Every instance's counters; None for one whose /metrics did not answer."""
+    """Every instance's counters (served by an engine of `metrics`); None for one whose
+    /metrics did not answer."""
 
     async def one(inst: Instance) -> dict[str, float] | None:
         text = await fetch_metrics(http, inst.url, SCRAPE_TIMEOUT_S)
-        return parse_counters(text) if text is not None else None
+        return parse_counters(text, metrics) if text is not None else None
 
     values = await asyncio.gather(*(one(i) for i in instances))
     return {inst.name: v for inst, v in zip(instances, values, strict=True)}

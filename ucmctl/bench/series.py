@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 import aiohttp
@@ -20,34 +22,62 @@ import aiohttp
 from ucmctl.bench.hitrate import METRICS, Instance
 from ucmctl.bench.scrape import fetch_metrics
 from ucmctl.core.exposition import samples
+from ucmctl.core.metric_names import ucm_counter
+from ucmctl.engines import Metrics
 
-# name in the result: the Prometheus series (a counter's _total suffix is read too)
-SERIES = {
-    "running": "vllm:num_requests_running",
-    "waiting": "vllm:num_requests_waiting",
-    "kv_usage": "vllm:kv_cache_usage_perc",
-    "local_queries": METRICS.local_queries,
-    "local_hits": METRICS.local_hits,
-    "external_queries": METRICS.external_queries,
-    "external_hits": METRICS.external_hits,
-    "preemptions": METRICS.preemptions,
-    "ucm_load_errors": "vllm:ucm_load_errors",
-    "ucm_save_errors": "vllm:ucm_save_errors",
-    "ucm_lookup_errors": "vllm:ucm_lookup_errors",
-}
-GAUGES = ("running", "waiting", "kv_usage")
 TRANSFERRED = "kv_transfer_tokens"  # prompt tokens that came through the KV connector (P2P)
-_BY_NAME = {n: k for k, n in SERIES.items()} | {n + "_total": k for k, n in SERIES.items()}
-_FIRST = tuple({n.split(":", 1)[0] for n in SERIES.values()} | {"vllm"})  # cheap line filter
-_BY_SOURCE = (METRICS.prompt_tokens_by_source, METRICS.prompt_tokens_by_source + "_total")
 
 
-def parse(text: str) -> dict[str, float]:
-    """The kept series of one /metrics text, each summed over its label sets (engines)."""
+def series_names(metrics: Metrics = METRICS) -> dict[str, str]:
+    """Name in the result: the Prometheus series, of an engine's and the UCM connector's (a
+    counter's _total suffix is read too)."""
+    return {
+        "running": metrics.requests_running,
+        "waiting": metrics.requests_waiting,
+        "kv_usage": metrics.kv_cache_usage,
+        "local_queries": metrics.local_queries,
+        "local_hits": metrics.local_hits,
+        "external_queries": metrics.external_queries,
+        "external_hits": metrics.external_hits,
+        "preemptions": metrics.preemptions,
+        **{f"ucm_{k}": ucm_counter(k) for k in ("load_errors", "save_errors", "lookup_errors")},
+    }
+
+
+SERIES = series_names()  # the default engine's; its keys are every engine's
+
+
+@dataclass(frozen=True)
+class _Reader:
+    """What a parse looks for: our key by series name, a cheap line filter, the transfer counter."""
+
+    by_name: dict[str, str]
+    first: tuple[str, ...]
+    by_source: tuple[str, str]
+    transfer_source: str
+
+
+@cache
+def _reader(metrics: Metrics) -> _Reader:
+    names = series_names(metrics)
+    by_source = metrics.prompt_tokens_by_source
+    return _Reader(
+        by_name={n: k for k, n in names.items()} | {n + "_total": k for k, n in names.items()},
+        # the series' namespaces (`vllm`): a line outside them is skipped unparsed
+        first=tuple(dict.fromkeys(n.split(":", 1)[0] for n in [*names.values(), by_source])),
+        by_source=(by_source, by_source + "_total"),
+        transfer_source=metrics.transfer_source,
+    )
+
+
+def parse(text: str, metrics: Metrics = METRICS) -> dict[str, float]:
+    """The kept series of one /metrics text of an engine of `metrics`, each summed over its label
+    sets (engines)."""
+    r = _reader(metrics)
     out: dict[str, float] = {}
-    for s in samples(text, _FIRST):
-        key = _BY_NAME.get(s.name)
-        if key is None and s.name in _BY_SOURCE and s.label("source") == METRICS.transfer_source:
+    for s in samples(text, r.first):
+        key = r.by_name.get(s.name)
+        if key is None and s.name in r.by_source and s.label("source") == r.transfer_source:
             key = TRANSFERRED
         if key is not None:
             out[key] = out.get(key, 0.0) + s.value
@@ -57,8 +87,15 @@ def parse(text: str) -> dict[str, float]:
 class Sampler:
     """Reads every instance each `interval` seconds until stopped; `result()` is the series."""
 
-    def __init__(self, http: aiohttp.ClientSession, instances: list[Instance], interval: float) -> None:
-        self.http, self.instances, self.interval = http, instances, interval
+    def __init__(
+        self,
+        http: aiohttp.ClientSession,
+        instances: list[Instance],
+        interval: float,
+        metrics: Metrics = METRICS,
+    ) -> None:
+        """`metrics`: the series of the engine that serves the instances."""
+        self.http, self.instances, self.interval, self.metrics = http, instances, interval, metrics
         self.t: list[float] = []
         self.values: dict[str, list[dict[str, float] | None]] = {i.name: [] for i in instances}
         self._task: asyncio.Task[None] | None = None
@@ -85,7 +122,7 @@ class Sampler:
 
     async def _one(self, inst: Instance) -> dict[str, float] | None:
         text = await fetch_metrics(self.http, inst.url, max(self.interval, 1.0))
-        return parse(text) if text is not None else None
+        return parse(text, self.metrics) if text is not None else None
 
     async def _run(self) -> None:
         tick = 0

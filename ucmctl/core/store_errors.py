@@ -1,8 +1,9 @@
 """The kinds of a store's per-block error text, as the connector and the simulator count them.
 
-A leaf module (standard library only), imported by the connector on the nodes and by the
-simulator: both name the same kinds in their `vllm:ucm_load_errors_<kind>` counters, and the
-benchmark reads those to say why loads missed in a phase.
+A leaf module (the standard library and core's exposition and metric names), imported by the
+connector on the nodes and by the simulator: both name the same kinds in their
+`vllm:ucm_load_errors_<kind>` counters, and the benchmark reads those to say why loads missed in
+a phase.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import time
 from collections.abc import Callable
 
 from ucmctl.core.exposition import samples
+from ucmctl.core.metric_names import UCM_PREFIX
 
 # What a network filesystem gives (a handle gone stale, the server gone, an I/O error), a load
 # not finished in time, a block that failed its checksum.
@@ -86,7 +88,9 @@ def error_kind(reason: str) -> str | None:
 
 
 OPS = {"lookup": LOOKUP_KINDS, "load": LOAD_KINDS, "save": SAVE_KINDS}
-_NAME = re.compile(r"^vllm:ucm_(lookup|load|save)_(?:errors(?:_([a-z]+))?|(waits_over_bound))_total$")
+_NAME = re.compile(
+    rf"^{re.escape(UCM_PREFIX)}(lookup|load|save)_(?:errors(?:_([a-z]+))?|(waits_over_bound))_total$"
+)
 
 
 def errors_from_metrics(text: str) -> dict[str, float]:
@@ -95,7 +99,7 @@ def errors_from_metrics(text: str) -> dict[str, float]:
     (absent ones are 0)."""
     out = {op: 0.0 for op in OPS} | {f"{op}_{k}": 0.0 for op, kinds in OPS.items() for k in kinds}
     out |= {f"{op}_waits_over_bound": 0.0 for op in WAIT_OPS}
-    for s in samples(text, ("vllm:ucm_",)):
+    for s in samples(text, (UCM_PREFIX,)):
         m = _NAME.match(s.name)
         if m is None:
             continue

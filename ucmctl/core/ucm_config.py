@@ -2,10 +2,10 @@
 or reads it.
 
 The plan builder renders it from these models, the connector (ucm_connector.config) and the
-native store (ucm_store.config) validate it with them, the simulator reads it through them, and
-the topology checks take the valid pipelines from here. A leaf module: pydantic and the standard
-library only, so the connector and the store (same wheel, on the nodes) import it without
-pulling in the control plane.
+simulator read the file with `load_ucm_config`, the native store (ucm_store.config) validates
+its part with `parse_store_config`, and the topology checks take the valid pipelines from here.
+A leaf module: pydantic, PyYAML and the standard library only, so the connector and the store
+(same wheel, on the nodes) import it without pulling in the control plane.
 
 Every error names its key and says what is valid, on one line: `UcmConfigError`.
 """
@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
+import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ucmctl.core.errors import Problem, UcmctlError
@@ -284,3 +286,25 @@ def parse_ucm_config(raw: Any) -> UcmConfig:
         return UcmConfig.model_validate(raw)
     except ValidationError as exc:
         raise UcmConfigError(_first_error(exc, "")) from None
+
+
+def check_ucm_config(raw: Any, source: str) -> tuple[dict[str, Any], UcmConfig]:
+    """The `ucm_connector_config` of a loaded UCM config file as written (the store parses it
+    itself), and the whole file checked; a problem is one `UcmConfigError`, "UCM config
+    <source>: <key path>: <what is wrong>"."""
+    try:
+        checked = parse_ucm_config(raw)
+    except UcmConfigError as exc:
+        raise UcmConfigError(f"UCM config {source}: {exc}") from None
+    return dict(raw["ucm_connectors"][0]["ucm_connector_config"]), checked
+
+
+def load_ucm_config(path: str | os.PathLike[str]) -> tuple[dict[str, Any], UcmConfig]:
+    """The UCM config file at `path`, read and checked as `check_ucm_config` says. OSError
+    when it cannot be read; a `UcmConfigError` when it is not YAML or not valid."""
+    text = Path(path).read_text()
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise UcmConfigError(f"UCM config {path}: not valid YAML: {exc}") from exc
+    return check_ucm_config(raw, str(path))

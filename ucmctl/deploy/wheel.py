@@ -32,11 +32,6 @@ class Wheel:
     def sha256(self) -> str:
         return hashlib.sha256(self.data).hexdigest()
 
-    @property
-    def python_tag(self) -> str:
-        """`cp311`: the CPython the native store was compiled for."""
-        return self.filename.split("-")[2]
-
 
 def _tag() -> str:
     try:

@@ -1,7 +1,8 @@
 """Engines: what serving with vLLM or the simulator means to ucmctl (engines/base.py).
 
-The registry below is keyed by the topology's `engine`: a new engine (SGLang, say) is one module
-with an `Engine` subclass and one line here; docs/architecture.md says what it must define.
+The registry below is the one list of engines: the topology's `engine` and the Plan's take their
+names from it, in its order. A new engine (SGLang, say) is one module with an `Engine` subclass
+and one line here; docs/architecture.md says what it must define.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ ENGINES: dict[str, Engine] = {
     "vllm": VllmEngine(),
     "sim": SimEngine(),
 }
+# The engine of a topology that names none, and of a bench run against a URL that names none.
+DEFAULT_ENGINE = "vllm"
 
 
 def engine_for(name: str) -> Engine:
@@ -21,4 +24,6 @@ def engine_for(name: str) -> Engine:
     return ENGINES[name]
 
 
-__all__ = ["ENGINES", "Engine", "KvTransfer", "Metrics", "MooncakeLeg", "ServerSpec", "engine_for"]
+__all__ = [
+    "DEFAULT_ENGINE", "ENGINES", "Engine", "KvTransfer", "Metrics", "MooncakeLeg", "ServerSpec", "engine_for",
+]

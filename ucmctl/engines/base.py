@@ -70,8 +70,12 @@ class KvTransfer(BaseModel):
 @dataclass(frozen=True)
 class Metrics:
     """The names of the Prometheus series ucmctl reads from a server (the KV probe, the hit
-    rates, the capacity check): counters without their `_total` suffix."""
+    rates, the time series, the capacity check): counters without their `_total` suffix. An
+    engine builds them from the catalog, ucmctl.core.metric_names."""
 
+    requests_running: str  # gauges
+    requests_waiting: str
+    kv_cache_usage: str
     local_queries: str
     local_hits: str
     external_queries: str

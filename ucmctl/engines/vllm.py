@@ -9,6 +9,7 @@ import posixpath
 from collections.abc import Callable
 from typing import Any
 
+from ucmctl.core import metric_names as names
 from ucmctl.engines.base import Engine, KvTransfer, Metrics, MooncakeLeg, ServerSpec
 
 # The packaged connectors, as vLLM loads them (`kv_connector_module_path`).
@@ -16,14 +17,17 @@ CONNECTOR_MODULE = "ucm_connector.connector"
 MOONCAKE_MODULE = "ucm_connector.mooncake"
 
 VLLM_METRICS = Metrics(
-    local_queries="vllm:prefix_cache_queries",
-    local_hits="vllm:prefix_cache_hits",
-    external_queries="vllm:external_prefix_cache_queries",
-    external_hits="vllm:external_prefix_cache_hits",
-    preemptions="vllm:num_preemptions",
-    cache_config_info="vllm:cache_config_info",
-    prompt_tokens_by_source="vllm:prompt_tokens_by_source",
-    transfer_source="external_kv_transfer",
+    requests_running=names.REQUESTS_RUNNING,
+    requests_waiting=names.REQUESTS_WAITING,
+    kv_cache_usage=names.KV_CACHE_USAGE,
+    local_queries=names.PREFIX_CACHE_QUERIES,
+    local_hits=names.PREFIX_CACHE_HITS,
+    external_queries=names.EXTERNAL_PREFIX_CACHE_QUERIES,
+    external_hits=names.EXTERNAL_PREFIX_CACHE_HITS,
+    preemptions=names.PREEMPTIONS,
+    cache_config_info=names.CACHE_CONFIG_INFO,
+    prompt_tokens_by_source=names.PROMPT_TOKENS_BY_SOURCE,
+    transfer_source=names.KV_TRANSFER_SOURCE,
 )
 
 # vLLM flags that ucmctl derives from the topology: the key to set instead.

@@ -1,3 +1,3 @@
-"""Kubernetes manifests for a Plan (`ucmctl render --k8s DIR`): rendered and schema-checked,
-never applied by ucmctl. `render` builds the objects, `validate` checks them against their
-schemas (the tests run it on every example topology)."""
+"""Kubernetes manifests for a Plan (`ucmctl render --k8s DIR`): rendered, never applied by ucmctl.
+`render` builds the objects; the tests check them against their schemas on every example
+topology (tests/support/k8s_validate.py)."""

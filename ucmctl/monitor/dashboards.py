@@ -9,6 +9,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from ucmctl.core import metric_names as names
+
 D = '{deployment="$deployment"}'  # every query's selector (Grafana's variable)
 
 
@@ -33,62 +35,68 @@ class Panel:
 
 
 def _rate_ratio(hits: str, queries: str, by: str) -> str:
-    return f"sum by ({by}) (rate({hits}{D}[1m])) / sum by ({by}) (rate({queries}{D}[1m]))"
+    """The ratio of two counters' rates (names without `_total`)."""
+    return f"sum by ({by}) (rate({hits}_total{D}[1m])) / sum by ({by}) (rate({queries}_total{D}[1m]))"
+
+
+def _ucm(field: str) -> str:
+    """The UCM connector's counter of stats field `field`, as exposed."""
+    return names.ucm_counter(field) + "_total"
 
 
 PANELS = (
-    Panel("TTFT by role", "s", tuple(_quantiles("vllm:time_to_first_token_seconds", "role")), "serving"),
+    Panel("TTFT by role", "s", tuple(_quantiles(names.TIME_TO_FIRST_TOKEN, "role")), "serving"),
     Panel("TPOT (inter-token latency) by role", "s",
-          tuple(_quantiles("vllm:inter_token_latency_seconds", "role")), "serving"),
-    Panel("E2E latency by role", "s", tuple(_quantiles("vllm:e2e_request_latency_seconds", "role")),
+          tuple(_quantiles(names.INTER_TOKEN_LATENCY, "role")), "serving"),
+    Panel("E2E latency by role", "s", tuple(_quantiles(names.E2E_REQUEST_LATENCY, "role")),
           "serving"),
     Panel("Requests running and waiting", "short", (
-        ("running {{process}}", f"sum by (process) (vllm:num_requests_running{D})"),
-        ("waiting {{process}}", f"sum by (process) (vllm:num_requests_waiting{D})"),
+        ("running {{process}}", f"sum by (process) ({names.REQUESTS_RUNNING}{D})"),
+        ("waiting {{process}}", f"sum by (process) ({names.REQUESTS_WAITING}{D})"),
     ), "serving"),
     Panel("KV cache usage", "percentunit", (
-        ("{{process}}", f"max by (process) (vllm:kv_cache_usage_perc{D})"),
+        ("{{process}}", f"max by (process) ({names.KV_CACHE_USAGE}{D})"),
     ), "serving"),
     Panel("Preemptions per second", "short", (
-        ("{{process}}", f"sum by (process) (rate(vllm:num_preemptions_total{D}[1m]))"),
+        ("{{process}}", f"sum by (process) (rate({names.PREEMPTIONS}_total{D}[1m]))"),
     ), "serving"),
     Panel("Proxy: retries and upstream errors per second", "short", (
-        ("retries {{leg}}", f"sum by (leg) (rate(ucmctl_proxy_retries_total{D}[1m]))"),
+        ("retries {{leg}}", f"sum by (leg) (rate({names.PROXY_RETRIES}{D}[1m]))"),
         ("before the first token {{leg}}",
-         f"sum by (leg) (rate(ucmctl_proxy_first_token_retries_total{D}[1m]))"),
-        ("errors {{reason}}", f"sum by (reason) (rate(ucmctl_proxy_errors_total{D}[1m]))"),
-        ("requests", f"sum(rate(ucmctl_proxy_requests_total{D}[1m]))"),
+         f"sum by (leg) (rate({names.PROXY_FIRST_TOKEN_RETRIES}{D}[1m]))"),
+        ("errors {{reason}}", f"sum by (reason) (rate({names.PROXY_ERRORS}{D}[1m]))"),
+        ("requests", f"sum(rate({names.PROXY_REQUESTS}{D}[1m]))"),
     ), "serving"),
     Panel("Proxy: KV handover (prefill answered to decode's first token)", "s",
-          tuple(_quantiles("ucmctl_proxy_kv_handover_seconds", "deployment")), "serving"),
+          tuple(_quantiles(names.PROXY_KV_HANDOVER, "deployment")), "serving"),
     Panel("Local prefix cache hit rate by role", "percentunit", (
-        ("{{role}}", _rate_ratio("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total", "role")),
+        ("{{role}}", _rate_ratio(names.PREFIX_CACHE_HITS, names.PREFIX_CACHE_QUERIES, "role")),
     ), "kv-cache"),
     Panel("External (UCM store, P2P) hit rate by role", "percentunit", (
-        ("{{role}}", _rate_ratio("vllm:external_prefix_cache_hits_total",
-                                 "vllm:external_prefix_cache_queries_total", "role")),
+        ("{{role}}", _rate_ratio(names.EXTERNAL_PREFIX_CACHE_HITS, names.EXTERNAL_PREFIX_CACHE_QUERIES,
+                                 "role")),
     ), "kv-cache"),
     Panel("UCM store: blocks loaded and saved per second", "short", (
-        ("load {{process}}", f"sum by (process) (rate(vllm:ucm_load_blocks_total{D}[1m]))"),
-        ("save {{process}}", f"sum by (process) (rate(vllm:ucm_save_blocks_total{D}[1m]))"),
+        ("load {{process}}", f"sum by (process) (rate({_ucm('load_blocks')}{D}[1m]))"),
+        ("save {{process}}", f"sum by (process) (rate({_ucm('save_blocks')}{D}[1m]))"),
     ), "kv-cache"),
     Panel("UCM store: bytes loaded and saved per second", "Bps", (
-        ("load {{process}}", f"sum by (process) (rate(vllm:ucm_load_bytes_total{D}[1m]))"),
-        ("save {{process}}", f"sum by (process) (rate(vllm:ucm_save_bytes_total{D}[1m]))"),
+        ("load {{process}}", f"sum by (process) (rate({_ucm('load_bytes')}{D}[1m]))"),
+        ("save {{process}}", f"sum by (process) (rate({_ucm('save_bytes')}{D}[1m]))"),
     ), "kv-cache"),
     Panel("UCM store: seconds per block", "s", (
-        ("load {{process}}", f"sum by (process) (rate(vllm:ucm_load_seconds_total{D}[5m])) / "
-                             f"sum by (process) (rate(vllm:ucm_load_blocks_total{D}[5m]))"),
-        ("save {{process}}", f"sum by (process) (rate(vllm:ucm_save_seconds_total{D}[5m])) / "
-                             f"sum by (process) (rate(vllm:ucm_save_blocks_total{D}[5m]))"),
+        ("load {{process}}", f"sum by (process) (rate({_ucm('load_s')}{D}[5m])) / "
+                             f"sum by (process) (rate({_ucm('load_blocks')}{D}[5m]))"),
+        ("save {{process}}", f"sum by (process) (rate({_ucm('save_s')}{D}[5m])) / "
+                             f"sum by (process) (rate({_ucm('save_blocks')}{D}[5m]))"),
     ), "kv-cache"),
     Panel("UCM store: errors per second (a miss is recomputed)", "short", tuple(
-        (f"{op} {{{{process}}}}", f"sum by (process) (rate(vllm:ucm_{op}_errors_total{D}[1m]))")
+        (f"{op} {{{{process}}}}", f"sum by (process) (rate({_ucm(f'{op}_errors')}{D}[1m]))")
         for op in ("load", "save", "lookup")
     ), "kv-cache"),
     Panel("KV moved point to point (Mooncake, P2P) and Mooncake master", "short", (
-        ("tokens/s into {{process}}", "sum by (process) (rate(vllm:prompt_tokens_by_source_total"
-                                      + _d('source="external_kv_transfer"') + "[1m]))"),
+        ("tokens/s into {{process}}", f"sum by (process) (rate({names.PROMPT_TOKENS_BY_SOURCE}_total"
+                                      + _d(f'source="{names.KV_TRANSFER_SOURCE}"') + "[1m]))"),
         ("master up", "up" + _d('role="mooncake"')),
     ), "kv-cache"),
 )  # fmt: skip

@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from ucmctl.core import metric_names as names
 from ucmctl.core.errors import UcmctlError
 from ucmctl.monitor.dashboards import dashboards
 from ucmctl.plan.model import Plan
@@ -56,7 +57,8 @@ def rules(deployment: str) -> dict[str, object]:
     d = f'deployment="{deployment}"'
 
     def ext_rate(offset: str = "") -> str:
-        hits, queries = "vllm:external_prefix_cache_hits_total", "vllm:external_prefix_cache_queries_total"
+        hits = names.EXTERNAL_PREFIX_CACHE_HITS + "_total"
+        queries = names.EXTERNAL_PREFIX_CACHE_QUERIES + "_total"
         return (f"sum by (role) (rate({hits}{{{d}}}[10m]{offset})) / "
                 f"sum by (role) (rate({queries}{{{d}}}[10m]{offset}))")  # fmt: skip
 
@@ -68,7 +70,7 @@ def rules(deployment: str) -> dict[str, object]:
              "annotations": {"summary": "{{ $labels.process }} on {{ $labels.node }} answers no /metrics",
                              "fix": "`ucmctl status` shows it; `ucmctl logs` its last lines"}},
             {"alert": "UcmctlDecodePreempting",
-             "expr": f'sum by (process) (increase(vllm:num_preemptions_total{{{d},role="decode"}}[5m])) > 0',
+             "expr": f'sum by (process) (increase({names.PREEMPTIONS}_total{{{d},role="decode"}}[5m])) > 0',
              "for": "1m", "labels": {"severity": "warning"},
              "annotations": {"summary": "{{ $labels.process }} preempted requests: its KV cache is full",
                              "fix": "lower the concurrency or max-num-seqs, or add decode instances"}},
@@ -81,13 +83,14 @@ def rules(deployment: str) -> dict[str, object]:
             {"alert": "UcmctlStoreErrors",
              # one per counter, joined by `or`: increase() of a name regex would drop the names and
              # leave series alike (Prometheus refuses that vector)
-             "expr": " or ".join(f"sum by (process) (increase(vllm:ucm_{op}_errors_total{{{d}}}[5m])) > 0"
-                                 for op in ("load", "save", "lookup")),
+             "expr": " or ".join(f"sum by (process) (increase({ucm_errors}_total{{{d}}}[5m])) > 0"
+                                 for op in ("load", "save", "lookup")
+                                 for ucm_errors in [names.ucm_counter(f"{op}_errors")]),
              "labels": {"severity": "warning"},
              "annotations": {"summary": "the UCM store of {{ $labels.process }} failed blocks (recomputed)",
                              "fix": "check the storage backend's mount on that node"}},
             {"alert": "UcmctlProxyUpstreamErrors",
-             "expr": f"sum by (reason) (increase(ucmctl_proxy_errors_total{{{d}}}[5m])) > 0",
+             "expr": f"sum by (reason) (increase({names.PROXY_ERRORS}{{{d}}}[5m])) > 0",
              "labels": {"severity": "warning"},
              "annotations": {"summary": "the proxy answered requests with errors ({{ $labels.reason }})",
                              "fix": "`ucmctl status`; the proxy's log names the instance"}},

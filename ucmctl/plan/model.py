@@ -3,24 +3,29 @@
 Everything after planning (deploy, preflight, purge, status, bench) reads the Plan, never the
 topology: what a process is (its `role`), when it starts (`stage`), how long it may take to
 become healthy, what its node binds, and what the UCM store is, are all written here. It
-imports only ucmctl.core.
+imports only ucmctl.core and ucmctl.engines.
 """
 
 from __future__ import annotations
 
 from enum import IntEnum
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from ucmctl.core.names import NAME_RE, SERVER_ROLES, Role
-from ucmctl.engines import ServerSpec, engine_for
+from ucmctl.engines import ENGINES, ServerSpec, engine_for
 
 # 2: Process.health_timeout, NodePlan.bind, Plan.store. 3: Plan.cluster (a union with a `kind`)
 # replaces Plan.slurm; Process.server. deploy/state.py upgrades records of 1 and 2.
 PLAN_SCHEMA_VERSION = 3
 
-EngineName = Literal["vllm", "sim"]
+# The engines' registry, as a Literal of its names (to mypy, any str: it cannot read a Literal
+# made from a variable).
+if TYPE_CHECKING:
+    EngineName = str
+else:
+    EngineName = Literal[tuple(ENGINES)]
 ModeName = Literal["centralized", "p2p", "mixed"]
 
 # The UCM config file each store user reads, in its work directory.

@@ -29,8 +29,9 @@ from array import array
 from collections import deque
 from dataclasses import dataclass, field
 
+from ucmctl.core.histogram import Histogram
 from ucmctl.sim.external import ExternalTier
-from ucmctl.sim.metrics import Histogram, inter_token_buckets, request_latency_buckets, ttft_buckets
+from ucmctl.sim.metrics import inter_token_buckets, request_latency_buckets, ttft_buckets
 from ucmctl.sim.prefix_cache import PrefixCache, extend_keys
 from ucmctl.sim.profile import Profile
 
@@ -90,9 +91,9 @@ class EngineStats:
     steps: int = 0
     planned_ms: float = 0.0  # simulated compute the steps asked for
     elapsed_ms: float = 0.0  # wall time the steps took
-    ttft: Histogram = field(default_factory=lambda: Histogram(ttft_buckets()))
-    itl: Histogram = field(default_factory=lambda: Histogram(inter_token_buckets()))
-    e2e: Histogram = field(default_factory=lambda: Histogram(request_latency_buckets()))
+    ttft: Histogram = field(default_factory=lambda: Histogram(ttft_buckets(), count_first=True))
+    itl: Histogram = field(default_factory=lambda: Histogram(inter_token_buckets(), count_first=True))
+    e2e: Histogram = field(default_factory=lambda: Histogram(request_latency_buckets(), count_first=True))
 
 
 class Engine:
@@ -122,7 +123,7 @@ class Engine:
         self.held_blocks = 0  # held by running requests
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []
-        self.stats = EngineStats()
+        self.stats: EngineStats = EngineStats()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 

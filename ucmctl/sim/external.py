@@ -5,10 +5,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from pathlib import Path
-from typing import Any
-
-import yaml
 
 from ucmctl.core.pack_heads import pack_refs
 from ucmctl.core.store_errors import (
@@ -21,14 +17,7 @@ from ucmctl.core.store_errors import (
     over_bound,
     time_left,
 )
-from ucmctl.core.ucm_config import (
-    UcmConfig,
-    UcmConfigError,
-    load_bound,
-    lookup_bound,
-    parse_ucm_config,
-    stall_bound,
-)
+from ucmctl.core.ucm_config import load_bound, load_ucm_config, lookup_bound, stall_bound
 
 log = logging.getLogger("ucmctl.sim")
 
@@ -209,14 +198,3 @@ class ExternalTier:
 
 def _pattern(key: bytes, size: int) -> bytes:
     return (key * (size // len(key) + 1))[:size]
-
-
-def load_ucm_config(path: str) -> tuple[dict[str, Any], UcmConfig]:
-    """The `ucm_connector_config` of a UCM config file (checked against the file's one schema,
-    as the real connector checks it), and the whole file checked."""
-    data = yaml.safe_load(Path(path).read_text())
-    try:
-        checked = parse_ucm_config(data)
-    except UcmConfigError as exc:
-        raise ValueError(f"UCM config {path}: {exc}") from None
-    return dict(data["ucm_connectors"][0]["ucm_connector_config"]), checked

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-import bisect
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
+
+from ucmctl.core import metric_names as names
 
 if TYPE_CHECKING:
     from ucmctl.sim.engine import Engine
+    from ucmctl.sim.external import ExternalTier
 
 
 # vLLM 0.32's `vllm:cache_config_info` labels: every CacheConfig field (CacheConfig.metrics_info(),
@@ -61,128 +63,109 @@ def request_latency_buckets() -> list[float]:
             240.0, 480.0, 960.0, 1920.0, 7680.0]  # fmt: skip
 
 
-class Histogram:
-    """Cumulative-bucket histogram as Prometheus exposes it."""
-
-    def __init__(self, buckets: Sequence[float]) -> None:
-        self.buckets = list(buckets)
-        self.counts = [0] * (len(self.buckets) + 1)
-        self.total = 0.0
-        self.count = 0
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(self.buckets, value)] += 1
-        self.total += value
-        self.count += 1
-
-    def lines(self, name: str, labels: str) -> Iterable[str]:
-        running = 0
-        for bound, n in zip(self.buckets, self.counts, strict=False):
-            running += n
-            yield f'{name}_bucket{{{labels},le="{bound}"}} {running}'
-        yield f'{name}_bucket{{{labels},le="+Inf"}} {self.count}'
-        yield f"{name}_count{{{labels}}} {self.count}"
-        yield f"{name}_sum{{{labels}}} {self.total}"
-
-
 STARTED = time.time()  # the process's start, as prometheus_client's process collector says it
 
 
+# Per engine: (name, help, value). Counters are named without `_total`.
+Row = tuple[str, str, Callable[["Engine"], float]]
+GAUGES: tuple[Row, ...] = (
+    (names.REQUESTS_RUNNING, "Number of requests in model execution batches.", lambda e: len(e.running)),
+    (names.REQUESTS_WAITING, "Number of requests waiting to be processed.", lambda e: len(e.waiting)),
+    (names.KV_CACHE_USAGE, "KV-cache usage. 1 means 100 percent usage.", lambda e: e.kv_usage),
+)
+COUNTERS: tuple[Row, ...] = (
+    (names.PREFIX_CACHE_QUERIES, "Prefix cache queries, in tokens.", lambda e: e.stats.prefix_queries),
+    (names.PREFIX_CACHE_HITS, "Prefix cache hits, in tokens.", lambda e: e.stats.prefix_hits),
+    (names.EXTERNAL_PREFIX_CACHE_QUERIES, "External prefix cache queries, in tokens.",
+     lambda e: e.stats.external_queries),
+    (names.EXTERNAL_PREFIX_CACHE_HITS, "External prefix cache hits, in tokens.",
+     lambda e: e.stats.external_hits),
+    (names.PROMPT_TOKENS, "Number of prefill tokens processed.", lambda e: e.stats.prompt_tokens),
+    (names.GENERATION_TOKENS, "Number of generation tokens processed.",
+     lambda e: e.stats.generation_tokens),
+    (names.REQUEST_SUCCESS, "Count of successfully processed requests.", lambda e: e.stats.finished),
+    (names.PREEMPTIONS, "Cumulative number of preemption from the engine.",
+     lambda e: e.stats.preemptions),
+)  # fmt: skip
+# The simulator's own: how well it keeps its schedule (elapsed / planned - 1 is the lag).
+OWN_COUNTERS: tuple[Row, ...] = (
+    (names.SIM_STEPS, "Engine steps run.", lambda e: e.stats.steps),
+    (names.SIM_STEP_PLANNED, "Simulated compute the steps asked for.", lambda e: e.stats.planned_ms / 1000),
+    (names.SIM_STEP_ELAPSED, "Wall time the steps took.", lambda e: e.stats.elapsed_ms / 1000),
+)
+HISTOGRAMS = (  # name, help, the engine's stats attribute
+    (names.TIME_TO_FIRST_TOKEN, "Histogram of time to first token in seconds.", "ttft"),
+    (names.INTER_TOKEN_LATENCY, "Histogram of inter-token latency in seconds.", "itl"),
+    (names.E2E_REQUEST_LATENCY, "Histogram of e2e request latency in seconds.", "e2e"),
+)
+
+
+class _Page:
+    """A /metrics page being written: families, each with its samples."""
+
+    def __init__(self, model: str) -> None:
+        self.model = model
+        self.out: list[str] = []
+
+    def family(self, name: str, kind: str, help_text: str) -> None:
+        self.out.append(f"# HELP {name} {help_text}")
+        self.out.append(f"# TYPE {name} {kind}")
+
+    def labels(self, e: Engine) -> str:
+        return f'engine="{e.index}",model_name="{self.model}"'
+
+    def per_engine(self, kind: str, table: Sequence[Row], engines: Sequence[Engine]) -> None:
+        suffix = "_total" if kind == "counter" else ""
+        for name, help_text, value in table:
+            self.family(name + suffix, kind, help_text)
+            self.out.extend(f"{name}{suffix}{{{self.labels(e)}}} {value(e)}" for e in engines)
+
+
 def exposition(model: str, engines: Sequence[Engine]) -> str:
-    out: list[str] = [
-        "# HELP process_start_time_seconds Start time of the process since unix epoch in seconds.",
-        "# TYPE process_start_time_seconds gauge",
-        f"process_start_time_seconds {STARTED:.2f}",
-    ]
+    page = _Page(model)
+    page.family(names.PROCESS_START, "gauge", "Start time of the process since unix epoch in seconds.")
+    page.out.append(f"{names.PROCESS_START} {STARTED:.2f}")
+    page.per_engine("gauge", GAUGES, engines)
+    page.family(names.CACHE_CONFIG_INFO, "gauge", "Information of the LLMEngine CacheConfig")
+    page.out.extend(f"{names.CACHE_CONFIG_INFO}{{{cache_config_labels(engines, e)}}} 1.0" for e in engines)
+    page.per_engine("counter", COUNTERS, engines)
+    _prompt_tokens_by_source(page, engines)
+    external = engines[0].external if engines else None
+    if external is not None:
+        _store_counters(page, engines[0], external)
+    page.per_engine("counter", OWN_COUNTERS, engines)
+    for name, help_text, attr in HISTOGRAMS:
+        page.family(name, "histogram", help_text)
+        for e in engines:
+            page.out.extend(getattr(e.stats, attr).lines(name, page.labels(e)))
+    return "\n".join(page.out) + "\n"
 
-    def family(name: str, kind: str, help_text: str) -> None:
-        out.append(f"# HELP {name} {help_text}")
-        out.append(f"# TYPE {name} {kind}")
 
-    def labels(e: Engine) -> str:
-        return f'engine="{e.index}",model_name="{model}"'
-
-    gauges = [
-        (
-            "vllm:num_requests_running",
-            "Number of requests in model execution batches.",
-            lambda e: len(e.running),
-        ),
-        (
-            "vllm:num_requests_waiting",
-            "Number of requests waiting to be processed.",
-            lambda e: len(e.waiting),
-        ),
-        (
-            "vllm:kv_cache_usage_perc",
-            "KV-cache usage. 1 means 100 percent usage.",
-            lambda e: e.kv_usage,
-        ),
-    ]
-    for name, help_text, value in gauges:
-        family(name, "gauge", help_text)
-        out.extend(f"{name}{{{labels(e)}}} {value(e)}" for e in engines)
-    family("vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig")
-    out.extend(f"vllm:cache_config_info{{{cache_config_labels(engines, e)}}} 1.0" for e in engines)
-    counters = [
-        ("vllm:prefix_cache_queries", "Prefix cache queries, in tokens.", lambda e: e.stats.prefix_queries),
-        ("vllm:prefix_cache_hits", "Prefix cache hits, in tokens.", lambda e: e.stats.prefix_hits),
-        ("vllm:external_prefix_cache_queries", "External prefix cache queries, in tokens.",
-         lambda e: e.stats.external_queries),
-        ("vllm:external_prefix_cache_hits", "External prefix cache hits, in tokens.",
-         lambda e: e.stats.external_hits),
-        ("vllm:prompt_tokens", "Number of prefill tokens processed.", lambda e: e.stats.prompt_tokens),
-        ("vllm:generation_tokens", "Number of generation tokens processed.",
-         lambda e: e.stats.generation_tokens),
-        ("vllm:request_success", "Count of successfully processed requests.", lambda e: e.stats.finished),
-        ("vllm:num_preemptions", "Cumulative number of preemption from the engine.",
-         lambda e: e.stats.preemptions),
-    ]  # fmt: skip
-    for name, help_text, value in counters:
-        family(f"{name}_total", "counter", help_text)
-        out.extend(f"{name}_total{{{labels(e)}}} {value(e)}" for e in engines)
-    # vLLM 0.32's breakdown of prompt tokens: every external hit (a UCM load or a P2P transfer)
-    # is `external_kv_transfer`, as vLLM counts any connector's tokens there.
-    name = "vllm:prompt_tokens_by_source"
-    family(f"{name}_total", "counter", "Number of prompt tokens by source.")
+def _prompt_tokens_by_source(page: _Page, engines: Sequence[Engine]) -> None:
+    """vLLM 0.32's breakdown of prompt tokens: every external hit (a UCM load or a P2P transfer)
+    is `external_kv_transfer`, as vLLM counts any connector's tokens there."""
+    name = names.PROMPT_TOKENS_BY_SOURCE + "_total"
+    page.family(name, "counter", "Number of prompt tokens by source.")
     for e in engines:
         st = e.stats
         local = st.prompt_tokens - st.prefix_hits - st.external_hits
         for source, tokens in (("local_compute", local), ("local_cache_hit", st.prefix_hits),
-                               ("external_kv_transfer", st.external_hits)):  # fmt: skip
-            out.append(f'{name}_total{{{labels(e)},source="{source}"}} {tokens}')
-    # The UCM connector's counters (ucm_connector.stats), for the server's one store.
-    external = engines[0].external if engines else None
-    if external is not None:
-        for key, count in external.counts.items():
-            name = f"vllm:ucm_{key}_total"
-            family(name, "counter", f"UCM store: {key.replace('_', ' ')} (blocks)")
-            out.append(f"{name}{{{labels(engines[0])}}} {count}")
-        for key, amount in external.moved.items():
-            name = f"vllm:ucm_{key}_total"
-            family(name, "counter", f"UCM store: {key.replace('_', ' ')}")
-            out.append(f"{name}{{{labels(engines[0])}}} {amount:.6g}")
-        name = "ucmctl_sim_store_wait_max_seconds"
-        family(name, "gauge", "The longest one UCM store lookup, load or save took.")
-        for op, took in external.longest_wait_s.items():
-            out.append(f'{name}{{{labels(engines[0])},op="{op}"}} {took:.3f}')
-    # The simulator's own: how well it keeps its schedule (elapsed / planned - 1 is the lag).
-    own = [
-        ("ucmctl_sim_steps", "Engine steps run.", lambda e: e.stats.steps),
-        ("ucmctl_sim_step_planned_seconds", "Simulated compute the steps asked for.",
-         lambda e: e.stats.planned_ms / 1000),
-        ("ucmctl_sim_step_elapsed_seconds", "Wall time the steps took.", lambda e: e.stats.elapsed_ms / 1000),
-    ]  # fmt: skip
-    for name, help_text, value in own:
-        family(f"{name}_total", "counter", help_text)
-        out.extend(f"{name}_total{{{labels(e)}}} {value(e)}" for e in engines)
-    histograms = [
-        ("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", "ttft"),
-        ("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", "itl"),
-        ("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", "e2e"),
-    ]
-    for name, help_text, attr in histograms:
-        family(name, "histogram", help_text)
-        for e in engines:
-            out.extend(getattr(e.stats, attr).lines(name, labels(e)))
-    return "\n".join(out) + "\n"
+                               (names.KV_TRANSFER_SOURCE, st.external_hits)):  # fmt: skip
+            page.out.append(f'{name}{{{page.labels(e)},source="{source}"}} {tokens}')
+
+
+def _store_counters(page: _Page, engine: Engine, external: ExternalTier) -> None:
+    """The UCM connector's counters (ucm_connector.stats), for the server's one store."""
+    labels = page.labels(engine)
+    for key, count in external.counts.items():
+        name = names.ucm_counter(key) + "_total"
+        page.family(name, "counter", f"UCM store: {key.replace('_', ' ')} (blocks)")
+        page.out.append(f"{name}{{{labels}}} {count}")
+    for key, amount in external.moved.items():
+        name = names.ucm_counter(key) + "_total"
+        page.family(name, "counter", f"UCM store: {key.replace('_', ' ')}")
+        page.out.append(f"{name}{{{labels}}} {amount:.6g}")
+    name = names.SIM_STORE_WAIT_MAX
+    page.family(name, "gauge", "The longest one UCM store lookup, load or save took.")
+    for op, took in external.longest_wait_s.items():
+        page.out.append(f'{name}{{{labels},op="{op}"}} {took:.3f}')

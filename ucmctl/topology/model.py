@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 from ucmctl.core.names import NAME_RE, SERVER_ROLES, ServerRole
 from ucmctl.core.platforms import Platform
 from ucmctl.core.ucm_config import DEFAULT_DUMP_TIMEOUT_S, DEFAULT_LOAD_TIMEOUT_S
+from ucmctl.engines import DEFAULT_ENGINE, ENGINES
 from ucmctl.topology.container import Container, Env
 
 # Used with fullmatch: `$` alone would also match before a trailing newline.
@@ -59,9 +60,9 @@ class Mode(str, Enum):
     mixed = "mixed"  # one vLLM serves both phases, with UCM
 
 
-class Engine(str, Enum):
-    vllm = "vllm"
-    sim = "sim"  # ucmctl's simulator: same command line, no accelerator needed
+# The engines' registry, as an enum (vllm; sim, ucmctl's simulator: same command line, no
+# accelerator needed). mypy cannot list the members of an enum made from a variable.
+Engine = Enum("Engine", [(name, name) for name in ENGINES], type=str)  # type: ignore[misc]
 
 
 class Transport(str, Enum):
@@ -389,7 +390,9 @@ class Topology(Strict):
     mode: Mode = Field(
         description="centralized (KV through the store), p2p (Mooncake P->D), mixed (one instance)"
     )
-    engine: Engine = Field(Engine.vllm, description="vllm, or sim: ucmctl's simulator, same command line")
+    engine: Engine = Field(
+        Engine(DEFAULT_ENGINE), description="vllm, or sim: ucmctl's simulator, same command line"
+    )
     model: Model = Field(description="what every instance serves")
     nodes: dict[str, Node] = Field(min_length=1, description="every machine, by name")
     cluster: Cluster = Field(

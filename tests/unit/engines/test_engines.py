@@ -4,27 +4,33 @@ registry covers what the topology can name."""
 from __future__ import annotations
 
 import json
+import typing
 from pathlib import Path
 
 import pytest
 
-from ucmctl.engines import ENGINES, KvTransfer, MooncakeLeg, ServerSpec, engine_for
+from ucmctl.engines import DEFAULT_ENGINE, ENGINES, KvTransfer, MooncakeLeg, ServerSpec, engine_for
 from ucmctl.plan.build import build_plan
+from ucmctl.plan.model import Plan
 from ucmctl.topology.load import load_topology
 from ucmctl.topology.model import Engine as EngineName
+from ucmctl.topology.model import Topology
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[3] / "topologies").glob("*.yaml"))
 
 
-def test_the_registry_has_every_engine_the_topology_can_name() -> None:
-    assert set(ENGINES) == {e.value for e in EngineName}
+def test_the_topology_and_the_plan_name_the_registrys_engines_in_its_order() -> None:
+    assert list(ENGINES) == ["vllm", "sim"]
+    assert [e.value for e in EngineName] == list(ENGINES)
+    assert typing.get_args(Plan.model_fields["engine"].annotation) == tuple(ENGINES)
+    assert Topology.model_fields["engine"].default == EngineName(DEFAULT_ENGINE) == EngineName.vllm
     for name, engine in ENGINES.items():
         assert engine.name == name
 
 
 def test_every_engine_exposes_the_series_bench_reads() -> None:
-    # bench/hitrate.py and bench/capacity.py read one set of names: an engine with its own would
-    # need them passed through.
+    # bench/capacity.py reads the default engine's names: an engine with its own would need them
+    # passed through, as bench/hitrate.py and bench/series.py take them.
     assert len({engine.metrics for engine in ENGINES.values()}) == 1
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.support.k8s_validate import ManifestError, validate_object
 from ucmctl.core.errors import ExitStatus, UcmctlError
 from ucmctl.k8s.render import (
     CONFIG_DIR,
@@ -27,7 +28,6 @@ from ucmctl.k8s.render import (
     restart_notes,
     write_manifests,
 )
-from ucmctl.k8s.validate import ManifestError, validate_object
 from ucmctl.plan.build import build_plan
 from ucmctl.plan.model import Plan, Process
 from ucmctl.topology.load import load_topology, parse_topology

@@ -6,20 +6,7 @@ import pytest
 
 from ucmctl.proxy.balancer import Instance, Pool
 from ucmctl.proxy.health import record_failure, record_success
-from ucmctl.proxy.metrics import Histogram, Metrics, escape
-
-
-def test_histogram_is_cumulative_with_le_inclusive() -> None:
-    h = Histogram([0.1, 1.0])
-    for v in (0.05, 0.1, 0.5, 3.0):
-        h.observe(v)
-    assert h.lines("x") == [
-        'x_bucket{le="0.1"} 2',
-        'x_bucket{le="1.0"} 3',
-        'x_bucket{le="+Inf"} 4',
-        "x_sum 3.65",
-        "x_count 4",
-    ]
+from ucmctl.proxy.metrics import Metrics, escape
 
 
 def test_render_parses_and_carries_values() -> None:

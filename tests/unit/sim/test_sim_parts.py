@@ -8,7 +8,7 @@ from tests.support.openai_checks import metric
 from ucmctl.core.errors import UcmctlError
 from ucmctl.sim.args import parse_serve_args
 from ucmctl.sim.engine import Engine
-from ucmctl.sim.metrics import Histogram, exposition
+from ucmctl.sim.metrics import exposition
 from ucmctl.sim.prefix_cache import PrefixCache, block_keys
 from ucmctl.sim.profile import Profile, load_profile
 
@@ -92,16 +92,7 @@ def test_bad_args_are_user_errors() -> None:
         parse_serve_args(["/m", "--load-seconds", "-1"])
 
 
-def test_histogram_and_exposition() -> None:
-    h = Histogram([0.1, 1.0])
-    for v in (0.05, 0.5, 0.7, 3.0):
-        h.observe(v)
-    lines = list(h.lines("x", 'a="1"'))
-    assert lines[:3] == [
-        'x_bucket{a="1",le="0.1"} 1',
-        'x_bucket{a="1",le="1.0"} 3',
-        'x_bucket{a="1",le="+Inf"} 4',
-    ]
+def test_exposition() -> None:
     engine = Engine(0, Profile(), block_size=16, max_num_seqs=4, max_num_batched_tokens=64,
                     cache=PrefixCache(8), external=None, vocab=100)  # fmt: skip
     engine.stats.prefix_queries, engine.stats.prefix_hits = 100, 48
@@ -109,3 +100,9 @@ def test_histogram_and_exposition() -> None:
     assert metric(text, "vllm:prefix_cache_queries_total") == 100
     assert metric(text, "vllm:prefix_cache_hits_total") == 48
     assert 'vllm:num_requests_running{engine="0",model_name="m"} 0' in text
+    engine.stats.ttft.observe(0.3)
+    ttft = [line for line in exposition("m", [engine]).splitlines() if "time_to_first_token" in line]
+    assert ttft[-2:] == [  # as prometheus_client writes them: _count, then _sum
+        'vllm:time_to_first_token_seconds_count{engine="0",model_name="m"} 1',
+        'vllm:time_to_first_token_seconds_sum{engine="0",model_name="m"} 0.3',
+    ]

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import ucm_store
 from ucm_store import _native
 
 from tests.support.blocks import block, empty, key, same
@@ -250,7 +249,8 @@ PIPELINES = ["Posix", "Cache|Posix"]
 
 
 def refs(chain_keys: list[bytes], start: int, count: int, per_pack: int):
-    return ucm_store.pack_refs(chain_keys, start, count, per_pack)
+    """Blocks start .. start + count - 1 of a chain where no other chain's pack is on disk."""
+    return pack_refs(chain_keys, range(start, start + count), per_pack, ())
 
 
 def single_files(root: Path) -> list[Path]:
@@ -438,7 +438,7 @@ def test_bad_pack_references_are_refused(make_store):
         store.dump(keys, [block(k, SHARDS) for k in keys], packs=[(b"short", 0), None])
     with pytest.raises(ValueError, match=r"out of 0\.\.4095"):
         store.load(keys, [empty(SHARDS)] * 2, packs=[(keys[0], 5000), None])
-    assert ucm_store.pack_refs(keys, 0, 2, 1) == [None, None]
+    assert pack_refs(keys, range(2), 1, ()) is None  # blocks of one per pack: no references
 
 
 @pytest.mark.parametrize("pipeline", PIPELINES)

@@ -10,6 +10,7 @@ import pytest
 import ucm_store
 
 from tests.support.blocks import block, empty, key, same
+from ucmctl.core.pack_heads import pack_refs
 
 SHARDS = [4096, 1000, 8192, 3]  # odd sizes exercise padding and unaligned tails
 
@@ -230,7 +231,7 @@ def test_large_blocks_land_exactly_in_unaligned_buffers(make_store, path):
     store = make_store(BIG, store_pipeline="Cache" if path == "Cache" else "Posix", io_direct=True)
     keys = [key(i, "big") for i in range(3)]
     data = [block(k, BIG) for k in keys]
-    packs = ucm_store.pack_refs(keys, 0, 3, 3) if path == "pack task" else None
+    packs = pack_refs(keys, range(3), 3, ()) if path == "pack task" else None
     if path == "read_pack":
         assert store.write_pack(keys, data) == ("", 3)
     else:

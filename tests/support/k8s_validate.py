@@ -1,10 +1,11 @@
-"""Schema checks of rendered manifests, as the API server would make them (nothing is applied).
+"""Schema checks of the manifests `ucmctl render --k8s` writes, as the API server would make them
+(nothing is applied): the tests run them on every example topology.
 
 Core kinds (Deployment, Service, ConfigMap, PersistentVolumeClaim) are checked by the
 `kubernetes-validate` package against Kubernetes' own OpenAPI schemas, strictly (unknown
 fields are errors, as `kubectl apply --validate=strict` makes them). The LeaderWorkerSet is a
 custom resource: it is checked with `jsonschema` against its CRD's openAPIV3Schema, kept in
-`schemas/leaderworkerset-v1.yaml` (source and commit in its header), made strict the same way:
+`k8s_schemas/leaderworkerset-v1.yaml` (source and commit in its header), made strict the same way:
 an object schema that lists its properties and does not preserve unknown fields refuses others.
 
 Both packages are development dependencies (the `dev` extra); they are imported when used.
@@ -20,7 +21,7 @@ import yaml
 
 from ucmctl.core.errors import ExitStatus, Problem, UcmctlError
 
-SCHEMA_DIR = Path(__file__).resolve().parent / "schemas"
+SCHEMA_DIR = Path(__file__).resolve().parent / "k8s_schemas"
 LWS_SCHEMA = SCHEMA_DIR / "leaderworkerset-v1.yaml"
 LWS_API_VERSION = "leaderworkerset.x-k8s.io/v1"
 # The Kubernetes versions the core kinds are checked against: the oldest the manifests are
@@ -35,24 +36,6 @@ class ManifestError(UcmctlError, ValueError):
 
     def __init__(self, message: str) -> None:
         super().__init__([Problem(message)])
-
-
-def crd_schema(crd_text: str, version: str = "v1") -> dict[str, Any]:
-    """The openAPIV3Schema of one version of a CRD, without its descriptions: how
-    schemas/leaderworkerset-v1.yaml was made from the upstream CRD file."""
-    crd = yaml.safe_load(crd_text)
-    for v in crd["spec"]["versions"]:
-        if v["name"] == version:
-            return _without_descriptions(v["schema"]["openAPIV3Schema"])
-    raise KeyError(version)
-
-
-def _without_descriptions(node: Any) -> Any:
-    if isinstance(node, dict):
-        return {k: _without_descriptions(v) for k, v in node.items() if k != "description"}
-    if isinstance(node, list):
-        return [_without_descriptions(v) for v in node]
-    return node
 
 
 def _strict(node: Any) -> Any:
