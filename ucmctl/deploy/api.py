@@ -20,7 +20,7 @@ from ucmctl.deploy.preflight import Preflight, preflight
 from ucmctl.deploy.progress import Progress
 from ucmctl.deploy.staging import stage_node
 from ucmctl.deploy.starting import start_gated
-from ucmctl.deploy.state import ProcessState, Record, StateStore
+from ucmctl.deploy.state import ProcessState, Record, StateStore, Status
 from ucmctl.launch import Allocation, Launcher, LaunchError, launcher_for
 from ucmctl.nodes import lifecycle
 from ucmctl.nodes.executor import NodeError
@@ -61,7 +61,7 @@ def deploy_up(
     plan = build_plan(topology)
     with store.lock(plan.deployment, "up"):
         existing = store.load(plan.deployment)
-        if existing is not None and existing.status == "up":
+        if existing is not None and existing.status is Status.up:
             return _change_running(existing, plan, topology_path, options, console, store)
         launcher = launcher_for(plan, connect_timeout=options.connect_timeout,
                                 accept_new_host_keys=options.accept_new_host_keys)  # fmt: skip
@@ -164,7 +164,7 @@ def _change_running(
 
 def _refuse_if_running(existing: Record | None, options: Options) -> None:
     """This machine's record of the deployment names processes that still run: refuse."""
-    if existing is None or existing.status not in ("starting", "up", "failed"):
+    if existing is None or existing.status not in (Status.starting, Status.up, Status.failed):
         return
     earlier = launcher_for(existing.plan, existing.allocation, connect_timeout=options.connect_timeout)
     try:
@@ -241,7 +241,7 @@ def _stage_and_start(
     if failure is None:
         probe_failed = _probe(plan, record, options, console)
         if probe_failed is None:
-            record.status = "up"
+            record.status = Status.up
             store.save(record)
             return record
         reason = f"KV probe: {probe_failed}"
@@ -252,7 +252,7 @@ def _stage_and_start(
         console.print(f"last 50 lines of {process.log}:", markup=False)
         console.print(tail or "(empty)", markup=False, highlight=False)
         reason = f"{process.name} on node {process.node} failed: {why}"
-    record.status = "failed"
+    record.status = Status.failed
     store.save(record)
     if not options.keep_on_failure:
         _, not_stopped = _stop_all(launcher, plan, options.stop_grace, console)

@@ -19,6 +19,7 @@ from ucmctl.deploy.state import Record
 from ucmctl.launch import Launcher, LaunchError, launcher_for
 from ucmctl.nodes.executor import NodeError
 from ucmctl.nodes.fanout import parallel
+from ucmctl.nodes.run_state import Kind, RunState
 from ucmctl.plan.model import Process
 
 
@@ -62,39 +63,26 @@ def status_table(record: Record, width: int = 80) -> list[Table]:
 class Look(NamedTuple):
     """How a process is now, as `status` says it."""
 
-    state: str  # "running", "not running", "exited (137)", "node unreachable", ...
+    state: RunState  # running, exited (137), not running, node unreachable, ...
     health: str  # "healthy", "unhealthy (why)", "-" (not asked), "?" (node unreachable)
-    restarts: int = 0  # by its restart policy since it was started (the runtime's or ucmctl's count)
+
+    @property
+    def restarts(self) -> int:
+        """By its restart policy since it was started (the runtime's or ucmctl's count)."""
+        return self.state.restarts
 
 
 def look(launcher: Launcher, p: Process, health_timeout: float = 2.0) -> Look:
-    """How `p` is now: its state, its health and its restarts, asked of its node."""
-    state, restarts = "running", 0
+    """How `p` is now: its state (with its restarts) and its health, asked of its node; the
+    health only of a process that runs."""
     try:
-        if p.detached:  # the runtime says how a container ended, and how often it restarted
-            container = launcher.container_state(p)
-            if container is None:
-                return Look("stopped (no container)", "-")
-            restarts = container.restarts
-            if not container.running:
-                return Look(container.words(), "-", restarts)
-            state = container.words()
-        else:
-            running = launcher.alive(p) is not None
-            supervisor = launcher.supervised(p) if p.restart is not None else None
-            if supervisor is not None and p.restart is not None:
-                restarts = supervisor.restarts
-                state = supervisor.words(running, p.restart.max_restarts)
-                if not state.startswith("running"):
-                    return Look(state, "-", restarts)
-            elif not running:  # no supervisor waited for it: how it ended is not known
-                return Look("not running", "-")
+        state = launcher.run_state(p)
     except NodeError:
-        return Look("node unreachable", "?")
-    if not p.health:
-        return Look(state, "-", restarts)
+        return Look(RunState(Kind.unreachable), "?")
+    if not state.running or not p.health:
+        return Look(state, "-")
     reason = why_not(p.health[-1], timeout=health_timeout)
-    return Look(state, "healthy" if reason is None else f"unhealthy ({reason})", restarts)
+    return Look(state, "healthy" if reason is None else f"unhealthy ({reason})")
 
 
 # awk over /proc/self/mountinfo: the filesystem type of the longest mount point above path `p`.
@@ -187,16 +175,16 @@ def render_status(
     ]
     caption = "\n".join(notes) or None
     rows = []
-    for p, (state, health, restarted) in zip(record.plan.processes, looks, strict=True):
+    for p, (state, health) in zip(record.plan.processes, looks, strict=True):
         ps = record.processes.get(p.name)
         started = ps.started_at if ps else None
+        restarted = state.restarts
         # after a restart of its own the time since `up` is not its uptime
-        uptime = (
-            _duration(now - started) if started and state.startswith("running") and not restarted else "-"
-        )
+        uptime = _duration(now - started) if started and state.running and not restarted else "-"
         color = "green" if health == "healthy" else "red" if health.startswith("unhealthy") else "dim"
         ports = " ".join(f"{k}:{v}" for k, v in p.ports.items()) or "-"
-        said = state if health in ("-", "?") else f"{state}, [{color}]{escape(health)}[/]"
+        words = state.words()
+        said = words if health in ("-", "?") else f"{words}, [{color}]{escape(health)}[/]"
         rows.append([escape(p.name), escape(p.node), str(p.role), ports, said, uptime,
                      str((ps.restarts if ps else 0) + restarted)])  # fmt: skip
     lead = [("process", NAME), ("node", NAME)]

@@ -16,7 +16,7 @@ from ucmctl.core.errors import ExitStatus, UcmctlError
 from ucmctl.deploy.proxy_client import Proxy
 from ucmctl.deploy.staging import stage_node
 from ucmctl.deploy.starting import ports_taken, start_gated
-from ucmctl.deploy.state import Record, StateStore
+from ucmctl.deploy.state import Record, StateStore, Status
 from ucmctl.launch import Launcher, launcher_for
 from ucmctl.nodes.executor import NodeError
 from ucmctl.nodes.fanout import parallel
@@ -39,7 +39,7 @@ def running_record(store: StateStore, deployment: str) -> Record:
         raise UcmctlError.one(
             f"no deployment named '{deployment}' on this machine", fix="see `ucmctl status`"
         )
-    if record.status != "up":
+    if record.status is not Status.up:
         raise UcmctlError.one(
             f"deployment '{deployment}' is {record.status}, not up", fix="`ucmctl up` it first"
         )

@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,19 @@ from ucmctl.plan.model import (
 RECORD_SCHEMA_VERSION = 3
 
 
+class Status(str, Enum):
+    """Where a deployment stands, as its record says it (written as the word: records of any
+    ucmctl read the same)."""
+
+    starting = "starting"
+    up = "up"
+    failed = "failed"
+    stopped = "stopped"
+
+    def __str__(self) -> str:
+        return self.value
+
+
 class ProcessState(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -56,7 +70,7 @@ class Record(BaseModel):
     topology_path: str
     topology_digest: str
     created_at: float = Field(default_factory=time.time)
-    status: str = "starting"  # starting | up | failed | stopped
+    status: Status = Status.starting
     plan: Plan
     processes: dict[str, ProcessState] = Field(default_factory=dict)
     kv_probe: ProbeResult | None = None  # the last proof that KV reached decode (deploy/kv_probe.py)

@@ -21,6 +21,7 @@ from ucmctl.deploy.inspect import Look, look, tail_of
 from ucmctl.deploy.state import Record
 from ucmctl.launch import launcher_for
 from ucmctl.nodes.fanout import parallel
+from ucmctl.nodes.run_state import Kind
 from ucmctl.plan.model import Process
 
 INTERVAL_S = 2.0  # between looks: with a look's own time, a death is reported within ~5 s
@@ -135,16 +136,17 @@ class Watch:
             launcher.close()
 
     def _judge(self, launcher: Any, p: Process, now: Look) -> None:
-        state, health, restarts = now
+        state, health = now
         before = self._restart_counts.get(p.name)
-        if state != "node unreachable":  # an unreachable node's look knows no count
-            self._restart_counts[p.name] = restarts
-        if before is not None and restarts > before and p.name not in self._lost:
+        reached = state.kind is not Kind.unreachable
+        if reached:  # an unreachable node's look knows no count
+            self._restart_counts[p.name] = state.restarts
+        if before is not None and state.restarts > before and p.name not in self._lost:
             # it ended and was started again between two looks (its restart policy)
-            self._lose(launcher, p, state)
+            self._lose(launcher, p, state.words())
             return
-        running = state.startswith("running")
-        dead = not running and state != "node unreachable"
+        running = state.running
+        dead = not running and reached
         unhealthy = health.startswith("unhealthy")
         if p.role == "proxy" and health.startswith("unhealthy (HTTP"):
             unhealthy = False  # it answers: its 503 says an upstream is down, reported as itself
@@ -155,12 +157,13 @@ class Watch:
                 with self._lock:
                     self._lost.discard(p.name)
                     self._backs.append((p.name, time.monotonic()))
-                self._say(f"BACK {p.name} on {p.node}: {state}" + (f", {health}" if health != "-" else ""))
+                told = state.words() + (f", {health}" if health != "-" else "")
+                self._say(f"BACK {p.name} on {p.node}: {told}")
             return
         seen = self._bad_looks[p.name] = self._bad_looks.get(p.name, 0) + 1
         if p.name in self._lost or (not dead and seen < self._unhealthy_after):
             return
-        self._lose(launcher, p, state if not running else health)
+        self._lose(launcher, p, state.words() if not running else health)
 
     def _lose(self, launcher: Any, p: Process, how: str) -> None:
         now = time.monotonic()

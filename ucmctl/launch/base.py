@@ -15,8 +15,10 @@ from pydantic import BaseModel, ConfigDict
 from rich.console import Console
 
 from ucmctl.core.errors import ExitStatus, Problem, UcmctlError
+from ucmctl.launch.driver import Driver, driver_of
 from ucmctl.nodes import containers, lifecycle
 from ucmctl.nodes.executor import Executor, Watch
+from ucmctl.nodes.run_state import RunState
 from ucmctl.plan.model import Plan, Process
 from ucmctl.topology.model import Topology
 
@@ -119,45 +121,30 @@ class Launcher:
 
     # -- processes ---------------------------------------------------------------------------
 
+    def driver(self, process: Process) -> Driver:
+        """What starts, looks at and stops `process` on its node (launch/driver.py)."""
+        return driver_of(process)
+
     def start(self, process: Process) -> lifecycle.Started:
-        if process.detached:
-            return containers.start(self[process.node], process)
-        return lifecycle.start(self[process.node], process)
+        return self.driver(process).start(self[process.node], process)
 
     def alive(self, process: Process) -> int | None:
-        if process.detached:
-            return containers.alive(self[process.node], process)
-        return lifecycle.alive(self[process.node], process)
+        return self.driver(process).alive(self[process.node], process)
 
-    def container_state(self, process: Process) -> containers.ContainerState | None:
-        """A contained process's container as its runtime sees it (None: none, or runs bare)."""
-        if not process.detached:
-            return None
-        return containers.state(self[process.node], process)
+    def run_state(self, process: Process) -> RunState:
+        """How the process is now, as its node answers (a NodeError when it does not)."""
+        return self.driver(process).run_state(self[process.node], process)
 
     def watch(self, process: Process) -> Watch:
-        if process.detached:
-            return containers.watch(self[process.node], process)
-        return lifecycle.watch(self[process.node], process)
+        return self.driver(process).watch(self[process.node], process)
 
     def stop(self, process: Process, *, grace: float) -> lifecycle.Stopped:
-        if process.detached:
-            return containers.stop(self[process.node], process, grace=grace)
-        return lifecycle.stop(self[process.node], process, grace=grace)
-
-    def supervised(self, process: Process) -> lifecycle.Supervised | None:
-        """What ucmctl's supervisor of the process last wrote (None: none, or nothing yet)."""
-        if process.restart is None or process.restart.by not in ("supervisor", "systemd"):
-            return None
-        return lifecycle.supervised(self[process.node], process)
+        return self.driver(process).stop(self[process.node], process, grace=grace)
 
     def signal(self, process: Process, sig: str) -> bool:
         """Send `sig` (KILL or TERM) to the process and return at once; whether it was running.
         A supervised process's server gets it, not ucmctl's supervisor (which may restart it)."""
-        if process.detached:
-            return containers.signal(self[process.node], process, sig)
-        spare = process.restart is not None and process.restart.by == "supervisor"
-        return lifecycle.signal(self[process.node], process, sig, spare_leader=spare)
+        return self.driver(process).signal(self[process.node], process, sig)
 
     def sweep(self, *, grace: float = 10) -> list[tuple[str, str]]:
         """Stop and remove what is left of the deployment's containers on its nodes (found by
@@ -170,6 +157,4 @@ class Launcher:
         return left
 
     def log_tail(self, process: Process, lines: int = 50) -> str:
-        if process.detached:
-            return containers.log_tail(self[process.node], process, lines)
-        return lifecycle.log_tail(self[process.node], process, lines)
+        return self.driver(process).log_tail(self[process.node], process, lines)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from ucmctl.nodes.executor import Executor, NodeError, Watch
 from ucmctl.nodes.lifecycle import Started, Stopped
+from ucmctl.nodes.run_state import RunState
 from ucmctl.plan.containers import LABEL_DEPLOYMENT, LABEL_PROCESS
 from ucmctl.plan.model import ContainerPlan, Process
 
@@ -38,14 +39,15 @@ class ContainerState:
     def running(self) -> bool:
         return self.state == "running"
 
-    def words(self) -> str:
-        """How `status` says it: running, or exited with its code."""
-        restarted = f", restarted {self.restarts}x" if self.restarts else ""  # by the runtime's policy
+    def run_state(self) -> RunState:
+        """The process's state: running, exited with its code, or another of the runtime's
+        states; with its restarts by the runtime's policy."""
         if self.running:
-            return "running" + restarted
+            return RunState.up(self.restarts)
         # podman says `stopped` for a container whose main process ended until its cleanup ran
-        ended = f"exited ({self.exit_code})" if self.state in ("exited", "stopped") else self.state
-        return ended + restarted
+        if self.state in ("exited", "stopped"):
+            return RunState.exited(self.exit_code, self.restarts)
+        return RunState.other(self.state, self.restarts)
 
 
 def _container(process: Process) -> ContainerPlan:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from ucmctl.nodes import units
 from ucmctl.nodes.executor import Executor, NodeError, Watch
+from ucmctl.nodes.run_state import Kind, RunState
 from ucmctl.plan.model import Process, process_marker
 
 # Prints the number of live (non-zombie) members of process group $1 that carry marker $2.
@@ -209,22 +210,18 @@ class Supervised:
     what: str  # running (restarted), waiting (to restart), gave-up, done, stopped
     by_systemd: bool = False  # its unit says it; nothing of the process runs while it waits
 
-    def words(self, running: bool, max_restarts: int) -> str:
-        """How `status` says the process: `exited (137), restarting (1 of 3)`, `running,
-        restarted 1x (last exit 137)`, `exited (137) after 3 restarts`."""
+    def run_state(self, running: bool, max_restarts: int) -> RunState:
+        """The process's state, given whether it runs now: restarting (n of `max_restarts`),
+        running (restarted, with its last exit), gave up after its restarts, or stopped."""
         if self.what == "waiting" and (running or self.by_systemd):
-            return f"exited ({self.last_exit}), restarting ({self.restarts + 1} of {max_restarts})"
+            return RunState.restarting(self.last_exit, self.restarts, max_restarts)
         if running and self.by_systemd:  # its unit keeps how the running process's start ended, not the last
-            return f"running, restarted {self.restarts}x" if self.restarts else "running"
+            return RunState.up(self.restarts)
         if running:
-            return (
-                f"running, restarted {self.restarts}x (last exit {self.last_exit})"
-                if self.restarts
-                else "running"
-            )
+            return RunState.up(self.restarts, last_exit=self.last_exit)
         if self.what == "gave-up":
-            return f"exited ({self.last_exit}) after {self.restarts} restarts"
-        return "stopped"
+            return RunState.gave_up(self.last_exit, self.restarts)
+        return RunState(Kind.stopped, self.restarts)
 
 
 def supervised(ex: Executor, process: Process) -> Supervised | None:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from ucmctl.core.errors import UcmctlError
-from ucmctl.deploy.state import ProcessState, Record, StateStore, endpoints
+from ucmctl.deploy.state import ProcessState, Record, StateStore, Status, endpoints
 from ucmctl.plan.build import build_plan
 from ucmctl.topology.load import load_topology
 from ucmctl.topology.model import SlurmCluster
@@ -126,3 +126,34 @@ def test_a_record_of_an_unknown_schema_is_refused_in_one_line(tmp_path: Path) ->
         store.load(rec.deployment)
     assert "schema version 7" in str(caught.value)
     assert "\n" not in str(caught.value).strip()
+
+
+# A record as ucmctl wrote it while `status` was a plain string (its plan spliced in: the plan's
+# own schema is tested above).
+RECORD_OF_A_PLAIN_STATUS = """{"schema_version": 3, "deployment": "2p2d-centralized",
+ "topology_path": "topologies/2p2d-centralized.yaml", "topology_digest": "3f2a9c",
+ "created_at": 1733000000.5, "status": "%s", "plan": null,
+ "processes": {"prefill-0": {"name": "prefill-0", "node": "a", "pgid": 4711, "started_at": 1733000001.25,
+  "restarts": 1}},
+ "kv_probe": null, "allocation": null, "node_facts": {}}"""
+
+
+@pytest.mark.parametrize("word", ["starting", "up", "failed", "stopped"])
+def test_a_record_s_status_loads_as_its_enum_and_is_written_as_the_same_word(
+    tmp_path: Path, word: str
+) -> None:
+    raw = json.loads(RECORD_OF_A_PLAIN_STATUS % word)
+    raw["plan"] = record().plan.model_dump(mode="json")
+    store = StateStore(tmp_path)
+    written = json.dumps(raw, indent=1)  # as `save` writes a record
+    store.path("2p2d-centralized").write_text(written)
+    loaded = store.load("2p2d-centralized")
+    assert loaded is not None and loaded.status is Status(word) and loaded.status == word
+    assert f"{loaded.status}" == word  # how messages and the status table's title say it
+    store.save(loaded)
+    assert store.path("2p2d-centralized").read_text() == written
+
+
+def test_a_new_record_is_starting() -> None:
+    assert record().status is Status.starting
+    assert record().model_dump(mode="json")["status"] == "starting"

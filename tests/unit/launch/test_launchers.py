@@ -17,6 +17,7 @@ from ucmctl.deploy.state import Record, StateStore
 from ucmctl.launch import Allocation, launcher_for
 from ucmctl.launch.nodes import NodeLauncher
 from ucmctl.launch.slurm import SlurmLauncher, StepExecutor, srun_refusal
+from ucmctl.nodes.run_state import Kind, RunState
 from ucmctl.plan.build import build_plan
 from ucmctl.plan.model import SlurmPlan
 from ucmctl.topology.load import load_topology
@@ -150,7 +151,8 @@ def test_a_record_keeps_its_allocation_and_older_records_still_load(tmp_path: Pa
 def test_status_shows_the_schedulers_lines_under_the_table_at_80_columns(tmp_path: Path) -> None:
     plan = plan_of(tmp_path)
     record = Record(deployment=plan.deployment, topology_path="t.yaml", topology_digest="d", plan=plan)
-    looks = [Look("running", "healthy"), Look("node unreachable", "?"), Look("running", "healthy")]
+    up, unreachable = Look(RunState.up(), "healthy"), Look(RunState(Kind.unreachable), "?")
+    looks = [up, unreachable, up]
     lines = ["Slurm job 4711 (ucmctl-s-unit): running",
              "node gpu-a02: idle* (slurmd not responding: its processes may be lost)"]  # fmt: skip
     out = io.StringIO()

@@ -11,6 +11,7 @@ from pathlib import Path
 from ucmctl.launch.nodes import NodeLauncher
 from ucmctl.nodes import lifecycle
 from ucmctl.nodes.executor import LocalExecutor
+from ucmctl.nodes.run_state import Kind, RunState
 from ucmctl.plan.model import NodePlan, PlacedFile, Process, RestartPlan, Stage
 from ucmctl.plan.render import render
 
@@ -50,7 +51,8 @@ def test_a_failing_server_is_restarted_at_most_max_restarts_times(tmp_path: Path
     assert runs.read_text().count("run") == 3  # the first start and 2 restarts
     s = lifecycle.supervised(ex, p)
     assert s is not None and (s.restarts, s.last_exit, s.what) == (2, 3, "gave-up")
-    assert s.words(False, 2) == "exited (3) after 2 restarts"
+    assert s.run_state(False, 2) == RunState.gave_up(3, 2)
+    assert s.run_state(False, 2).words() == "exited (3) after 2 restarts"
     assert "restart 2 of 2 in 0.2 s" in (tmp_path / "srv" / "output.log").read_text()
 
 
@@ -67,21 +69,24 @@ def test_a_clean_end_is_not_restarted(tmp_path: Path) -> None:
 def test_a_killed_server_comes_back_and_down_ends_it_for_good(tmp_path: Path) -> None:
     runs = tmp_path / "runs"
     ex, p = _supervised(tmp_path, f"echo run >> {runs}\nexec sleep 60\n")
-    launcher = NodeLauncher.__new__(NodeLauncher)  # only its signal/supervised, on this executor
+    launcher = NodeLauncher.__new__(NodeLauncher)  # only its signal/run_state, on this executor
     launcher._executors = {"local": ex}
     lifecycle.start(ex, p)
     assert _until(lambda: runs.exists())
-    assert launcher.supervised(p) is None  # no end yet
+    assert lifecycle.supervised(ex, p) is None  # no end yet
+    assert launcher.run_state(p) == RunState.up()
     assert launcher.signal(p, "KILL")  # the server, not its supervisor
     assert _until(lambda: runs.read_text().count("run") == 2)
-    s = launcher.supervised(p)
+    s = lifecycle.supervised(ex, p)
     assert s is not None and (s.restarts, s.last_exit, s.what) == (1, 137, "running")
-    assert s.words(True, 2) == "running, restarted 1x (last exit 137)"
+    assert launcher.run_state(p) == RunState.up(1, last_exit=137)
+    assert launcher.run_state(p).words() == "running, restarted 1x (last exit 137)"
     assert lifecycle.alive(ex, p) is not None
     stopped = lifecycle.stop(ex, p, grace=5)  # what `down` does: TERM to the group
     assert stopped.was_running and not stopped.killed
     time.sleep(0.5)
     assert runs.read_text().count("run") == 2  # not restarted
     assert lifecycle.alive(ex, p) is None
-    s = launcher.supervised(p)
+    s = lifecycle.supervised(ex, p)
     assert s is not None and s.what == "stopped"
+    assert launcher.run_state(p) == RunState(Kind.stopped, 1)

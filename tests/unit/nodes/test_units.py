@@ -90,7 +90,7 @@ def test_what_systemd_shows_is_what_status_says(shown: str, expected: tuple, wor
     ex = Shown("LoadState=loaded\n" + shown)
     assert units.state(ex, p) == expected  # type: ignore[arg-type]
     s = lifecycle.supervised(ex, p)  # type: ignore[arg-type]
-    assert s is not None and s.words(expected[2] == "running", 2) == words
+    assert s is not None and s.run_state(expected[2] == "running", 2).words() == words
 
 
 def test_no_unit_is_no_state() -> None:
