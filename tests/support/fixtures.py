@@ -4,15 +4,20 @@
   module's `HOSTS` says: a count, or `cluster()`'s options (`{"count": 2, "containers": True}`).
 - `site`: a real Slurm on two test hosts, for one module; the module's `SLURM_SITE` passes
   `slurm_or_skip`'s options (`{"gpus": 2}`, `{"oci": True}`).
+
+And for every module, what it left running (tests/support/leftovers.py), listed in the summary.
 """
 
 from __future__ import annotations
 
+import os
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from tests.support import leftovers
 from tests.support.netns import Cluster, cluster_or_skip
 from tests.support.slurm import Site, slurm_or_skip
 
@@ -32,3 +37,28 @@ def hosts(request: pytest.FixtureRequest) -> Iterator[Cluster]:
 def site(request: pytest.FixtureRequest) -> Iterator[Site]:
     with cluster_or_skip(2) as hosts, slurm_or_skip(hosts, **_options(request, "SLURM_SITE", {})) as slurm:
         yield Site(hosts, slurm)
+
+
+LEFT: dict[str, dict[int, str]] = {}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    os.environ[leftovers.SESSION] = uuid.uuid4().hex
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _leftovers(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Set up before and torn down after every other fixture of the module: what it left running."""
+    before = leftovers.pids()
+    yield
+    if found := leftovers.left_behind(before):
+        LEFT[request.module.__name__] = found
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if not LEFT:
+        return
+    terminalreporter.section("processes left running by a test module")
+    for module, found in LEFT.items():
+        for pid, line in sorted(found.items()):
+            terminalreporter.write_line(f"{module}: {pid} {line[:200]}")
