@@ -22,7 +22,8 @@ from tests.support.bench_vs_vllm import vllm_bench_serve
 from tests.support.processes import sim_server
 from ucmctl.bench.hitrate import Instance
 from ucmctl.bench.prompts import vocab_from_model
-from ucmctl.bench.runner import BenchConfig, Target, run_bench
+from ucmctl.bench.runner import BenchConfig, Target
+from ucmctl.bench.workloads.prefix.runner import run_bench
 
 
 def ours(url: str, model: str, streams: int, tokens: int, input_len: int, seed: int) -> tuple[float, int]:

@@ -13,8 +13,8 @@ from rich.console import Console
 from rich.markup import escape
 
 from ucmctl import __version__
-from ucmctl.bench.cli import app as bench_app
-from ucmctl.bench.cli import spread_option_values
+from ucmctl.bench.commands import app as bench_app
+from ucmctl.bench.commands import spread_option_values
 
 if TYPE_CHECKING:
     from ucmctl.plan.model import Plan
@@ -116,7 +116,7 @@ def render(
     scrape_interval: float = typer.Option(5.0, "--scrape-interval", min=0.1, help="--prometheus: seconds"),
 ) -> None:
     """Write the plan for a scheduler, never run by ucmctl: Kubernetes manifests (--k8s:
-    LeaderWorkerSets, Deployments, Services, a ConfigMap, the store's claim; schema-checked) or
+    LeaderWorkerSets, Deployments, Services, a ConfigMap, the store's claim) or
     an sbatch script (--slurm: the deployment as one batch job; `ucmctl down` stops it)."""
     from ucmctl.plan.build import build_plan
 

@@ -14,7 +14,8 @@ from typing import Any
 from tests.support.vllm_server import VllmServer
 from ucmctl.bench.hitrate import Instance
 from ucmctl.bench.prompts import vocab_from_model
-from ucmctl.bench.runner import BenchConfig, Target, run_bench
+from ucmctl.bench.runner import BenchConfig, Target
+from ucmctl.bench.workloads.prefix.runner import run_bench
 
 INPUT, OUTPUT, PROMPTS, CONCURRENCY = 512, 32, 16, 4
 VENV_BIN = Path(sys.executable).parent

@@ -1,42 +1,30 @@
-"""Results out: the terminal table, the versioned JSON document with provenance, CSV, Markdown
-and a PNG plot. Cells are dicts: {"scenario"?, "input_len", "repeat", "prefix_ratio",
-"preseed": phase | None, "measure": phase}; a phase carries `vllm bench serve`'s key names."""
+"""Results out: the terminal table, the versioned JSON document (its provenance:
+`bench/provenance.py`), CSV, Markdown and a PNG plot. Cells are dicts: {"scenario"?,
+"input_len", "repeat", "prefix_ratio", "preseed": phase | None, "measure": phase}; a phase
+carries `vllm bench serve`'s key names."""
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import getpass
-import hashlib
-import importlib.metadata
 import json
 import math
 import os
-import platform
-import shlex
-import socket
-import subprocess
-import sys
-import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 from rich.console import Console
 
-from ucmctl import __version__
-from ucmctl.bench import loop
 from ucmctl.bench.cells import first_leg_hit_rate, label_of, row_name, workload_of
 from ucmctl.bench.fault import fault_lines
 from ucmctl.bench.metrics import METRICS, STATS
+from ucmctl.bench.results import READABLE_VERSIONS, SCHEMA_VERSION
 from ucmctl.bench.workloads import BY_KIND, PrefixSpec
 from ucmctl.core.errors import UcmctlError
 from ucmctl.core.store_errors import describe
 from ucmctl.core.tables import FIGURE, NAME, PAIR, fitted
 
-SCHEMA_VERSION = 2  # 2: cells name their workload and label; version 1 results read the same
-READABLE_VERSIONS = (1, 2)
 KIND = "ucmctl-bench-result"
 VLLM_KEYS = (
     "duration",
@@ -75,121 +63,6 @@ def storage_errors_of(phase: dict[str, Any] | None) -> str | None:
     # ucm_load_errors_enotconn -> load_enotconn, ucm_load_waits_over_bound -> load_waits_over_bound
     counts = {k[4:].replace("_errors", "", 1): v for k, v in total.items() if k.startswith("ucm_")}
     return describe(counts, words=True) or None
-
-
-# ---- provenance ----------------------------------------------------------------------------
-def _git_revision() -> str | None:
-    root = Path(__file__).resolve().parents[2]
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        rev = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-        ).stdout.strip()
-        return rev + ("-dirty" if dirty else "")
-    return None
-
-
-def _version(dist: str) -> str | None:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def _memory_bytes() -> int | None:
-    with contextlib.suppress(OSError, ValueError):
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                return int(line.split()[1]) * 1024
-    return None
-
-
-def provenance(
-    topology_digest: str | None = None, topology_path: str | None = None, argv: list[str] | None = None
-) -> dict[str, Any]:
-    """Where a result came from: versions, revision, host, command line, topology."""
-    with contextlib.suppress(KeyError, OSError):
-        user = getpass.getuser()
-    return {
-        "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "command_line": shlex.join(argv if argv is not None else ["ucmctl", *sys.argv[1:]]),
-        "ucmctl_version": __version__,
-        "vllm_version": _version("vllm"),
-        "git_revision": _git_revision(),
-        "topology_digest": topology_digest,
-        "topology_path": topology_path,
-        "event_loop": loop.name(),
-        "host": {
-            "hostname": socket.gethostname(),
-            "user": locals().get("user"),
-            "platform": platform.platform(),
-            "machine": platform.machine(),
-            "python": platform.python_version(),
-            "cpus": os.cpu_count(),
-            "memory_bytes": _memory_bytes(),
-            "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
-        },
-    }
-
-
-def deployment_facts(record: Any | None, model: str | None, url: str | None) -> dict[str, Any]:
-    """What the provenance says of where a run went: the model, and for a deployment the plan's
-    digest, its engine and mode and, per node, its platform, devices, images and what `up`'s
-    preflight read there (engine, torch and Python versions, device and CPU model, image ids);
-    for --url, the server's host (no port: a server started again elsewhere on it is the same
-    setup; no credentials)."""
-    from urllib.parse import urlsplit
-
-    out: dict[str, Any] = {"model": model}
-    if url is not None:
-        parts = urlsplit(url)
-        out["url"] = f"{parts.scheme}://{parts.hostname}"
-    if record is None:
-        return out
-    plan = record.plan
-    if model is None:
-        from ucmctl.bench.runner import model_path_of
-
-        out["model"] = model_path_of(plan)
-    dumped = plan.model_dump(mode="json")
-    for node in dumped["nodes"].values():
-        node.pop("slurm_node", None)  # where a scheduler put it this time: not the plan's own
-        if not node.get("systemd"):  # fields newer than the history: their defaults keep its digests
-            node.pop("systemd", None)
-    for process in dumped["processes"]:
-        if process.get("restart") and process["restart"].get("script") is None:
-            process["restart"].pop("script", None)
-    if dumped.get("store") and dumped["store"].get("pack_blocks") == 1:
-        dumped["store"].pop("pack_blocks")
-    out["plan_digest"] = hashlib.sha256(json.dumps(dumped, sort_keys=True).encode()).hexdigest()[:16]
-    out["engine"], out["mode"] = plan.engine, plan.mode
-    nodes: dict[str, dict[str, Any]] = {}
-    for name, node in sorted(plan.nodes.items()):
-        facts: dict[str, Any] = {"platform": node.platform, "devices": node.devices}
-        images = sorted({p.container.image for p in plan.on_node(name) if p.container is not None})
-        if images:
-            facts["images"] = ",".join(images)
-        facts.update(record.node_facts.get(name, {}))
-        nodes[name] = facts
-    out["nodes"] = nodes
-    return out
-
-
-def prompts_digest(cells: list[dict[str, Any]]) -> str | None:
-    """One digest of every cell's prompts, for the provenance."""
-    parts = [str(c.get("prompts_digest")) for c in cells if c.get("prompts_digest")]
-    if not parts:
-        return None
-    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 
 # ---- the JSON document ----------------------------------------------------------------------
@@ -450,6 +323,30 @@ def print_cells(cells: list[dict[str, Any]], console: Console) -> None:
     prefix_only = all(workload_of(c) == "prefix" for c in cells)
     lead = [("scenario", NAME)] if has_scenario else []
     lead += [("point", NAME)] if has_point else []
+    latency, load = _table_rows(cells, has_scenario, has_point, prefix_only)
+    head = [*lead, ("input" if prefix_only else "cell", NAME), ("phase", NAME)]
+    metric_cols = [(m.upper(), PAIR) for m in METRICS]
+    for t in fitted(console, "latency, ms (mean / p99)", head, metric_cols, latency):
+        console.print(t)
+        console.print()
+    ideal = "asked" if prefix_only else "ideal"
+    hits = ("hit L", "hit E") if prefix_only else ("hit L", "hit E", "hit")
+    load_cols = [(c, FIGURE) for c in ("ok", "failed", "req/s", "tok/s", *hits, ideal)]
+    title = "throughput and hit rate (measured local, external" + ("; asked)" if prefix_only else
+             ", first leg's whole; ideal)")  # fmt: skip
+    for t in fitted(console, title, head, load_cols, load):
+        console.print(t)
+        console.print()
+    say = functools.partial(console.print, soft_wrap=False)  # messages wrap at the width
+    for cell in cells:
+        for phase in ("preseed", "measure"):
+            _print_phase_notes(cell, phase, say)
+
+
+def _table_rows(
+    cells: list[dict[str, Any]], has_scenario: bool, has_point: bool, prefix_only: bool
+) -> tuple[list[list[str]], list[list[str]]]:
+    """The rows of the two tables: (latencies, throughput and hit rates), a row per phase."""
     latency, load = [], []
     for cell in cells:
         for phase in ("preseed", "measure"):
@@ -481,93 +378,83 @@ def print_cells(cells: list[dict[str, Any]], console: Console) -> None:
                     requested,
                 ]
             )
-    head = [*lead, ("input" if prefix_only else "cell", NAME), ("phase", NAME)]
-    metric_cols = [(m.upper(), PAIR) for m in METRICS]
-    for t in fitted(console, "latency, ms (mean / p99)", head, metric_cols, latency):
-        console.print(t)
-        console.print()
-    ideal = "asked" if prefix_only else "ideal"
-    hits = ("hit L", "hit E") if prefix_only else ("hit L", "hit E", "hit")
-    load_cols = [(c, FIGURE) for c in ("ok", "failed", "req/s", "tok/s", *hits, ideal)]
-    title = "throughput and hit rate (measured local, external" + ("; asked)" if prefix_only else
-             ", first leg's whole; ideal)")  # fmt: skip
-    for t in fitted(console, title, head, load_cols, load):
-        console.print(t)
-        console.print()
-    say = functools.partial(console.print, soft_wrap=False)  # messages wrap at the width
-    for cell in cells:
-        for phase in ("preseed", "measure"):
-            p = cell.get(phase) or {}
-            name = f"{phase_name(cell, phase)} {row_name(cell)}"
-            for e in [] if cell.get("aggregate") else p.get("errors", []):  # said per round
-                say(f"{name}: {e['count']} x {e['error']}", style="red", markup=False)
-            preempted = preemptions_of(p)
-            if preempted:
-                say(
-                    f"{name}: {preempted} preemption(s): the KV cache was full (figures include them)",
-                    style="yellow",
-                    markup=False,
-                )
-            for lost in p.get("lost") or []:
-                say(
-                    f"{name}: lost {lost['process']} on {lost['node']} ({lost['how']}, "
-                    f"{lost['into_s']:.0f} s in): figures include the time without it",
-                    style="red",
-                    markup=False,
-                )
-            handed = p.get("kv_handover") or {}
-            if handed.get("count") and phase == "measure":
-                say(
-                    f"{name}: KV handover (proxy, {handed['count']} streamed): mean "
-                    f"{_ms(handed['mean_ms'])}, p50 {_ms(handed['p50_ms'])}, p99 {_ms(handed['p99_ms'])} "
-                    f"ms; TTFT mean {_ms(p.get('mean_ttft_ms'))} ms",
-                    markup=False,
-                )
-            if p.get("fault"):
-                for line in fault_lines(name, p["fault"]):
-                    say(line, markup=False)
-            storage = storage_errors_of(p)
-            if storage:
-                say(
-                    f"{name}: UCM store: {storage} (misses are recomputed)",
-                    style="yellow",
-                    markup=False,
-                )
-            if p.get("request_goodput") is not None:
-                slos = ", ".join(f"{k} <= {v:g} ms" for k, v in (p.get("goodput_slos_ms") or {}).items())
-                say(
-                    f"{name}: goodput {p['request_goodput']:.2f} req/s ({p.get('good_completed')} of "
-                    f"{p['completed'] + p['failed']} requests met {slos})",
-                    markup=False,
-                )
-            lag = p.get("send_lag_ms")
-            if lag and lag.get("p99") is not None:
-                say(
-                    f"{name}: sends behind the trace's schedule by {lag['p50']:.2f} ms p50, "
-                    f"{lag['p99']:.2f} ms p99, {lag['max']:.2f} ms max",
-                    markup=False,
-                )
-            by_role = (p.get("hit_rate") or {}).get("by_role") or {}
-            # In PD the decode leg finds what the prefill leg just stored: judge the first leg.
-            rate = first_leg_hit_rate(p)
-            if len(by_role) > 1:
-                parts = []
-                for role, r in by_role.items():
-                    local, ext = r.get("local_hit_rate"), r.get("external_hit_rate")
-                    parts.append(f"{role} local {_pct(local)}, external {_pct(ext)}")
-                say(f"{cell.get('scenario') or 'run'} {name} hit rates: "
-                              + "; ".join(parts), markup=False)  # fmt: skip
-            if phase == "preseed" and workload_of(cell) == "prefix" and rate is not None and rate > 0.05:
-                say(
-                    f"[yellow]preseed {row_name(cell)}: {100 * rate:.1f}% of its prompt tokens were "
-                    "already cached (a run with the same --seed and --cache-salt before, or a server "
-                    "that ignores cache_salt?): the measured hit rate includes them; leave out "
-                    "--cache-salt, use another --seed, or reset the caches[/]"
-                )
-            restarted = (p.get("hit_rate") or {}).get("restarted")
-            if restarted:
-                say(f"[yellow]{name}: {', '.join(restarted)} started again within the phase: its hits "
-                    "before that were lost with the old process and are not counted[/]")  # fmt: skip
-            missing = (p.get("hit_rate") or {}).get("missing")
-            if missing:
-                say(f"[yellow]no /metrics from {', '.join(missing)}: hit rate without them[/]")
+    return latency, load
+
+
+def _print_phase_notes(cell: dict[str, Any], phase: str, say: Callable[..., None]) -> None:
+    """The lines under the tables for one phase: failures, preemptions, processes lost, the KV
+    handover, the fault, store errors, goodput, trace lag, hit rates by role, and warnings."""
+    p = cell.get(phase) or {}
+    name = f"{phase_name(cell, phase)} {row_name(cell)}"
+    for e in [] if cell.get("aggregate") else p.get("errors", []):  # said per round
+        say(f"{name}: {e['count']} x {e['error']}", style="red", markup=False)
+    preempted = preemptions_of(p)
+    if preempted:
+        say(
+            f"{name}: {preempted} preemption(s): the KV cache was full (figures include them)",
+            style="yellow",
+            markup=False,
+        )
+    for lost in p.get("lost") or []:
+        say(
+            f"{name}: lost {lost['process']} on {lost['node']} ({lost['how']}, "
+            f"{lost['into_s']:.0f} s in): figures include the time without it",
+            style="red",
+            markup=False,
+        )
+    handed = p.get("kv_handover") or {}
+    if handed.get("count") and phase == "measure":
+        say(
+            f"{name}: KV handover (proxy, {handed['count']} streamed): mean "
+            f"{_ms(handed['mean_ms'])}, p50 {_ms(handed['p50_ms'])}, p99 {_ms(handed['p99_ms'])} "
+            f"ms; TTFT mean {_ms(p.get('mean_ttft_ms'))} ms",
+            markup=False,
+        )
+    if p.get("fault"):
+        for line in fault_lines(name, p["fault"]):
+            say(line, markup=False)
+    storage = storage_errors_of(p)
+    if storage:
+        say(
+            f"{name}: UCM store: {storage} (misses are recomputed)",
+            style="yellow",
+            markup=False,
+        )
+    if p.get("request_goodput") is not None:
+        slos = ", ".join(f"{k} <= {v:g} ms" for k, v in (p.get("goodput_slos_ms") or {}).items())
+        say(
+            f"{name}: goodput {p['request_goodput']:.2f} req/s ({p.get('good_completed')} of "
+            f"{p['completed'] + p['failed']} requests met {slos})",
+            markup=False,
+        )
+    lag = p.get("send_lag_ms")
+    if lag and lag.get("p99") is not None:
+        say(
+            f"{name}: sends behind the trace's schedule by {lag['p50']:.2f} ms p50, "
+            f"{lag['p99']:.2f} ms p99, {lag['max']:.2f} ms max",
+            markup=False,
+        )
+    by_role = (p.get("hit_rate") or {}).get("by_role") or {}
+    # In PD the decode leg finds what the prefill leg just stored: judge the first leg.
+    rate = first_leg_hit_rate(p)
+    if len(by_role) > 1:
+        parts = []
+        for role, r in by_role.items():
+            local, ext = r.get("local_hit_rate"), r.get("external_hit_rate")
+            parts.append(f"{role} local {_pct(local)}, external {_pct(ext)}")
+        say(f"{cell.get('scenario') or 'run'} {name} hit rates: "
+                      + "; ".join(parts), markup=False)  # fmt: skip
+    if phase == "preseed" and workload_of(cell) == "prefix" and rate is not None and rate > 0.05:
+        say(
+            f"[yellow]preseed {row_name(cell)}: {100 * rate:.1f}% of its prompt tokens were "
+            "already cached (a run with the same --seed and --cache-salt before, or a server "
+            "that ignores cache_salt?): the measured hit rate includes them; leave out "
+            "--cache-salt, use another --seed, or reset the caches[/]"
+        )
+    restarted = (p.get("hit_rate") or {}).get("restarted")
+    if restarted:
+        say(f"[yellow]{name}: {', '.join(restarted)} started again within the phase: its hits "
+            "before that were lost with the old process and are not counted[/]")  # fmt: skip
+    missing = (p.get("hit_rate") or {}).get("missing")
+    if missing:
+        say(f"[yellow]no /metrics from {', '.join(missing)}: hit rate without them[/]")

@@ -32,6 +32,7 @@ from pydantic import (
 from ucmctl.bench.runner import BenchConfig, Target
 from ucmctl.bench.workloads import BY_KIND, AnyWorkload, PrefixSpec, WorkloadSpec
 from ucmctl.core.errors import ExitStatus, UcmctlError
+from ucmctl.topology.digest_compat import without_newer
 from ucmctl.topology.model import FlagValue, Topology
 
 Scenario = Literal["recompute", "hbm", "ucm"]
@@ -112,7 +113,7 @@ class Suite(BaseModel):
 
     def digest(self) -> str:
         # A suite without a workload digests as before workloads existed: its results resume.
-        data = self.model_dump(mode="json", exclude={"workload"} if self.workload is None else set())
+        data = without_newer("suite", self.model_dump(mode="json"))
         text = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 

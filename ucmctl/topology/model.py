@@ -411,25 +411,10 @@ class Topology(Strict):
     def digest(self) -> str:
         if self._written_digest:
             return self._written_digest
-        data = self.model_dump(mode="json")
-        # Running bare (the default) leaves the digest as it was before containers existed.
-        bare = Container.model_validate({}).model_dump(mode="json")
-        for node in data["nodes"].values():
-            if node["container"] == bare:
-                del node["container"]
-            if not node["systemd"]:  # ... and so does a node's restart mechanism by default
-                del node["systemd"]
-        for role in SERVER_ROLES:
-            if data.get(role) is not None and data[role]["container"] is None:
-                del data[role]["container"]
-        # ... and so does the default restart policy (never) before restart policies existed
-        never = Restart().model_dump(mode="json")
-        for part in (*SERVER_ROLES, "proxy"):
-            if data.get(part) is not None and data[part].get("restart") == never:
-                del data[part]["restart"]
-        # ... and a file per block (no packs) before packs existed
-        if data.get("storage") is not None and data["storage"].get("pack_blocks") == 1:
-            del data["storage"]["pack_blocks"]
+        from ucmctl.topology.digest_compat import without_newer
+
+        # The fields newer than the records, at their defaults, leave the digest as it was.
+        data = without_newer("topology", self.model_dump(mode="json"))
         canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 

@@ -15,7 +15,8 @@ from tests.support.openai_checks import metric
 from tests.support.processes import sim_server
 from tests.unit.bench.helpers import invoke
 from ucmctl.bench.hitrate import Instance
-from ucmctl.bench.runner import BenchConfig, Target, run_bench
+from ucmctl.bench.runner import BenchConfig, Target
+from ucmctl.bench.workloads.prefix.runner import run_bench
 from ucmctl.core.errors import ExitStatus
 
 BLOCK = 16

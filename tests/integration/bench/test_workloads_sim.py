@@ -16,7 +16,7 @@ from tests.integration.sim.test_sim_server import kv_flag, ucm_config
 from tests.support.openai_checks import metric
 from tests.support.processes import sim_server
 from tests.unit.bench.helpers import invoke
-from ucmctl.bench import trace
+from ucmctl.bench.workloads.trace import format as trace
 from ucmctl.core.errors import ExitStatus
 
 MODEL = Path(__file__).resolve().parents[3] / ".models" / "medium"

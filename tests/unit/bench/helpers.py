@@ -9,9 +9,10 @@ from typing import Any
 import typer
 from typer.testing import CliRunner
 
-from ucmctl.bench.cli import app as bench_app
-from ucmctl.bench.cli import spread_option_values
-from ucmctl.bench.report import document, provenance
+from ucmctl.bench.commands import app as bench_app
+from ucmctl.bench.commands import spread_option_values
+from ucmctl.bench.provenance import provenance
+from ucmctl.bench.report import document
 from ucmctl.core.errors import UcmctlError
 
 

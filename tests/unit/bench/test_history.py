@@ -18,7 +18,8 @@ from rich.console import Console
 from tests.unit.bench.helpers import cell, invoke
 from tests.unit.plan.conftest import TOPOLOGIES
 from ucmctl.bench import history, history_view
-from ucmctl.bench.report import deployment_facts, document, provenance
+from ucmctl.bench.provenance import deployment_facts, provenance
+from ucmctl.bench.report import document
 from ucmctl.core.errors import UcmctlError
 from ucmctl.plan.build import build_plan
 from ucmctl.topology.load import load_topology

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from ucmctl.bench import loop, report
+from ucmctl.bench import loop, provenance
 
 
 async def running_loop_module() -> str:
@@ -19,7 +19,7 @@ def test_uvloop_runs_where_it_is_installed(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.delenv("UCMCTL_EVENT_LOOP", raising=False)
     assert loop.name() == f"uvloop {uvloop.__version__}"
     assert loop.run(running_loop_module()).startswith("uvloop")
-    assert report.provenance()["event_loop"] == loop.name()
+    assert provenance.provenance()["event_loop"] == loop.name()
 
 
 @pytest.mark.parametrize("value", ["asyncio", " AsyncIO "])
@@ -27,7 +27,7 @@ def test_the_environment_chooses_asyncio(monkeypatch: pytest.MonkeyPatch, value:
     monkeypatch.setenv("UCMCTL_EVENT_LOOP", value)
     assert loop.name() == "asyncio"
     assert loop.run(running_loop_module()) == "asyncio.unix_events"
-    assert report.provenance()["event_loop"] == "asyncio"
+    assert provenance.provenance()["event_loop"] == "asyncio"
 
 
 def test_run_returns_the_coroutines_value_and_raises_its_error() -> None:

@@ -9,7 +9,6 @@ import pytest
 
 from ucmctl.bench.client import RequestResult, _finish, has_choices, make_body
 from ucmctl.bench.metrics import summarize
-from ucmctl.core.errors import UcmctlError
 
 
 def req(i: int, ttft: float, itl: list[float], out: int, ok: bool = True) -> RequestResult:
@@ -97,18 +96,6 @@ def test_body_is_token_ids_with_usage_requested() -> None:
     assert "model" not in json.loads(make_body([1], 1, None, False, None))
     assert json.loads(make_body([1], 1, None, False, None, cache_salt="s1"))["cache_salt"] == "s1"
     assert "cache_salt" not in json.loads(make_body([1], 1, None, False, None, cache_salt=None))
-
-
-def test_a_run_salts_its_requests_with_its_own_salt_unless_given_one() -> None:
-    from ucmctl.bench.cli import _salt
-
-    first, second = _salt(None), _salt(None)
-    assert first != second and first.startswith("ucmctl-") and len(first) == 23
-    assert _salt("nightly") == "nightly" and _salt("off") is None and _salt("OFF") is None
-    for bad in ("x" * 129, "a/b", "me@host", ""):
-        with pytest.raises(UcmctlError) as caught:
-            _salt(bad)
-        assert "1 to 128 characters" in str(caught.value) and "--cache-salt" in str(caught.value)
 
 
 def test_a_phase_with_no_answer_has_no_latency_figures() -> None:

@@ -12,7 +12,7 @@ import pytest
 import typer
 from annotated_types import Ge
 
-from ucmctl.bench.cli import app
+from ucmctl.bench.commands import app
 from ucmctl.bench.runner import BenchConfig
 from ucmctl.bench.suite import Suite, load_suite
 from ucmctl.bench.workloads import BY_KIND, SPECS, MultiTurnSpec, PrefixSpec, TraceSpec, WorkloadSpec
@@ -70,6 +70,8 @@ def test_every_spec_says_what_the_run_asks_of_it(spec: type[WorkloadSpec]) -> No
     assert BY_KIND[kind] is spec and spec(kind=kind).kind == kind
     assert set(spec.phases) == {"preseed", "measure"}
     assert spec.default_output_len >= 1 and spec().default_concurrency() >= 1
+    options = {opt for p in typer.main.get_command(app).params for opt in p.opts}
+    assert spec.own_options <= options, f"{spec.__name__}.own_options names no `ucmctl bench` option"
 
 
 def test_suite_workloads_parse_as_the_spec_of_their_kind(tmp_path: Path) -> None:

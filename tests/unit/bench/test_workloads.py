@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 
 from ucmctl.bench.cells import cell_key, row_name
-from ucmctl.bench.cli import spread_option_values
+from ucmctl.bench.commands import spread_option_values
 from ucmctl.bench.hitrate import Instance, hit_rates, merge
 from ucmctl.bench.reuse import ReuseTracker
 from ucmctl.bench.runner import BenchConfig
 from ucmctl.bench.suite import Suite
 from ucmctl.bench.sweep import Point, point_name
+from ucmctl.bench.workload_defaults import RepeatMode
 from ucmctl.bench.workloads import LongDocSpec, MultiTurnSpec
-from ucmctl.bench.workloads.long_doc import RepeatMode
 from ucmctl.core.errors import ExitStatus, UcmctlError
 
 

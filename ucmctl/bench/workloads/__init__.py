@@ -1,6 +1,7 @@
 """The registry of workloads: what `ucmctl bench --workload NAME` and a suite's
-`workload: {kind: NAME, ...}` name. Each is one module here with its spec (`WorkloadSpec`:
-parameters, phases, defaults, runner); a new one is a module and one entry in SPECS.
+`workload: {kind: NAME, ...}` name. Each is one package here: its spec (`spec.py`, a
+`WorkloadSpec`: parameters, phases, defaults, checks) and its runner (`runner.py`); a new one is
+a package and one entry in SPECS.
 """
 
 from __future__ import annotations

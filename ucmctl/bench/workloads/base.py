@@ -28,6 +28,15 @@ class WorkloadSpec(BaseModel):
     # How the tables name a cell's two phases (the JSON keeps "preseed" and "measure" for all).
     phases: ClassVar[dict[str, str]] = {"preseed": "preseed", "measure": "measure"}
     default_output_len: ClassVar[int]  # `--output-len` when not given
+    # `ucmctl bench` options this workload alone takes (another refuses them, naming this one)
+    own_options: ClassVar[frozenset[str]] = frozenset()
+
+    @classmethod
+    def from_options(cls, options: dict[str, Any]) -> WorkloadSpec:
+        """`ucmctl bench`: the spec from the options named as its fields. Typer has checked their
+        ranges; `load` checks the rest under the options' names (pydantic's validation, whose
+        messages name suite keys, is skipped)."""
+        return cls.model_construct(**{f: options[f] for f in cls.model_fields if f != "kind"})
 
     @abstractmethod
     def default_concurrency(self) -> int:
@@ -36,6 +45,9 @@ class WorkloadSpec(BaseModel):
     def load(self, base: Path) -> None:
         """Read the workload's files (paths relative to `base`) and check what the options'
         and the suite's own checks leave, before anything is sent."""
+
+    def check_rates(self, rates: list[float]) -> None:
+        """`ucmctl bench`: refuse `--request-rate`s the workload is not sent at."""
 
     def check(self, output_len: int, max_model_len: int | None) -> None:
         """`ucmctl bench`: refuse what the server's context cannot take, before anything is sent."""

@@ -12,12 +12,14 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from array import array
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ucmctl.bench import client, prompts
 from ucmctl.bench.reuse import ReuseTracker
 from ucmctl.bench.runner import BenchConfig, NoProgress, Progress, Target, measure
-from ucmctl.bench.workloads.long_doc import LongDocSpec
+
+if TYPE_CHECKING:
+    from ucmctl.bench.workloads.long_doc.spec import LongDocSpec
 
 
 async def run_long_doc(

@@ -1,8 +1,9 @@
 """The trace workload's spec: a Mooncake-format trace replayed on its timestamps, `speedup`
-times faster, or back to back (runner: `bench.replay`; the format: `bench.trace`)."""
+times faster, or back to back (runner: `runner.py`; the format: `format.py`, beside it)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
@@ -15,7 +16,7 @@ from ucmctl.core.errors import UcmctlError
 
 if TYPE_CHECKING:
     from ucmctl.bench.runner import BenchConfig, Progress, Target
-    from ucmctl.bench.trace import TraceRequest
+    from ucmctl.bench.workloads.trace.format import TraceRequest
 
 
 class TraceSpec(WorkloadSpec):
@@ -26,14 +27,37 @@ class TraceSpec(WorkloadSpec):
     phases: ClassVar[dict[str, str]] = {"preseed": "-", "measure": "replay"}
     default_output_len: ClassVar[int] = 1000  # unused (each request has its own), kept in the config
 
+    own_options: ClassVar[frozenset[str]] = frozenset({"--trace"})
+
     _path: Path | None = PrivateAttr(None)
     _requests: list[TraceRequest] = PrivateAttr(default_factory=list)  # the trace, read once
 
     def default_concurrency(self) -> int:
         return 1024
 
+    @classmethod
+    def from_options(cls, options: dict[str, Any]) -> WorkloadSpec:
+        """`--trace FILE` (required), `--speedup` or `--back-to-back` (no speedup)."""
+        if options["trace"] is None:
+            raise UcmctlError.one("the trace workload needs a trace", key="--trace", fix="--trace FILE.jsonl "
+                                  "(`ucmctl bench make-trace` writes one)")  # fmt: skip
+        values = {
+            **options,
+            "trace": str(options["trace"]),
+            "speedup": None if options["back_to_back"] else options["speedup"],
+        }
+        return super().from_options(values)
+
+    def check_rates(self, rates: list[float]) -> None:
+        if rates != [math.inf]:
+            raise UcmctlError.one(
+                "a trace is sent on its own timestamps",
+                key="--request-rate",
+                fix="use --speedup or --back-to-back",
+            )
+
     def load(self, base: Path) -> None:
-        from ucmctl.bench.trace import load_trace, send_schedule
+        from ucmctl.bench.workloads.trace.format import load_trace, send_schedule
 
         if not self.trace:
             raise UcmctlError.one("a trace workload needs `trace: FILE`", key="workload.trace")
@@ -68,6 +92,6 @@ class TraceSpec(WorkloadSpec):
     async def run(
         self, cfg: BenchConfig, target: Target, progress: Progress | None, log: Callable[[str], None]
     ) -> list[dict[str, Any]]:
-        from ucmctl.bench.replay import run_trace
+        from ucmctl.bench.workloads.trace.runner import run_trace
 
         return await run_trace(cfg, self, target, progress)

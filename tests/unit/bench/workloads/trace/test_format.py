@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from ucmctl.bench.trace import (
+from ucmctl.bench.workloads.trace.format import (
     BLOCK_TOKENS,
     SESSION_CAP,
     IdealHits,

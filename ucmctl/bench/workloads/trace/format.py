@@ -254,6 +254,35 @@ def _bad_param(key: str, message: str) -> UcmctlError:
     return UcmctlError.one(message, key=key)
 
 
+def _check_params(
+    requests: int,
+    rate: float | None,
+    input_len: int,
+    output_len: int,
+    pattern: Pattern,
+    groups: int,
+    shared_fraction: float,
+    block_tokens: int,
+) -> None:
+    """`make_trace`'s parameters, each refused under its option's name."""
+    if not _is_int(requests) or requests < 1:
+        raise _bad_param("--requests", f"must be an integer >= 1, found {requests}")
+    if rate is not None and not (math.isfinite(rate) and rate > 0):
+        raise _bad_param("--rate", f"must be > 0 requests/s (or left out for all at once), found {rate}")
+    if not _is_int(input_len) or input_len < 1:
+        raise _bad_param("--input-len", f"must be an integer >= 1, found {input_len}")
+    if not _is_int(output_len) or output_len < 1:
+        raise _bad_param("--output-len", f"must be an integer >= 1, found {output_len}")
+    if pattern not in PATTERNS:
+        raise _bad_param("--pattern", f"must be one of {', '.join(PATTERNS)}, found {pattern!r}")
+    if not _is_int(groups) or groups < 1:
+        raise _bad_param("--groups", f"must be an integer >= 1, found {groups}")
+    if not 0 <= shared_fraction <= 1:
+        raise _bad_param("--shared-fraction", f"must be between 0 and 1, found {shared_fraction}")
+    if block_tokens < 1:
+        raise _bad_param("--block-tokens", f"must be >= 1, found {block_tokens}")
+
+
 def make_trace(
     *,
     requests: int,
@@ -277,23 +306,7 @@ def make_trace(
     new tokens (at least 1); a conversation starts over with a fresh ~input_len prompt when it would
     pass SESSION_CAP x input_len tokens.
     """
-    if not _is_int(requests) or requests < 1:
-        raise _bad_param("--requests", f"must be an integer >= 1, found {requests}")
-    if rate is not None and not (math.isfinite(rate) and rate > 0):
-        raise _bad_param("--rate", f"must be > 0 requests/s (or left out for all at once), found {rate}")
-    if not _is_int(input_len) or input_len < 1:
-        raise _bad_param("--input-len", f"must be an integer >= 1, found {input_len}")
-    if not _is_int(output_len) or output_len < 1:
-        raise _bad_param("--output-len", f"must be an integer >= 1, found {output_len}")
-    if pattern not in PATTERNS:
-        raise _bad_param("--pattern", f"must be one of {', '.join(PATTERNS)}, found {pattern!r}")
-    if not _is_int(groups) or groups < 1:
-        raise _bad_param("--groups", f"must be an integer >= 1, found {groups}")
-    if not 0 <= shared_fraction <= 1:
-        raise _bad_param("--shared-fraction", f"must be between 0 and 1, found {shared_fraction}")
-    if block_tokens < 1:
-        raise _bad_param("--block-tokens", f"must be >= 1, found {block_tokens}")
-
+    _check_params(requests, rate, input_len, output_len, pattern, groups, shared_fraction, block_tokens)
     rng = np.random.Generator(np.random.PCG64([seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF, 0x7ACE]))
     if rate is None:
         stamps = [0.0] * requests

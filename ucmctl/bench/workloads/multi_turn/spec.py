@@ -1,5 +1,5 @@
 """The multi-turn workload's spec: U users x R rounds over one shared system prompt, each
-answer (`--output-len` tokens) carried into the user's next round (runner: `bench.multiturn`)."""
+answer (`--output-len` tokens) carried into the user's next round (runner: `runner.py` beside it)."""
 
 from __future__ import annotations
 
@@ -52,6 +52,6 @@ class MultiTurnSpec(WorkloadSpec):
     async def run(
         self, cfg: BenchConfig, target: Target, progress: Progress | None, log: Callable[[str], None]
     ) -> list[dict[str, Any]]:
-        from ucmctl.bench.multiturn import run_multi_turn
+        from ucmctl.bench.workloads.multi_turn.runner import run_multi_turn
 
         return await run_multi_turn(cfg, self, target, progress)

@@ -1,5 +1,5 @@
 """The long-document workload's spec: D documents of L tokens, warmed up once, then each queried
-`repeat_count` times in the repeat mode's order (runner: `bench.longdoc`)."""
+`repeat_count` times in the repeat mode's order (runner: `runner.py` beside it)."""
 
 from __future__ import annotations
 
@@ -66,6 +66,6 @@ class LongDocSpec(WorkloadSpec):
     async def run(
         self, cfg: BenchConfig, target: Target, progress: Progress | None, log: Callable[[str], None]
     ) -> list[dict[str, Any]]:
-        from ucmctl.bench.longdoc import run_long_doc
+        from ucmctl.bench.workloads.long_doc.runner import run_long_doc
 
         return await run_long_doc(cfg, self, target, progress)

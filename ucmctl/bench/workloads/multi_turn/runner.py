@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import hashlib
 from array import array
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ucmctl.bench import client, goodput, hitrate, metrics, prompts
 from ucmctl.bench.reuse import ReuseTracker
 from ucmctl.bench.runner import BenchConfig, NoProgress, Progress, Target, measure
-from ucmctl.bench.workloads.multi_turn import MultiTurnSpec
+
+if TYPE_CHECKING:
+    from ucmctl.bench.workloads.multi_turn.spec import MultiTurnSpec
 
 
 def _question(cfg: BenchConfig, spec: MultiTurnSpec, user: int, round_: int, stream: int) -> list[int]:

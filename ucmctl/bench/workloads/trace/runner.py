@@ -12,14 +12,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import numpy as np
 
-from ucmctl.bench import client, trace
+from ucmctl.bench import client
 from ucmctl.bench.runner import BenchConfig, NoProgress, Progress, Target, measure
-from ucmctl.bench.workloads.trace import TraceSpec
+from ucmctl.bench.workloads.trace import format as trace
+
+if TYPE_CHECKING:
+    from ucmctl.bench.workloads.trace.spec import TraceSpec
 
 # Connections opened before the clock starts: the trace's first overlapping sends would
 # otherwise each open one (TCP set-up, aiohttp's first-use work), late by 20-60 ms.

@@ -1,4 +1,4 @@
-"""The guides' workload: per input length, preseed then measure (`runner.run_bench`). Its
+"""The guides' workload: per input length, preseed then measure (`runner.run_bench`, beside it). Its
 parameters (input lengths, prefix ratio, prompts per phase, repeats) are the run's own
 (`BenchConfig`), as they are top-level keys of a suite."""
 
@@ -17,6 +17,7 @@ class PrefixSpec(WorkloadSpec):
     kind: Literal["prefix"] = "prefix"
 
     default_output_len: ClassVar[int] = 1000
+    own_options: ClassVar[frozenset[str]] = frozenset({"--input-len", "--fault"})
 
     def default_concurrency(self) -> int:
         return 128
@@ -31,7 +32,7 @@ class PrefixSpec(WorkloadSpec):
     async def run(
         self, cfg: BenchConfig, target: Target, progress: Progress | None, log: Callable[[str], None]
     ) -> list[dict[str, Any]]:
-        from ucmctl.bench.runner import run_bench
+        from ucmctl.bench.workloads.prefix.runner import run_bench
 
         cells = await run_bench(cfg, target, progress, log)
         for cell in cells:
