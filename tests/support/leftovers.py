@@ -31,7 +31,9 @@ def cmdline(pid: int) -> str:
 
 def of_the_tests(pid: int, line: str) -> bool:
     env = environ(pid)
-    return SESSION in env or "UCMCTL_PROCESS" in env or any(d in line for d in DAEMONS)
+    if SESSION in env:  # started on this machine by a test session: this one, or another's
+        return env[SESSION] == os.environ.get(SESSION)
+    return "UCMCTL_PROCESS" in env or any(d in line for d in DAEMONS)
 
 
 def _ours(pid: int) -> bool:

@@ -26,13 +26,13 @@ async def _serve() -> tuple[web.AppRunner, str]:
         return web.Response(body=b"x_total \xff\xfe\n", content_type="text/plain", charset="utf-8")
 
     async def slow(_: web.Request) -> web.Response:
-        await asyncio.sleep(5)
+        await asyncio.sleep(5)  # cancelled once the client gives up (handler_cancellation)
         return web.Response(text=PAGE)
 
     app = web.Application()
     for name, handler in (("ok", ok), ("error", error), ("binary", binary), ("slow", slow)):
         app.router.add_get(f"/{name}/metrics", handler)
-    runner = web.AppRunner(app)
+    runner = web.AppRunner(app, handler_cancellation=True)  # a client gone ends its handler
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()

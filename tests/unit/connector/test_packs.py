@@ -18,6 +18,7 @@ from ucm_connector.keys import KeyMaker, Namespace
 from ucm_connector.scheduler import SchedulerSide
 from ucm_connector.worker import WorkerSide
 
+from tests.support.waits import until
 from tests.unit.connector.test_scheduler import blocks, new_req, step
 
 LAYERS, KV_BLOCKS, HEADS, BS, HD = 2, 32, 2, 4, 4
@@ -203,7 +204,7 @@ def test_a_stalled_mount_while_finding_the_packs_is_one_bounded_wait_and_misses(
     save_one_prompt(nodes(4))
     b = nodes(4, lookup_timeout_s=0.3)
     again = prompt("r2", 8)
-    _native._inject_stall("posix_stat", 1, 1500)  # the first header read waits 1.5 s
+    _native._inject_stall("posix_stat", 1, 1200)  # the first header read waits 1.2 s
     try:
         t0 = time.perf_counter()
         assert b.scheduler.get_num_new_matched_tokens(again, 0) == (0, False)
@@ -217,8 +218,8 @@ def test_a_stalled_mount_while_finding_the_packs_is_one_bounded_wait_and_misses(
         keys = b.km.keys(again.block_hashes)
         assert [s.packs for s in meta.saves] == [[(keys[p - p % 4], p % 4) for p in range(8)]]
     finally:
-        time.sleep(1.3)  # the stuck read returns
         _native._inject_stall("posix_stat", 0, 0)
+    assert until(lambda: b.lookup_store.stalled_for() is None, timeout=5)  # the stuck read returned
     # once the storage answers again, the lookup finds all 8 in their packs
     c = nodes(4, lookup_timeout_s=5)
     assert c.scheduler.get_num_new_matched_tokens(prompt("r3", 8), 0) == (8 * BS, False)
@@ -244,8 +245,8 @@ def test_finding_the_packs_and_checking_the_blocks_share_one_lookup_bound(nodes)
         assert 0.65 <= waited < 0.85, f"the lookup waited {waited:.2f} s, its bound 0.7 s"
         assert b.scheduler.take_lookup_errors() == {"lookup_errors": 1, "lookup_errors_timeout": 1}
     finally:
-        time.sleep(1.0)  # the stuck reads return
         _native._inject_stall("posix_stat", 0, 0)
+    assert until(lambda: b.lookup_store.stalled_for() is None, timeout=5)  # the stuck reads returned
     c = nodes(4, lookup_timeout_s=5)
     assert c.scheduler.get_num_new_matched_tokens(prompt("r3", 8), 0) == (8 * BS, False)
 

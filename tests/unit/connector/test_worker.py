@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import logging
+import time
 
 import pytest
 import torch
+import ucm_connector.worker as worker_module
 from ucm_connector.copy_path import HostCopyBackend, KVLayout, StagedCopyBackend, make_copy_backend
 from ucm_connector.keys import KeyMaker, Namespace
 from ucm_connector.metadata import BlockTransfer, UCMConnectorMetadata
 from ucm_connector.worker import LOGGER_NAME, WorkerSide
 
+from tests.support.waits import until
 from tests.unit.connector.store_double import FakeStore
 
 LAYERS, BLOCKS, HEADS, BS, HD = 3, 16, 2, 8, 4
@@ -208,8 +211,6 @@ def test_a_load_past_its_bound_is_recomputed_and_its_late_read_never_lands_in_th
 ) -> None:
     """The CPU path reads straight into the paged cache: a read stuck in a stalled mount that
     returns after the step gave up must not write the block vLLM has handed to another request."""
-    import time
-
     from ucm_store import _native
 
     writer, storage, km = _real_worker(tmp_path, "Posix")
@@ -217,7 +218,7 @@ def test_a_load_past_its_bound_is_recomputed_and_its_late_read_never_lands_in_th
     writer.wait_for_save(UCMConnectorMetadata(saves=[BlockTransfer("a", keys, [1, 2])]))
     writer.close()
     reader, rstorage, _ = _real_worker(tmp_path, "Posix", load_timeout_s=0.3)
-    _native._inject_stall("posix_read", 2, 1500)  # both reads wait 1.5 s, then complete
+    _native._inject_stall("posix_read", 2, 1200)  # both reads wait 1.2 s, then complete
     try:
         t0 = time.perf_counter()
         reader.start_load(UCMConnectorMetadata(loads=[BlockTransfer("b", keys, [7, 8])]))
@@ -229,8 +230,8 @@ def test_a_load_past_its_bound_is_recomputed_and_its_late_read_never_lands_in_th
         assert stats is not None and stats.data["load_errors_timeout"] == 2
         # vLLM recomputes, then gives blocks 7 and 8 to other requests: their own KV goes there.
         rstorage[:, 7:9] = 3.0
-        time.sleep(1.6)  # the stalled read has returned by now
-        assert reader._store is not None and reader._store.stats()["load_late"] == 2
+        assert reader._store is not None
+        assert until(lambda: reader._store.stats()["load_late"] == 2), reader._store.stats()  # returned
         assert torch.all(rstorage[:, 7:9] == 3.0), "a late read overwrote a reused KV block"
         # The storage answers again: the same blocks load, byte-exact.
         reader.start_load(UCMConnectorMetadata(loads=[BlockTransfer("c", keys, [9, 10])]))
@@ -242,8 +243,6 @@ def test_a_load_past_its_bound_is_recomputed_and_its_late_read_never_lands_in_th
 
 
 def test_a_dump_past_its_bound_is_a_counted_save_error_and_the_step_goes_on(tmp_path) -> None:
-    import time
-
     from ucm_store import _native
 
     w, _, km = _real_worker(tmp_path, "Cache|Posix", wait_persisted=True, dump_timeout_s=0.3)
@@ -261,23 +260,43 @@ def test_a_dump_past_its_bound_is_a_counted_save_error_and_the_step_goes_on(tmp_
         w.close()
 
 
-class SlowStore(FakeStore):
-    """Every wait on a task returns `delay` s late, whatever its bound: a bounding bug."""
+class Clock:
+    """The worker module's `time`, whose `perf_counter` moves only when a test says so."""
 
-    def __init__(self, delay: float) -> None:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(time, name)
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    fake = Clock()
+    monkeypatch.setattr(worker_module, "time", fake)
+    return fake
+
+
+class SlowStore(FakeStore):
+    """Every wait on a task returns `delay` s late (on `clock`), whatever its bound: a bounding bug."""
+
+    def __init__(self, delay: float, clock: Clock) -> None:
         super().__init__([])  # make() sets the shard sizes the worker asks for
         self.delay = delay
+        self.clock = clock
 
     def finish_within(self, tid: int, timeout: float, **how: object):
-        import time
-
-        time.sleep(self.delay)
+        self.clock.now += self.delay
         return super().finish_within(tid, timeout, **how)
 
 
 @pytest.mark.parametrize("delay", [0.0, 1.5])
-def test_a_store_wait_past_its_bound_by_over_a_second_is_counted(delay: float) -> None:
-    w, _, km, _ = make(store=SlowStore(delay), worker_kw={"load_timeout_s": 0.2, "dump_timeout_s": 0.2})
+def test_a_store_wait_past_its_bound_by_over_a_second_is_counted(delay: float, clock: Clock) -> None:
+    store = SlowStore(delay, clock)
+    w, _, km, _ = make(store=store, worker_kw={"load_timeout_s": 0.2, "dump_timeout_s": 0.2})
     keys = km.keys(hashes(2))
     w.wait_for_save(UCMConnectorMetadata(saves=[BlockTransfer("a", keys, [1, 2])]))
     w.start_load(UCMConnectorMetadata(loads=[BlockTransfer("b", keys, [3, 4])]))
@@ -287,11 +306,9 @@ def test_a_store_wait_past_its_bound_by_over_a_second_is_counted(delay: float) -
     assert (stats.data["save_waits_over_bound"], stats.data["load_waits_over_bound"]) == (late, late)
 
 
-def test_the_steps_own_compute_between_submission_and_wait_is_not_the_stores() -> None:
+def test_the_steps_own_compute_between_submission_and_wait_is_not_the_stores(clock: Clock) -> None:
     """Layerwise: a layer's load is submitted, the model computes (here 1.5 s, past the 0.2 s
     bound + 1 s), then waits: the wait returns at once, so nothing is over its bound."""
-    import time
-
     w, _, km, _ = make(layerwise=True, worker_kw={"load_timeout_s": 0.2})
     keys = km.keys(hashes(2))
     save = UCMConnectorMetadata(saves=[BlockTransfer("a", keys, [1, 2])])
@@ -299,7 +316,7 @@ def test_the_steps_own_compute_between_submission_and_wait_is_not_the_stores() -
         w.save_layer(name, save)
     w.wait_for_save(save)
     w.start_load(UCMConnectorMetadata(loads=[BlockTransfer("b", keys, [3, 4])]))
-    time.sleep(1.5)
+    clock.now += 1.5
     for name in [f"model.layers.{i}.self_attn.attn" for i in range(LAYERS)]:
         w.wait_for_layer_load(name)
     stats = w.take_stats()

@@ -4,7 +4,6 @@ and refusing to overwrite a deployment that still runs."""
 from __future__ import annotations
 
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -81,7 +80,8 @@ def test_a_recycled_pid_without_the_marker_does_not_block(tmp_path: Path) -> Non
     p = process(tmp_path, "srv", {"launch.sh": ("#!/bin/sh\n", 0o755)})
     other = subprocess.Popen(["sleep", "30"], start_new_session=True)  # alive, but not ours
     try:
-        time.sleep(0.1)
+        # it runs `sleep` already: Popen returns once the child has exec'd
+        assert Path(f"/proc/{other.pid}/cmdline").read_bytes() == b"sleep\x0030\x00"
         (tmp_path / "srv").mkdir()
         Path(p.pidfile).write_text(f"{other.pid}\n")
         assert staging.stage_node(LocalExecutor(node(tmp_path)), [p]) == []

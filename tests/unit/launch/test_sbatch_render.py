@@ -17,6 +17,7 @@ import stat
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -178,10 +179,12 @@ proxy: {{node: h1, port: 8000}}
     return path, bad
 
 
-def run_script(script: Path, tmp: Path, mode: str) -> subprocess.CompletedProcess[str]:
+def run_script(
+    script: Path, tmp: Path, mode: str, said: Callable[[str], bool] = lambda out: True
+) -> subprocess.CompletedProcess[str]:
     """Run the script with the stand-ins; once it says the deployment is up (it then holds the
-    allocation until cancelled), give it a few seconds to report the stand-in steps that ended,
-    then end it, as `scancel` would."""
+    allocation until cancelled), wait until its output is what `said` waits for (the stand-in
+    steps that ended reported), then end it, as `scancel` would."""
     fake = tmp / "fake"
     fake.mkdir(exist_ok=True)
     for name, text in (("srun", FAKE_SRUN), ("curl", FAKE_CURL), ("scancel", FAKE_SCANCEL)):
@@ -189,11 +192,11 @@ def run_script(script: Path, tmp: Path, mode: str) -> subprocess.CompletedProces
         (fake / name).chmod(0o755)
     env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}", "FAKE_DIR": str(fake), "FAKE_MODE": mode,
            "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "h[1-2]"}  # fmt: skip
-    return run_until_up(["bash", str(script)], env, tmp)
+    return run_until_up(["bash", str(script)], env, tmp, said)
 
 
 def run_until_up(
-    argv: list[str], env: dict[str, str], cwd: Path, hold: float = 7
+    argv: list[str], env: dict[str, str], cwd: Path, said: Callable[[str], bool] = lambda out: True
 ) -> subprocess.CompletedProcess[str]:
     out, err = cwd / "script.out", cwd / "script.err"
     with out.open("w") as o, err.open("w") as e:
@@ -202,13 +205,26 @@ def run_until_up(
         deadline = time.monotonic() + 60
         while proc.poll() is None and "is up" not in out.read_text() and time.monotonic() < deadline:
             time.sleep(0.1)
-        if proc.poll() is None:
-            time.sleep(hold)
+        deadline = time.monotonic() + 30  # the script looks at its steps every 5 s
+        while proc.poll() is None and time.monotonic() < deadline:
+            if said(out.read_text()) and _holding(proc.pid):  # it said so, then held on
+                break
+            time.sleep(0.1)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)  # as scancel ends the batch script and its steps
         proc.wait()
     return subprocess.CompletedProcess(argv, proc.returncode, out.read_text(), err.read_text())
+
+
+def _holding(pid: int) -> bool:
+    """Whether the script `pid` sleeps in its loop that holds the allocation (a `sleep` child)."""
+    for info in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError):
+            ppid = info.read_text().rsplit(")", 1)[1].split()[1]
+            if ppid == str(pid) and (info.parent / "cmdline").read_bytes().startswith(b"sleep\0"):
+                return True
+    return False
 
 
 def recorded_steps(tmp: Path) -> list[list[str]]:
@@ -221,11 +237,12 @@ def test_hostile_values_reach_files_and_steps_intact(tmp_path: Path) -> None:
     assert any(bad["model"] in p.argv for p in plan.processes)
     script = write_script(plan, tmp_path / "out")
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
-    done = run_script(script, tmp_path, "ok")
+    ended = [f"ucmctl: {p.name} on {p.node} ended (its log: {p.log})" for p in plan.processes]
+    done = run_script(script, tmp_path, "ok", said=lambda out: all(e in out for e in ended))
     assert done.returncode == -signal.SIGKILL, done.stderr + done.stdout  # held until cancelled
     assert "ucmctl: deployment hostile is up: 3 processes, proxy http://10.0.0.1:8000" in done.stdout
-    for p in plan.processes:  # the stand-in steps ended at once: each reported, the job still held
-        assert f"ucmctl: {p.name} on {p.node} ended (its log: {p.log})" in done.stdout
+    for e in ended:  # the stand-in steps ended at once: each reported, the job still held
+        assert e in done.stdout
     assert not list(tmp_path.glob("pwned*")), "a topology value was evaluated by a shell"
 
     placed = [f for p in plan.processes for f in p.files]
@@ -330,7 +347,7 @@ def test_python_probes_health_where_curl_is_missing(tmp_path: Path) -> None:
             (tools / tool).symlink_to(found)
         env = {"PATH": f"{fake}:{tools}", "FAKE_DIR": str(fake), "FAKE_MODE": "ok", "SLURM_JOB_ID": "9",
                "SLURM_JOB_NODELIST": "h1"}  # fmt: skip
-        done = run_until_up(["/bin/bash", str(script)], env, tmp_path, hold=0)
+        done = run_until_up(["/bin/bash", str(script)], env, tmp_path)
         assert "deployment hostile is up" in done.stdout, done.stderr
     finally:
         server.shutdown()

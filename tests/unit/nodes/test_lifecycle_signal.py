@@ -39,6 +39,13 @@ def _gone(ex: LocalExecutor, p: Process, within: float = 5.0) -> bool:
     return False
 
 
+def _quiet(pid: int) -> bool:
+    """`pid` sleeps with no signal pending (a SIGKILL sent to it is pending until it dies)."""
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    status = dict(line.split(":\t", 1) for line in lines if ":\t" in line)
+    return status["State"].startswith("S") and int(status["SigPnd"], 16) == int(status["ShdPnd"], 16) == 0
+
+
 @pytest.mark.parametrize(("sig", "said"), [("TERM", "term"), ("KILL", None)])
 def test_the_signal_reaches_the_group(tmp_path: Path, sig: str, said: str | None) -> None:
     caught = tmp_path / "caught"
@@ -58,8 +65,11 @@ def test_a_group_without_the_marker_is_not_signalled(tmp_path: Path) -> None:
     other = subprocess.Popen(["sleep", "30"], start_new_session=True)  # not the process: no marker
     try:
         Path(p.pidfile).write_text(f"{other.pid}\n")
+        deadline = time.monotonic() + 5
+        while not _quiet(other.pid) and time.monotonic() < deadline:  # it runs `sleep` now
+            time.sleep(0.01)
         assert lifecycle.signal(ex, p, "KILL") is False
-        time.sleep(0.2)
+        assert _quiet(other.pid)  # no KILL pending, nor dying of one: none was sent
         assert other.poll() is None
     finally:
         os.killpg(other.pid, signal.SIGKILL)

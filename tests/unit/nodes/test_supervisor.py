@@ -84,7 +84,12 @@ def test_a_killed_server_comes_back_and_down_ends_it_for_good(tmp_path: Path) ->
     assert lifecycle.alive(ex, p) is not None
     stopped = lifecycle.stop(ex, p, grace=5)  # what `down` does: TERM to the group
     assert stopped.was_running and not stopped.killed
-    time.sleep(0.5)
+
+    def ended() -> bool:  # the supervisor's last word, written as it ends: no restart after it
+        last = lifecycle.supervised(ex, p)
+        return last is not None and last.what not in ("running", "waiting")
+
+    assert _until(ended)
     assert runs.read_text().count("run") == 2  # not restarted
     assert lifecycle.alive(ex, p) is None
     s = lifecycle.supervised(ex, p)

@@ -9,6 +9,7 @@ from pathlib import Path
 import yaml
 from ucm_store import _native
 
+from tests.support.waits import until
 from ucmctl.sim.external import ExternalTier
 
 BLOCK = 64 << 10
@@ -56,8 +57,8 @@ def test_finding_the_packs_and_checking_the_blocks_share_one_lookup_bound(tmp_pa
         assert slow.counts["lookup_errors_timeout"] == 1
         assert slow.counts["lookup_waits_over_bound"] == 0
     finally:
-        time.sleep(1.0)  # the stuck reads return
         _native._inject_stall("posix_stat", 0, 0)
+    assert until(lambda: slow.store.stalled_for() is None, timeout=5)  # the stuck reads returned
     assert slow.lookup_prefix(keys, slow.packs(keys, 0, 8, slow.pack_heads(keys))) == 8
 
 
@@ -68,13 +69,13 @@ def test_a_walk_the_storage_does_not_answer_is_one_miss_counted_once(tmp_path: P
     first = tier(tmp_path, 10.0)
     first.save(keys, first.packs(keys, 0, 8, first.pack_heads(keys)))
     slow = tier(tmp_path, 0.6)  # lookups bounded at 0.3 s
-    _native._inject_stall("posix_stat", 1, 1500)
+    _native._inject_stall("posix_stat", 1, 1200)
     try:
         t0 = time.perf_counter()
         assert slow.pack_heads(keys) is None
         assert time.perf_counter() - t0 < 0.8
         assert slow.counts["lookup_errors"] == 1 and slow.counts["lookup_errors_timeout"] == 1
     finally:
-        time.sleep(1.5)  # the stuck read returns
         _native._inject_stall("posix_stat", 0, 0)
+    assert until(lambda: slow.store.stalled_for() is None, timeout=5)  # the stuck read returned
     assert slow.pack_heads(keys) == [0] * 4 + [4] * 4
