@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import ipaddress
 import shlex
-import uuid
 from dataclasses import dataclass, field
 
 from ucmctl.core.platforms import DEVICE_COUNTER, Platform
 from ucmctl.deploy import filesystems
+from ucmctl.deploy.container_preflight import bundle_problems, container_problems
 from ucmctl.deploy.starting import LISTENING
+from ucmctl.deploy.storage_preflight import SharedCheck
 from ucmctl.engines import engine_for
 from ucmctl.nodes import lifecycle
 from ucmctl.nodes.executor import Executor, HostKeyError, NodeError
 from ucmctl.nodes.fanout import parallel
-from ucmctl.plan.containers import LABEL_DEPLOYMENT
 from ucmctl.plan.model import NodePlan, Plan, Process
 
 # One round trip per node: facts as KEY=VALUE lines.
@@ -91,7 +91,7 @@ def preflight(
     with several storage nodes, one more on each of the others to read the first one's marker.
     Reads the Plan alone. The processes named in `restarting` run now and are to be started
     again with this plan (a server a changed topology moves): that they run is no problem."""
-    shared = _SharedCheck(plan)
+    shared = SharedCheck(plan)
     results = parallel(executors, lambda n: _node_checks(plan, executors[n], shared))
     for r in results:
         r.running = [name for name in r.running if name not in restarting]
@@ -125,7 +125,7 @@ def node_problem(node: NodePlan, err: NodeError) -> str:
     return f"{where}: {what}{err.reason}"
 
 
-def _node_checks(plan: Plan, ex: Executor, shared: _SharedCheck) -> NodeFacts:
+def _node_checks(plan: Plan, ex: Executor, shared: SharedCheck) -> NodeFacts:
     node = plan.nodes[ex.node.name]
     out = NodeFacts(node.name)
     where = f"node {node.name} ({node.host})"
@@ -159,12 +159,12 @@ def _node_checks(plan: Plan, ex: Executor, shared: _SharedCheck) -> NodeFacts:
     processes = plan.on_node(node.name)
     contained = [p for p in processes if p.detached]
     if contained:
-        problems, running = _container_problems(where, ex, contained, f)
+        problems, running = container_problems(where, ex, contained, f)
         out.problems += problems
         out.running += running
     bundled = [p for p in processes if p.container is not None and p.container.runtime == "oci"]
     if bundled:
-        out.problems += _bundle_problems(where, ex, bundled)
+        out.problems += bundle_problems(where, ex, bundled)
     bare = [p for p in processes if p.container is None]  # a pyxis step's image: enroot's to fetch
     out.problems += _bare_problems(plan, node, where, bare, f)
     out.problems += _bind_problems(where, node, f)
@@ -234,122 +234,6 @@ def _bare_problems(
     return out.problems
 
 
-def _bundle_problems(where: str, ex: Executor, processes: list[Process]) -> list[str]:
-    """Each OCI bundle the node's steps run: made by `ucmctl image build` from the topology's
-    bundle as it is now, holding this ucmctl's wheel when derived."""
-    from ucmctl.deploy.images import bundle_record, bundle_state, read_base_config
-    from ucmctl.deploy.wheel import installed_wheel
-
-    problems: list[str] = []
-    seen: set[str] = set()
-    for p in processes:
-        c = p.container
-        assert c is not None
-        if c.image in seen:
-            continue
-        seen.add(c.image)
-        try:
-            want = bundle_record(read_base_config(ex, c), c, installed_wheel())
-        except NodeError as exc:
-            problems.append(f"{where}: {exc.reason}")
-            continue
-        have = bundle_state(ex, c)
-        if have is None:
-            problems.append(f"{where}: OCI bundle {c.image} (from {c.base_image}) is missing: "
-                            "run `ucmctl image build TOPOLOGY`")  # fmt: skip
-        elif have != want:
-            changed = have.get("wheel") != want["wheel"]
-            why = "another ucmctl" if changed else f"{c.base_image} as it was before"
-            problems.append(f"{where}: OCI bundle {c.image} holds {why}: run `ucmctl image build TOPOLOGY`")
-    return problems
-
-
-def _container_problems(
-    where: str, ex: Executor, processes: list[Process], facts: dict[str, str] | None = None
-) -> tuple[list[str], list[str]]:
-    """The runtime, the images (a derived one holding this ucmctl's wheel), the devices, and an
-    image the user says has ucmctl inside importing it: one round trip, then one line each.
-    Each image's id goes into `facts` (as `image NAME`)."""
-    from ucmctl.deploy.images import image_wheel
-    from ucmctl.deploy.wheel import installed_wheel
-
-    plans = [p.container for p in processes if p.container is not None]
-    runtimes = sorted({c.runtime for c in plans})
-    script = [f'echo "{rt}=$(command -v {rt} >/dev/null 2>&1 && echo 1 || echo 0)"' for rt in runtimes]
-    devices = sorted({d for c in plans for d in c.devices})
-    script += [f'[ -e {shlex.quote(d)} ] || echo "nodevice {d}"' for d in devices]
-    fmt = shlex.quote('{{.State.Status}} {{index .Config.Labels "' + LABEL_DEPLOYMENT + '"}}')
-    for p in processes:
-        c = p.container
-        assert c is not None
-        rt, mine = shlex.quote(c.runtime), shlex.quote(f"running {c.labels[LABEL_DEPLOYMENT]}")
-        script.append(
-            f'[ "$({rt} inspect --type container --format {fmt} {shlex.quote(c.name)} 2>/dev/null)" '
-            f'= {mine} ] && echo "running {p.name}"'
-        )
-    images = list({c.image: c for c in plans if c.runtime in ("podman", "docker")}.values())
-    for i, c in enumerate(images):  # by number: the name never reaches the shell but quoted
-        rt, image = shlex.quote(c.runtime), shlex.quote(c.image)
-        script.append(
-            f"echo \"image_id{i}=$({rt} image inspect --format '{{{{.Id}}}}' {image} 2>/dev/null)\""
-        )
-    done = ex.run("\n".join(script) + "\nexit 0", timeout=60)
-    running = [line.split(" ", 1)[1] for line in done.stdout.splitlines() if line.startswith("running ")]
-    have = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
-    if facts is not None:
-        ids = {f"image {c.image}": have.get(f"image_id{i}", "").strip() for i, c in enumerate(images)}
-        facts.update({k: v for k, v in ids.items() if v})
-    problems = [
-        f"{where}: {rt} is not installed (container.runtime {rt}): install it, or set another runtime"
-        for rt in runtimes
-        if have.get(rt) != "1"
-    ]
-    problems += [
-        f"{where}: device {line.split(' ', 1)[1]} does not exist on the node: check its cards "
-        "and container.devices"
-        for line in done.stdout.splitlines()
-        if line.startswith("nodevice ")
-    ]
-    if problems or running:
-        return problems, running
-    wheel = installed_wheel()
-    seen: set[str] = set()
-    for c in plans:
-        if c.image in seen:
-            continue
-        seen.add(c.image)
-        held = image_wheel(ex, c)
-        if c.derived and held is None:
-            problems.append(
-                f"{where}: image {c.image} (derived from {c.base_image}) is missing: "
-                "run `ucmctl image build TOPOLOGY`"
-            )
-        elif c.derived and held != wheel.sha256:
-            problems.append(
-                f"{where}: image {c.image} holds another ucmctl than this one (wheel "
-                f"{(held or 'unknown')[:12]}, this {wheel.sha256[:12]}): run `ucmctl image build TOPOLOGY`"
-            )
-        elif not c.derived and held is None and c.pull == "never":
-            problems.append(
-                f"{where}: image {c.image} is not on the node and container.pull is never: "
-                f"load it there (`{c.runtime} load`), or set pull to missing"
-            )
-        elif not c.derived and held is not None:
-            rt, image, py = (shlex.quote(x) for x in (c.runtime, c.image, c.python))
-            probe = ex.run(
-                f"{rt} run --rm --network none --pull never {image} {py} -c "
-                "'import ucm_connector, ucm_store' 2>&1 | tail -n 1",
-                timeout=120,
-            )
-            said = probe.stdout.strip()
-            if said:
-                problems.append(
-                    f"{where}: image {c.image} has no ucmctl ({said}): set container.derived "
-                    "true and run `ucmctl image build TOPOLOGY`, or install ucmctl in it"
-                )
-    return problems, running
-
-
 def _mooncake_tool(plan: Plan) -> str | None:
     for p in plan.processes:
         if p.role == "mooncake":
@@ -368,116 +252,6 @@ def _devices(where: str, platform: str, devices: int, servers: list[Process], f:
     if seen < wanted:
         return [f"{where}: {tool} sees {seen} {platform} devices but the plan uses {wanted}"]
     return []
-
-
-class _SharedCheck:
-    """The storage backend must be one shared filesystem: the first storage node writes a marker
-    (inside its facts round trip), every other storage node must read it back."""
-
-    def __init__(self, plan: Plan) -> None:
-        self.backends = list(plan.store.backends) if plan.store else []
-        self.io_direct = plan.store.io_direct if plan.store else False
-        self.pack_blocks = plan.store.pack_blocks if plan.store else 1
-        nodes = plan.store_nodes()
-        self.writer = nodes[0] if nodes and self.backends else None
-        self.readers = nodes[1:]
-        self.token = uuid.uuid4().hex
-        self.markers = [f"{b}/.ucmctl-shared-check-{self.token}" for b in self.backends]
-        self.cleanup: dict[str, list[str]] = {}
-
-    def write_lines(self) -> str:
-        """Shell for the writer's facts round trip: `sharedI=ok`, or `sharedI=<the error>`."""
-        lines = [""]
-        for i, (backend, marker) in enumerate(zip(self.backends, self.markers, strict=True)):
-            made = f"mkdir -p {shlex.quote(backend)} && echo {self.token} > {shlex.quote(marker)}"
-            lines.append(_ok_or_error(f"shared{i}", made))
-            # O_DIRECT with the store's alignment (4 KiB pages): one page written, then removed
-            probe = shlex.quote(f"{marker}.direct")
-            lines.append(f"if dd if=/dev/zero of={probe} bs=4096 count=1 oflag=direct 2>/dev/null; "
-                         f"then echo direct{i}=1; else echo direct{i}=0; fi; rm -f {probe}")  # fmt: skip
-        return "\n".join(lines) + "\n"
-
-    def filesystems(self, results: list[NodeFacts]) -> tuple[list[str], list[str]]:
-        """Each backend's filesystem on the storage nodes (one line each), and what its mounts cost."""
-        notes: list[str] = []
-        warnings: list[str] = []
-        for i, backend in enumerate(self.backends):
-            seen = {r.node: m for r in results if (m := filesystems.parse(r.facts, i)) is not None}
-            writer = next((r for r in results if r.node == self.writer), None)
-            # the O_DIRECT probe says something only where the marker could be written
-            wrote = writer is not None and writer.facts.get(f"shared{i}") == "ok"
-            direct = writer.facts.get(f"direct{i}") if writer is not None and wrote else None
-            if seen:
-                said = {"1": "yes", "0": "no (the store uses buffered I/O there)"}.get(direct or "")
-                notes.append(filesystems.summary(backend, seen) + (f"; O_DIRECT: {said}" if said else ""))
-            for node, m in seen.items():
-                warnings += filesystems.warnings(node, backend, m)
-            warnings += filesystems.file_per_block(backend, seen, self.pack_blocks)
-        return notes, warnings
-
-    def judge(self, writer: NodeFacts, executors: dict[str, Executor], *, all_reachable: bool) -> list[str]:
-        assert self.writer is not None
-        written = [i for i in range(len(self.backends)) if writer.facts.get(f"shared{i}") == "ok"]
-        if written:
-            self.cleanup[self.writer] = ["rm -f " + " ".join(shlex.quote(self.markers[i]) for i in written)]
-        problems = [
-            _cannot_write(self.writer, b, why)
-            for i, b in enumerate(self.backends)
-            if writer.facts and i not in written
-            for why in [writer.facts.get(f"shared{i}", "").strip()]
-        ]
-        problems += [
-            f"node {self.writer}: storage backend {self.backends[i]} refuses O_DIRECT writes (a 4 KiB "
-            "page, the store's alignment) but storage.io_direct is true: set storage.io_direct: false "
-            "(buffered I/O), or put the store on a filesystem that takes O_DIRECT"
-            for i in written
-            if self.io_direct and writer.facts.get(f"direct{i}") == "0"
-        ]
-        if not all_reachable or not written:
-            return problems
-        read = self.read_lines(written)
-        seen = parallel(self.readers, lambda n: executors[n].run(read).stdout)
-        for name, out in zip(self.readers, seen, strict=True):
-            facts = dict(line.partition("=")[::2] for line in out.splitlines())
-            for i in written:
-                if facts.get(f"seen{i}", "").strip() != self.token:
-                    problems.append(
-                        f"node {name}: storage backend {self.backends[i]} is not the filesystem node "
-                        f"{self.writer} wrote to: mount the same shared storage (NFS, 3FS) at "
-                        f"{self.backends[i]} on every node"
-                    )
-                elif (why := facts.get(f"wrote{i}", "").strip()) != "ok":
-                    # every store user writes: blocks, and a corrupt block moved aside
-                    problems.append(_cannot_write(name, self.backends[i], why))
-        return problems
-
-    def read_lines(self, written: list[int]) -> str:
-        """Shell for the other nodes: `seenI=<the marker's token>`, and `wroteI=ok` or the error
-        of writing (and removing) a probe file beside the marker."""
-        lines = []
-        for i in written:
-            probe = shlex.quote(f"{self.markers[i]}.w") + '"$$"'  # this shell's own name
-            lines.append(f'echo "seen{i}=$(cat {shlex.quote(self.markers[i])} 2>/dev/null)"')
-            lines.append(_ok_or_error(f"wrote{i}", f": > {probe} && rm -f {probe}"))
-        return "\n".join(lines) + "\n"
-
-
-def _ok_or_error(fact: str, command: str) -> str:
-    """Shell that prints `FACT=ok` if `command` succeeds, else `FACT=<its error on one line>`."""
-    one_line = "$(printf %s \"$err\" | tr '\\n' ' ')"
-    failed = f"printf '{fact}=%s\\n' \"{one_line}\""
-    return f"if err=$( {{ {command}; }} 2>&1 ); then echo {fact}=ok; else {failed}; fi"
-
-
-def _cannot_write(node: str, backend: str, why: str) -> str:
-    """One line for a storage folder the node could not write, with the fix from the shell's words."""
-    if "Read-only file system" in why:
-        fix = "the filesystem is mounted read-only there: remount it read-write, or choose another path"
-    elif "Permission denied" in why:
-        fix = "let the user ucmctl logs in as write there, or choose another path"
-    else:
-        fix = "make the folder (or its parent) writable on that node, or choose another path"
-    return f"node {node}: cannot write to storage backend {backend}: {why}: {fix}"
 
 
 def _bind_problems(where: str, node: NodePlan, f: dict[str, str]) -> list[str]:

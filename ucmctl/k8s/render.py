@@ -35,107 +35,26 @@ import json
 import posixpath
 import re
 import shlex
-from collections.abc import Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-import yaml
-
-from ucmctl import __version__
 from ucmctl.core.errors import UcmctlError
 from ucmctl.core.names import SERVER_ROLES
 from ucmctl.core.platforms import DEVICE_RESOURCE, Platform
-from ucmctl.engines import ServerSpec, engine_for
+from ucmctl.engines import engine_for
+from ucmctl.k8s.layout import SideLayout, server_spec, side_layout
+from ucmctl.k8s.manifests import Manifest
+from ucmctl.k8s.options import Options, check_options, k8s_name
 from ucmctl.plan.model import Plan, Process
 
 API_LWS = "leaderworkerset.x-k8s.io/v1"
-DEFAULT_IMAGE = f"ucmctl:{__version__}"  # an image with the engine, ucmctl and its connector
 CONFIG_DIR = "/etc/ucmctl"  # the ConfigMap's files, in every server container
 WORK_DIR = "/var/lib/ucmctl"  # what the Plan puts under the node's run directory
 ANY_ADDRESS = "0.0.0.0"  # the pod's own interfaces
-HEADER_MARK = "# Rendered by `ucmctl render --k8s`"
 
 # Variables that name the node's own address: on Kubernetes, the pod's.
 HCCL_IF_IP = "HCCL_IF_IP"  # Ascend's collective address (plan/build.py), with the engine's own
-
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
-_NAME_ROOM = 40  # <name>-mooncake-master and the pods' <name>-prefill-<group>-<worker> stay <= 63
-
-
-@dataclass(frozen=True)
-class Options:
-    namespace: str = "default"
-    image: str = DEFAULT_IMAGE
-    platform_images: dict[str, str] = field(default_factory=dict)  # platform -> image
-    storage_class: str | None = None
-    store_size: str = "1Ti"
-
-    def image_for(self, platform: str, process: Process | None = None) -> str:
-        """`--image PLATFORM=...`, else `--image ...`, else the image the Plan runs the process in
-        (its topology's container; an OCI bundle's folder is no image), else ucmctl's default."""
-        if platform in self.platform_images:
-            return self.platform_images[platform]
-        if self.image != DEFAULT_IMAGE or process is None or process.container is None:
-            return self.image
-        if process.container.runtime == "oci":
-            return self.image
-        return process.container.image
-
-
-def parse_images(values: list[str]) -> tuple[str, dict[str, str]]:
-    """`--image IMAGE` (every pod) and `--image PLATFORM=IMAGE` (that platform's pods)."""
-    default = DEFAULT_IMAGE
-    per_platform: dict[str, str] = {}
-    for value in values:
-        platform, sep, image = value.partition("=")
-        if not sep:
-            platform, image = "", value
-        elif platform not in {p.value for p in Platform}:
-            raise UcmctlError.one(
-                f"--image {value}: unknown platform '{platform}'",
-                fix=f"use IMAGE or PLATFORM=IMAGE with one of {', '.join(p.value for p in Platform)}",
-            )
-        if not image or any(ch.isspace() for ch in image):
-            raise UcmctlError.one(
-                f"--image {value!r}: not an image reference", fix="e.g. registry/ucmctl:0.1"
-            )
-        if platform:
-            per_platform[platform] = image
-        else:
-            default = image
-    return default, per_platform
-
-
-def check_options(o: Options) -> None:
-    if len(o.namespace) > 63 or not _DNS_LABEL.match(o.namespace):
-        raise UcmctlError.one(
-            f"--namespace {o.namespace!r} is not a Kubernetes namespace name",
-            fix="lowercase letters, digits and '-', at most 63",
-        )
-    if o.storage_class is not None and (
-        len(o.storage_class) > 253 or not _DNS_SUBDOMAIN.match(o.storage_class)
-    ):
-        raise UcmctlError.one(
-            f"--storage-class {o.storage_class!r} is not a StorageClass name",
-            fix="lowercase letters, digits, '-' and '.'",
-        )
-    if not _QUANTITY.match(o.store_size):
-        raise UcmctlError.one(
-            f"--store-size {o.store_size!r} is not a Kubernetes quantity", fix="e.g. 1Ti, 500Gi"
-        )
-
-
-def k8s_name(deployment: str) -> str:
-    """The deployment's name as a DNS-1035 label prefix (Services and pod hostnames need one)."""
-    name = re.sub(r"[^a-z0-9-]+", "-", deployment.lower())
-    name = re.sub(r"-{2,}", "-", name).strip("-")
-    if not name[:1].isalpha():
-        name = f"ucm-{name}".rstrip("-")
-    return name[:_NAME_ROOM].rstrip("-")
 
 
 def k8s_escape(text: str) -> str:
@@ -153,35 +72,6 @@ class Raw:
 Word = str | Raw
 
 
-@dataclass
-class Manifest:
-    filename: str
-    obj: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class SideLayout:
-    """How one side's API servers become a LeaderWorkerSet."""
-
-    role: str
-    name: str  # the LWS (and its headless Service)
-    replicas: int  # instances
-    size: int  # pods per instance
-    templates: list[Process]  # the Plan's servers of the first pod, one per container
-    external_dp: bool
-    # every Plan server -> (group, worker index, container index)
-    where: dict[str, tuple[int, int, int]]
-
-    @property
-    def per_pod(self) -> int:
-        return len(self.templates)
-
-    def pod_host(self, namespace: str, group: int, worker: int) -> str:
-        """The pod's DNS name under the LWS's headless Service (LWS_LEADER_ADDRESS's form)."""
-        pod = f"{self.name}-{group}" if worker == 0 else f"{self.name}-{group}-{worker}"
-        return f"{pod}.{self.name}.{namespace}"
-
-
 class _Renderer:
     def __init__(self, plan: Plan, options: Options) -> None:
         self.plan = plan
@@ -194,7 +84,7 @@ class _Renderer:
             "app.kubernetes.io/managed-by": "ucmctl",
         }
         by_role = {role: [p for p in plan.servers() if p.role == role] for role in SERVER_ROLES}
-        self.sides = [self._layout(role, procs) for role, procs in by_role.items() if procs]
+        self.sides = [side_layout(plan, self.base, role, procs) for role, procs in by_role.items() if procs]
         self.mooncake = next((p for p in plan.processes if p.role == "mooncake"), None)
         self.proxy = next((p for p in plan.processes if p.role == "proxy"), None)
         self.config_name = f"{self.base}-config"
@@ -202,39 +92,6 @@ class _Renderer:
         self.mooncake_name = f"{self.base}-mooncake-master"
         self.proxy_name = f"{self.base}-proxy"
         self.config_data: dict[str, str] = {}
-
-    # --- layout -------------------------------------------------------------------------------
-
-    def _layout(self, role: str, procs: list[Process]) -> SideLayout:
-        platforms = {self.plan.nodes[p.node].platform for p in procs}
-        if len(platforms) > 1:
-            raise UcmctlError.one(
-                f"{role}: nodes of several platforms ({', '.join(sorted(platforms))}) cannot share one "
-                "pod template",
-                key=f"{role}.nodes",
-                fix="give each side nodes of one platform",
-            )
-        name = f"{self.base}-{role}"
-        spec = _spec(procs[0])
-        if not spec.external_dp:
-            where = {p.name: (i, 0, 0) for i, p in enumerate(procs)}
-            return SideLayout(role, name, len(procs), 1, [procs[0]], False, where)
-        dp = spec.data_parallel_size
-        groups = [procs[i : i + dp] for i in range(0, len(procs), dp)]
-        runs = [_runs(group) for group in groups]
-        per_pod = runs[0][0]
-        if len(procs) % dp or any(count != per_pod for run in runs for count in run):
-            raise UcmctlError.one(
-                f"{role}: a LeaderWorkerSet needs the same number of DP ranks on every node of a DP "
-                f"group (the layout gives {[run for run in runs]})",
-                key=f"{role}.servers_per_node",
-                fix=f"use one servers_per_node that divides dp ({dp})",
-            )
-        where = {}
-        for g, group in enumerate(groups):
-            for rank, p in enumerate(group):
-                where[p.name] = (g, rank // per_pod, rank % per_pod)
-        return SideLayout(role, name, len(groups), dp // per_pod, groups[0][:per_pod], True, where)
 
     # --- objects ------------------------------------------------------------------------------
 
@@ -378,7 +235,7 @@ class _Renderer:
     def _server_container(self, s: SideLayout, c: int) -> dict[str, Any]:
         p = s.templates[c]
         paths = _PathMap(self.plan, p)
-        spec = _spec(p)
+        spec = server_spec(p)
         # The Plan's server as the pod runs it: listening on the pod, its rank from the LWS.
         pod = {"host": ANY_ADDRESS}
         prelude: list[str] = []
@@ -551,17 +408,6 @@ def _start_scripts(p: Process) -> set[str]:
     return scripts
 
 
-def _runs(group: list[Process]) -> list[int]:
-    """How many consecutive ranks of a DP group each node holds."""
-    runs: list[tuple[str, int]] = []
-    for p in group:
-        if runs and runs[-1][0] == p.node:
-            runs[-1] = (p.node, runs[-1][1] + 1)
-        else:
-            runs.append((p.node, 1))
-    return [count for _, count in runs]
-
-
 def _map_json(value: Any, fn: Any) -> Any:
     if isinstance(value, dict):
         return {k: _map_json(v, fn) for k, v in value.items()}
@@ -573,11 +419,6 @@ def _map_json(value: Any, fn: Any) -> Any:
 # Words of a server's command line that the pod's shell gives: its DP rank and its group's leader.
 _RANK = "\0ucmctl-dp-rank"
 _LEADER = "\0ucmctl-dp-leader"
-
-
-def _spec(p: Process) -> ServerSpec:
-    assert p.server is not None, f"{p.name} is an API server of the Plan: it has a server spec"
-    return p.server
 
 
 def _first(words: list[Word], flag: str) -> int | None:
@@ -631,65 +472,3 @@ def restart_notes(plan: Plan) -> list[str]:
                    f"{', '.join(limited)} is kept without its limit")  # fmt: skip
     return out
 
-
-class _Dumper(yaml.SafeDumper):
-    pass
-
-
-def _text(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
-    style = "|" if "\n" in value else None
-    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
-
-
-_Dumper.add_representer(str, _text)
-
-
-def manifest_text(m: Manifest, plan: Plan) -> str:
-    header = (
-        f"{HEADER_MARK} from topology {plan.deployment} (digest {plan.topology_digest[:12]}):\n"
-        "# ucmctl does not run it. Apply the folder with `kubectl apply -f DIR`, remove it with\n"
-        "# `kubectl delete -f DIR`. The topology's node names and hosts are not used on Kubernetes:\n"
-        "# the scheduler places the pods.\n"
-    )
-    return header + yaml.dump(m.obj, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=100)
-
-
-def _ours(path: Path) -> bool:
-    try:
-        with path.open(encoding="utf-8") as f:
-            return f.read(len(HEADER_MARK)) == HEADER_MARK
-    except (OSError, UnicodeDecodeError):
-        return False
-
-
-def _foreign(folder: Path) -> Iterator[Path]:
-    for path in sorted(folder.iterdir()):
-        if path.suffix in (".yaml", ".yml", ".json") and not _ours(path):
-            yield path
-
-
-def write_manifests(manifests: list[Manifest], plan: Plan, folder: Path) -> list[Path]:
-    """Write one file per object; files an earlier render wrote there and this one does not are
-    removed (`kubectl apply -f DIR` would apply them too). A folder that holds other manifests
-    is refused."""
-    if folder.exists() and not folder.is_dir():
-        raise UcmctlError.one(f"--k8s {folder}: not a folder")
-    folder.mkdir(parents=True, exist_ok=True)
-    foreign = list(_foreign(folder))
-    if foreign:
-        raise UcmctlError.one(
-            f"--k8s {folder}: holds manifests ucmctl did not write ({foreign[0].name}"
-            + (f" and {len(foreign) - 1} more" if len(foreign) > 1 else "")
-            + "): `kubectl apply -f` would apply them too",
-            fix="use an empty folder",
-        )
-    names = {m.filename for m in manifests}
-    for old in folder.iterdir():
-        if old.suffix == ".yaml" and old.name not in names and _ours(old):
-            old.unlink()
-    written = []
-    for m in manifests:
-        path = folder / m.filename
-        path.write_text(manifest_text(m, plan), encoding="utf-8")
-        written.append(path)
-    return written

@@ -14,6 +14,7 @@ from ucmctl.engines.mooncake import ASCEND_MOONCAKE, MooncakeConnectorFacts, con
 from ucmctl.plan.containers import container_plan, oci_plan, pyxis_plan, work_mounts
 from ucmctl.plan.model import (
     UCM_CONFIG_FILE,
+    ContainerPlan,
     NodePlan,
     PlacedFile,
     Plan,
@@ -207,26 +208,9 @@ def _process(
     files.append(PlacedFile(path=launch, content=script, mode=0o755))
     planned = None
     if restart is not None and on_failure:
-        if contained is not None and contained.runtime in ("podman", "docker"):
-            runtime: Literal["podman", "docker"] = "podman" if contained.runtime == "podman" else "docker"
-            planned = RestartPlan(by=runtime, max_restarts=restart.max_restarts, backoff_s=None)
-        elif nodes[node].systemd and contained is None:  # a transient unit runs the launch script
-            unit_script = posixpath.join(work, "unit.sh")
-            planned = RestartPlan(by="systemd", max_restarts=restart.max_restarts,
-                                  backoff_s=restart.backoff_s, script=unit_script)  # fmt: skip
-            script = render("unit.sh.j2", deployment=t.name, process=name, launch=launch,
-                            pidfile=pidfile, log=log, marker=process_marker(name, launch))  # fmt: skip
-            files.append(PlacedFile(path=unit_script, content=script, mode=0o755))
-        else:  # ucmctl's supervisor runs the launch script (what a Slurm step or the node starts)
-            state = posixpath.join(work, "restarts")
-            planned = RestartPlan(by="supervisor", max_restarts=restart.max_restarts,
-                                  backoff_s=restart.backoff_s, state=state)  # fmt: skip
-            supervise = posixpath.join(work, "supervise.sh")
-            script = render("supervise.sh.j2", deployment=t.name, process=name, launch=launch,
-                            state=state, max_restarts=restart.max_restarts,
-                            backoff_s=f"{restart.backoff_s:g}")  # fmt: skip
-            files.append(PlacedFile(path=supervise, content=script, mode=0o755))
-            launch = supervise
+        planned, launch = _restart_plan(
+            t.name, name, work, launch, restart, contained, systemd=nodes[node].systemd, files=files
+        )
     return Process(
         name=name,
         role=role,
@@ -243,6 +227,44 @@ def _process(
         restart=planned,
         **fields,
     )
+
+
+def _restart_plan(
+    deployment: str,
+    name: str,
+    work: str,
+    launch: str,
+    restart: Restart,
+    contained: ContainerPlan | None,
+    *,
+    systemd: bool,
+    files: list[PlacedFile],
+) -> tuple[RestartPlan, str]:
+    """What restarts the process `name` on failure, and the script its node starts: a podman or
+    docker container restarts itself; on a systemd node a transient unit runs the launch script;
+    else ucmctl's supervisor does (what a Slurm step or the node starts). The scripts this takes
+    are added to `files`."""
+    pidfile, log = posixpath.join(work, "pid"), posixpath.join(work, "output.log")
+    if contained is not None and contained.runtime in ("podman", "docker"):
+        runtime: Literal["podman", "docker"] = "podman" if contained.runtime == "podman" else "docker"
+        return RestartPlan(by=runtime, max_restarts=restart.max_restarts, backoff_s=None), launch
+    if systemd and contained is None:  # a transient unit runs the launch script
+        unit_script = posixpath.join(work, "unit.sh")
+        planned = RestartPlan(by="systemd", max_restarts=restart.max_restarts,
+                              backoff_s=restart.backoff_s, script=unit_script)  # fmt: skip
+        script = render("unit.sh.j2", deployment=deployment, process=name, launch=launch,
+                        pidfile=pidfile, log=log, marker=process_marker(name, launch))  # fmt: skip
+        files.append(PlacedFile(path=unit_script, content=script, mode=0o755))
+        return planned, launch
+    state = posixpath.join(work, "restarts")
+    planned = RestartPlan(by="supervisor", max_restarts=restart.max_restarts,
+                          backoff_s=restart.backoff_s, state=state)  # fmt: skip
+    supervise = posixpath.join(work, "supervise.sh")
+    script = render("supervise.sh.j2", deployment=deployment, process=name, launch=launch,
+                    state=state, max_restarts=restart.max_restarts,
+                    backoff_s=f"{restart.backoff_s:g}")  # fmt: skip
+    files.append(PlacedFile(path=supervise, content=script, mode=0o755))
+    return planned, supervise
 
 
 def _mooncake_master(t: Topology, nodes: dict[str, NodePlan]) -> Process:

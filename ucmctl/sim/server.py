@@ -1,4 +1,5 @@
-"""The simulator's HTTP server: vLLM's OpenAI-compatible routes over simulated engines."""
+"""The simulator's HTTP server: vLLM's OpenAI-compatible routes over simulated engines (the
+answers' shapes: `replies`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,11 +17,13 @@ import aiohttp
 from aiohttp import web
 
 from ucmctl.sim import p2p as p2p_protocol
-from ucmctl.sim.engine import FINISHED, Engine, SimRequest
+from ucmctl.sim import replies
+from ucmctl.sim.engine import Engine, SimRequest
 from ucmctl.sim.external import ExternalTier
 from ucmctl.sim.metrics import exposition
 from ucmctl.sim.prefix_cache import PrefixCache, block_keys
 from ucmctl.sim.profile import SLOWDOWN_VARIABLE, Profile, prefill_slowdown
+from ucmctl.sim.replies import Decoder, Reply
 from ucmctl.sim.tokens import Tokenizer
 
 log = logging.getLogger("ucmctl.sim")
@@ -78,7 +80,7 @@ class SimServer:
             for i in range(config.data_parallel_size)
         ]
         self._next = 0
-        self._pieces: dict[int, str] = {}
+        self.decoder = Decoder(tokenizer)
         self.bootstrap: p2p_protocol.Bootstrap | None = None
         if config.p2p == "mooncake" and config.kv_role in ("kv_producer", "kv_both"):
             self.bootstrap = p2p_protocol.Bootstrap(
@@ -157,7 +159,7 @@ class SimServer:
             self._check_fits(len(prompt) + max_tokens)
             n = _choices(body)
         except BadRequest as exc:
-            return _error(str(exc), exc.param, exc.status)
+            return replies.error_reply(str(exc), exc.param, exc.status)
         request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
         kv_params = body.get("kv_transfer_params")
         transfer_id = None
@@ -168,7 +170,7 @@ class SimServer:
             pulled = await p2p_protocol.pull(self._session, kv_params)
             if pulled == p2p_protocol.FAILED and self.config.kv_load_failure_policy == "fail":
                 log.error("Failing 1 request(s) due to KV load failure (failure_policy=fail)")
-                return _internal_error()
+                return replies.internal_error_reply()
             remote_kv = pulled == p2p_protocol.PULLED
         else:
             remote_kv = bool(isinstance(kv_params, dict) and kv_params.get("do_remote_prefill"))
@@ -190,7 +192,7 @@ class SimServer:
         for r in (sim_request, *others):
             engine.submit(r)
         prefix = "chatcmpl" if chat else "cmpl"
-        ctx = _Reply(
+        ctx = Reply(
             id=f"{prefix}-{request_id}",
             model=self.config.served_name,
             chat=chat,
@@ -201,11 +203,11 @@ class SimServer:
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         try:
             if others:
-                return await self._many(request, [sim_request, *others], ctx, bool(body.get("stream")),
-                                        include_usage)  # fmt: skip
+                return await replies.many(request, [sim_request, *others], ctx, self.decoder,
+                                          bool(body.get("stream")), include_usage)  # fmt: skip
             if body.get("stream"):
-                return await self._stream(request, sim_request, ctx, include_usage)
-            return await self._complete(sim_request, ctx)
+                return await replies.stream(request, sim_request, ctx, self.decoder, include_usage)
+            return await replies.whole(sim_request, ctx, self.decoder)
         finally:
             if transfer_id is not None and sim_request.delivered and self.bootstrap is not None:
                 self.bootstrap.record(transfer_id)  # the prefilled KV is ready to be pulled
@@ -310,193 +312,6 @@ class SimServer:
             }
         return dict(kv_in)
 
-    async def _many(
-        self, request: web.Request, rs: list[SimRequest], ctx: _Reply, stream: bool, include_usage: bool
-    ) -> web.StreamResponse:
-        """n choices, as vLLM answers `n`: choice i from sequence i, tokens of the choices
-        interleaved as they come when streamed; the prompt counted once in the usage."""
-        if not stream:
-            choices = []
-            for i, r in enumerate(rs):
-                tokens = [t async for t in _tokens(r)]
-                r.delivered = True
-                choices.append(ctx.choice(i, self.tokenizer.decode(tokens), len(tokens) >= r.max_tokens))
-            body = ctx.envelope(choices)
-            body["usage"] = _usage(rs[0], rs[1:])
-            body["kv_transfer_params"] = ctx.kv_transfer_params
-            return web.json_response(body)
-        response = web.StreamResponse(
-            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-        )
-        await response.prepare(request)
-        if ctx.chat:  # each choice's first chunk names its role
-            roles = [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                      "finish_reason": None} for i in range(len(rs))]  # fmt: skip
-            await response.write(ctx.sse(roles))
-        lock = asyncio.Lock()
-
-        async def relay(i: int, r: SimRequest) -> None:
-            sent = 0
-            async for token in _tokens(r):
-                sent += 1
-                async with lock:
-                    await response.write(ctx.sse([ctx.delta(i, self._piece(token), sent >= r.max_tokens)]))
-            r.delivered = True
-
-        await asyncio.gather(*(relay(i, r) for i, r in enumerate(rs)))
-        if include_usage:
-            await response.write(ctx.sse([], usage=_usage(rs[0], rs[1:])))
-        await response.write(b"data: [DONE]\n\n")
-        await response.write_eof()
-        return response
-
-    async def _complete(self, r: SimRequest, ctx: _Reply) -> web.Response:
-        tokens: list[int] = []
-        while (token := await r.out.get()) != FINISHED:
-            tokens.append(token)
-        r.delivered = True
-        text = self.tokenizer.decode(tokens)
-        finish = "length" if len(tokens) >= r.max_tokens else "abort"
-        choice: dict[str, Any]
-        if ctx.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                      "finish_reason": finish, "stop_reason": None}  # fmt: skip
-        else:
-            choice = {
-                "index": 0,
-                "text": text,
-                "logprobs": None,
-                "finish_reason": finish,
-                "stop_reason": None,
-            }
-            if ctx.return_token_ids:
-                choice.update({"prompt_token_ids": list(r.prompt), "token_ids": tokens})
-        body = ctx.envelope([choice])
-        body["usage"] = _usage(r)
-        body["kv_transfer_params"] = ctx.kv_transfer_params
-        return web.json_response(body)
-
-    async def _stream(
-        self, request: web.Request, r: SimRequest, ctx: _Reply, include_usage: bool
-    ) -> web.StreamResponse:
-        response = web.StreamResponse(
-            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-        )
-        await response.prepare(request)
-        if ctx.chat:
-            first = {
-                "index": 0,
-                "delta": {"role": "assistant", "content": ""},
-                "logprobs": None,
-                "finish_reason": None,
-            }
-            await response.write(ctx.sse([first]))
-        # Every chunk is the same JSON but for its text: encode the frame once, fill in the text.
-        head, middle, tail = ctx.token_frame()
-        sent = 0
-        done = False
-        while not done:
-            tokens = [await r.out.get()]
-            while not r.out.empty():  # behind schedule: send what is ready in one write
-                tokens.append(r.out.get_nowait())
-            frames = []
-            for token in tokens:
-                if token == FINISHED:
-                    done = True
-                    break
-                sent += 1
-                if ctx.return_token_ids:  # vLLM's return_token_ids: the ids with every chunk
-                    frames.append(
-                        ctx.token_ids_chunk(self._piece(token), token, sent >= r.max_tokens, r, sent == 1)
-                    )
-                    continue
-                text = json.dumps(self._piece(token)).encode()
-                finish = b'"length"' if sent >= r.max_tokens else b"null"
-                frames.append(head + text + middle + finish + tail)
-            if frames:
-                await response.write(b"".join(frames))
-        if include_usage:
-            await response.write(ctx.sse([], usage=_usage(r)))
-        r.delivered = True
-        await response.write(b"data: [DONE]\n\n")
-        await response.write_eof()
-        return response
-
-    def _piece(self, token: int) -> str:
-        text = self._pieces.get(token)
-        if text is None:
-            text = self._pieces[token] = self.tokenizer.decode([token])
-        return text
-
-
-@dataclass
-class _Reply:
-    id: str
-    model: str
-    chat: bool
-    created: int
-    kv_transfer_params: dict[str, Any] | None
-    return_token_ids: bool = False
-
-    def token_ids_chunk(self, text: str, token: int, last: bool, r: Any, first: bool) -> bytes:
-        """A completion chunk as vLLM sends it with return_token_ids: the prompt's ids in the
-        first one, the new token's id in each."""
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": "length" if last else None,
-                  "stop_reason": None, "prompt_token_ids": list(r.prompt) if first else None,
-                  "token_ids": [token]}  # fmt: skip
-        return self.sse([choice])
-
-    def choice(self, i: int, text: str, length: bool) -> dict[str, Any]:
-        """Choice `i` of a whole answer."""
-        finish = "length" if length else "abort"
-        if self.chat:
-            return {"index": i, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                    "finish_reason": finish, "stop_reason": None}  # fmt: skip
-        return {"index": i, "text": text, "logprobs": None, "finish_reason": finish, "stop_reason": None}
-
-    def delta(self, i: int, text: str, last: bool) -> dict[str, Any]:
-        """Choice `i` of a streamed chunk: one token."""
-        finish = "length" if last else None
-        if self.chat:
-            return {"index": i, "delta": {"content": text}, "logprobs": None, "finish_reason": finish}
-        return {"index": i, "text": text, "logprobs": None, "finish_reason": finish, "stop_reason": None}
-
-    def envelope(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
-        kind = "chat.completion" if self.chat else "text_completion"
-        return {
-            "id": self.id,
-            "object": kind,
-            "created": self.created,
-            "model": self.model,
-            "choices": choices,
-        }
-
-    def token_frame(self) -> tuple[bytes, bytes, bytes]:
-        """The bytes of a one-token chunk around its JSON text and its finish reason."""
-        marker_text, marker_finish = "\x00TEXT\x00", "\x00FINISH\x00"
-        if self.chat:
-            choice: dict[str, Any] = {"index": 0, "delta": {"content": marker_text}, "logprobs": None,
-                                      "finish_reason": marker_finish}  # fmt: skip
-        else:
-            choice = {"index": 0, "text": marker_text, "logprobs": None, "finish_reason": marker_finish,
-                      "stop_reason": None}  # fmt: skip
-        frame = self.sse([choice]).decode()
-        head, rest = frame.split(json.dumps(marker_text), 1)
-        middle, tail = rest.split(json.dumps(marker_finish), 1)
-        return head.encode(), middle.encode(), tail.encode()
-
-    def sse(self, choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> bytes:
-        body = self.envelope(choices)
-        if self.chat:
-            body["object"] = "chat.completion.chunk"
-        body["usage"] = usage
-        return b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n"
-
-
-async def _tokens(r: SimRequest) -> AsyncIterator[int]:
-    while (token := await r.out.get()) != FINISHED:
-        yield token
-
 
 def _choices(body: dict[str, Any]) -> int:
     n = body.get("n", 1)
@@ -508,18 +323,6 @@ def _choices(body: dict[str, Any]) -> int:
     if n > 1 and isinstance(temperature, int | float) and temperature < 1e-5:  # vLLM's rule
         raise BadRequest(f"n must be 1 when using greedy sampling, got {n}.", "n")
     return n
-
-
-def _usage(r: SimRequest, others: list[SimRequest] | None = None) -> dict[str, Any]:
-    """The request's usage; with n > 1 the prompt counts once, every choice's tokens."""
-    cached = r.local_hit_tokens + r.external_hit_tokens
-    generated = r.generated + sum(o.generated for o in others or [])
-    return {
-        "prompt_tokens": len(r.prompt),
-        "total_tokens": len(r.prompt) + generated,
-        "completion_tokens": generated,
-        "prompt_tokens_details": {"cached_tokens": cached} if cached else None,
-    }
 
 
 def _content(message: dict[str, Any]) -> str:
@@ -537,19 +340,6 @@ async def _json_body(request: web.Request) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise BadRequest("the body must be a JSON object")
     return body
-
-
-def _internal_error() -> web.Response:
-    # what vLLM answers for a request it failed during generation (a KV load failure)
-    error = {"message": "Internal server error", "type": "InternalServerError", "param": None, "code": 500}
-    return web.json_response({"error": error}, status=500)
-
-
-def _error(message: str, param: str | None, status: int = 400) -> web.Response:
-    # vLLM's error shape: {"error": {"message", "type", "param", "code"}}
-    kind = "NotFoundError" if status == 404 else "BadRequestError"
-    error = {"message": message, "type": kind, "param": param, "code": status}
-    return web.json_response({"error": error}, status=status)
 
 
 async def serve(server: SimServer) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from collections import defaultdict
 from pathlib import Path
 
 from ucmctl.core.errors import Problem
@@ -11,7 +10,6 @@ from ucmctl.core.platforms import ALL_DEVICE_VARIABLES, DEVICE_VARIABLE
 from ucmctl.core.ucm_config import PIPELINES, UcmConfigError, parse_store_config
 from ucmctl.engines import engine_for
 from ucmctl.engines.mooncake import PLATFORM_PROTOCOLS, VLLM_MOONCAKE, connector_for, protocol_for
-from ucmctl.topology.layout import devices_per_server, servers
 from ucmctl.topology.model import (
     ENV_NAME_RE,
     FLAG_NAME_RE,
@@ -24,6 +22,7 @@ from ucmctl.topology.model import (
     Topology,
     Transport,
 )
+from ucmctl.topology.placement_checks import check_placement
 from ucmctl.topology.source import KeyPath, Source
 
 # The UCM config's pipelines (ucmctl.core.ucm_config, the one schema of that file) that share blocks
@@ -48,7 +47,7 @@ def check_topology(t: Topology, src: Source, base_dir: Path | None = None) -> li
     _check_paths(t, bad)
     _check_containers(t, bad)
     if not problems:  # placement needs valid node references
-        _check_placement(t, bad)
+        check_placement(t, bad)
     problems.sort(key=lambda p: p.line or 0)
     return problems
 
@@ -430,107 +429,3 @@ def _check_paths(t: Topology, bad) -> None:
                     ("nodes", name, key),
                     f"python {value!r} must be a command name or an absolute path",
                 )
-
-
-def _check_placement(t: Topology, bad) -> None:
-    # placement needs valid node references: check_topology calls this only when all else passed
-    placed = servers(t)
-    used: dict[str, int] = defaultdict(int)
-    first_side: dict[str, str] = {}
-    for server in placed:
-        used[server.node] += len(server.devices)
-        first_side.setdefault(server.node, server.side)
-    for node_name, count in used.items():
-        node = t.nodes[node_name]
-        if count > node.devices:
-            sides = [(n, s) for n, s in t.sides() if node_name in s.nodes]
-            detail = " + ".join(
-                f"{n} {dict(s.placement())[node_name]} x {devices_per_server(s)}" for n, s in sides
-            )
-            bad(
-                ("nodes", node_name, "devices"),
-                f"node {node_name!r} has {node.devices} devices but its servers need {count} ({detail})",
-                "lower servers_per_node or tp, or spread the side over more nodes",
-            )
-
-    _check_cpu_binding(t, placed, bad)
-
-    ports: dict[str, dict[int, str]] = defaultdict(dict)
-    reported: set[tuple[str, str, str]] = set()
-
-    def claim(node: str, port: int, owner: str, path: KeyPath) -> None:
-        if port > 65535:
-            bad(path, f"{owner} would listen on port {port}, above 65535", "lower the base port")
-            return
-        holder = ports[node].get(port)
-        if holder is not None and holder != owner and (node, holder, owner) not in reported:
-            reported.add((node, holder, owner))  # one line per pair, not per port of a range
-            bad(
-                path,
-                f"port {port} on node {node!r} is used by both {holder} and {owner}",
-                "give each process its own port (servers on a node use port + i, "
-                "Mooncake kv_port + i*tp .. + tp-1)",
-            )
-        ports[node].setdefault(port, owner)
-
-    if t.mooncake is not None and t.mode is Mode.p2p:
-        claim(t.mooncake.master_node, t.mooncake.port, "mooncake master", ("mooncake", "port"))
-        claim(
-            t.mooncake.master_node,
-            t.mooncake.metrics_port,
-            "mooncake metrics",
-            ("mooncake", "metrics_port"),
-        )
-    for server in placed:
-        claim(server.node, server.port, f"{server.name} API", (server.side, "port"))
-        if server.dp_rank == 0 and server.dp_rpc_port:
-            claim(
-                server.node,
-                server.dp_rpc_port,
-                f"{server.name} DP rpc",
-                (server.side, "dp_rpc_port"),
-            )
-        for p in server.kv_ports:
-            claim(server.node, p, f"{server.name} Mooncake kv_port", (server.side, "kv_port"))
-        if server.bootstrap_port:
-            claim(
-                server.node,
-                server.bootstrap_port,
-                f"{server.name} Mooncake bootstrap",
-                (server.side, "bootstrap_port"),
-            )
-    if t.proxy is not None:
-        claim(t.proxy.node, t.proxy.port, "proxy", ("proxy", "port"))
-
-
-def _check_cpu_binding(t: Topology, placed: list, bad) -> None:
-    """vLLM on the CPU binds its threads itself, and every server on a machine picks the same
-    cores (on 2 cores: both core 0, each at half speed; a Mooncake receiver thread sharing them
-    starves). Servers that share a CPU node must each be given their own cores."""
-    variable = engine_for(t.engine.value).cpu_binding_variable
-    if variable is None:  # the engine binds no cores (the simulator)
-        return
-    by_node: dict[str, list[tuple[str, str | None]]] = defaultdict(list)
-    for server in placed:
-        node = t.nodes[server.node]
-        if node.platform is not Platform.cpu:
-            continue
-        side = dict(t.sides())[server.side]
-        bind = {**node.env, **side.env}.get(variable)
-        by_node[server.node].append((server.side, bind))
-    for node_name, binds in by_node.items():
-        if len(binds) < 2:
-            continue
-        values = [b for _, b in binds]
-        # unset or "auto": vLLM's own choice, the same for every server; "nobind": the OS places
-        culprit = next(
-            (s for s, b in binds if b in (None, "auto") or (b != "nobind" and values.count(b) > 1)), None
-        )
-        if culprit is None:
-            continue
-        bad(
-            (culprit, "env", variable),
-            f"node {node_name!r} runs {len(binds)} vLLM CPU servers and vLLM binds each to the same "
-            f"cores unless {variable} gives each its own",
-            'set it per side, e.g. "0" and "1", or core ranges such as "0-15" and "16-31"',
-        )

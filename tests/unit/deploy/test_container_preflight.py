@@ -8,8 +8,8 @@ import json
 
 import pytest
 
+from ucmctl.deploy.container_preflight import container_problems, image_problems
 from ucmctl.deploy.images import read_base_config
-from ucmctl.deploy.preflight import _container_problems
 from ucmctl.deploy.wheel import installed_wheel
 from ucmctl.nodes.executor import NodeError, Result
 from ucmctl.plan.build import build_plan
@@ -46,7 +46,7 @@ class Node:
 def test_a_node_without_the_runtime_is_one_line_and_nothing_more_is_asked() -> None:
     plan = build_plan(parse_topology(TOPOLOGY))
     ex = Node(plan.nodes["a"], {"command -v docker": "docker=0\n"})
-    problems, running = _container_problems("node a (10.0.0.1)", ex, plan.on_node("a"))  # type: ignore[arg-type]
+    problems, running = container_problems("node a (10.0.0.1)", ex, plan.on_node("a"))  # type: ignore[arg-type]
     assert problems == ["node a (10.0.0.1): docker is not installed (container.runtime docker): "
                         "install it, or set another runtime"]  # fmt: skip
     assert running == [] and len(ex.asked) == 1
@@ -55,7 +55,7 @@ def test_a_node_without_the_runtime_is_one_line_and_nothing_more_is_asked() -> N
 def test_a_derived_image_with_another_wheel_is_stale() -> None:
     plan = build_plan(parse_topology(TOPOLOGY))
     ex = Node(plan.nodes["a"], {"command -v docker": "docker=1\n", "image inspect": "0123456789abcdef\n"})
-    problems, _ = _container_problems("node a (10.0.0.1)", ex, plan.on_node("a"))  # type: ignore[arg-type]
+    problems, _ = container_problems("node a (10.0.0.1)", ex, plan.on_node("a"))  # type: ignore[arg-type]
     this = installed_wheel().sha256[:12]
     assert problems == [
         "node a (10.0.0.1): image localhost/ucmctl/vllm/vllm-openai:latest holds another ucmctl than this "
@@ -88,3 +88,17 @@ def test_a_base_config_read_cut_short_is_read_again_never_taken_as_broken() -> N
     with pytest.raises(NodeError, match=r"/b/base/config.json came back cut short three times"):
         read_base_config(always, c)  # type: ignore[arg-type]
     assert always.asked == 3
+
+
+def test_the_images_are_asked_once_each_and_a_pull_never_image_must_be_there() -> None:
+    given = "image: vllm/vllm-openai, derived: false, pull: never}"
+    text = TOPOLOGY.replace("image: vllm/vllm-openai}", given)
+    plan = build_plan(parse_topology(text))
+    plans = [p.container for p in plan.on_node("a") if p.container is not None]
+    assert len(plans) == 3 and len({c.image for c in plans}) == 1  # prefill, decode, proxy: one image
+    ex = Node(plan.nodes["a"], {})  # `image inspect` fails: the image is not on the node
+    assert image_problems("node a (10.0.0.1)", ex, plans) == [  # type: ignore[arg-type]
+        "node a (10.0.0.1): image vllm/vllm-openai is not on the node and container.pull is never: "
+        "load it there (`docker load`), or set pull to missing"
+    ]
+    assert len(ex.asked) == 1

@@ -11,13 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from ucmctl.deploy.preflight import NodeFacts, _SharedCheck
+from ucmctl.deploy.preflight import NodeFacts
+from ucmctl.deploy.storage_preflight import SharedCheck
 from ucmctl.nodes.executor import Result
 from ucmctl.plan.build import build_plan
 from ucmctl.topology.load import parse_topology
 
 
-def plan_for(backend: str, io_direct: bool) -> _SharedCheck:
+def plan_for(backend: str, io_direct: bool) -> SharedCheck:
     text = f"""
 name: st
 mode: centralized
@@ -31,7 +32,7 @@ prefill: {{nodes: [a], port: 8000}}
 decode: {{nodes: [b], port: 8001}}
 proxy: {{node: a, port: 8002}}
 """
-    return _SharedCheck(build_plan(parse_topology(text)))
+    return SharedCheck(build_plan(parse_topology(text)))
 
 
 def facts_of(shell: str, mount: str = "") -> dict[str, str]:

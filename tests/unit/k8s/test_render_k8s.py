@@ -18,16 +18,9 @@ import yaml
 
 from tests.support.k8s_validate import ManifestError, validate_object
 from ucmctl.core.errors import ExitStatus, UcmctlError
-from ucmctl.k8s.render import (
-    CONFIG_DIR,
-    WORK_DIR,
-    Manifest,
-    Options,
-    k8s_name,
-    render_manifests,
-    restart_notes,
-    write_manifests,
-)
+from ucmctl.k8s.manifests import Manifest, write_manifests
+from ucmctl.k8s.options import Options, k8s_name
+from ucmctl.k8s.render import CONFIG_DIR, WORK_DIR, render_manifests, restart_notes
 from ucmctl.plan.build import build_plan
 from ucmctl.plan.model import Plan, Process
 from ucmctl.topology.load import load_topology, parse_topology

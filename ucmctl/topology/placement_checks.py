@@ -1,0 +1,116 @@
+"""The pitfalls of the servers as placed on the nodes: more devices than a node has, vLLM CPU
+servers that bind the same cores, and two processes on one port."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from ucmctl.engines import engine_for
+from ucmctl.topology.layout import devices_per_server, servers
+from ucmctl.topology.model import Mode, Platform, Topology
+from ucmctl.topology.source import KeyPath
+
+
+def check_placement(t: Topology, bad) -> None:
+    """Where the servers land: each node's devices, CPU cores and ports (check_topology calls this
+    only when all else passed: placement needs valid node references)."""
+    placed = servers(t)
+    used: dict[str, int] = defaultdict(int)
+    first_side: dict[str, str] = {}
+    for server in placed:
+        used[server.node] += len(server.devices)
+        first_side.setdefault(server.node, server.side)
+    for node_name, count in used.items():
+        node = t.nodes[node_name]
+        if count > node.devices:
+            sides = [(n, s) for n, s in t.sides() if node_name in s.nodes]
+            detail = " + ".join(
+                f"{n} {dict(s.placement())[node_name]} x {devices_per_server(s)}" for n, s in sides
+            )
+            bad(
+                ("nodes", node_name, "devices"),
+                f"node {node_name!r} has {node.devices} devices but its servers need {count} ({detail})",
+                "lower servers_per_node or tp, or spread the side over more nodes",
+            )
+
+    _check_cpu_binding(t, placed, bad)
+
+    ports: dict[str, dict[int, str]] = defaultdict(dict)
+    reported: set[tuple[str, str, str]] = set()
+
+    def claim(node: str, port: int, owner: str, path: KeyPath) -> None:
+        if port > 65535:
+            bad(path, f"{owner} would listen on port {port}, above 65535", "lower the base port")
+            return
+        holder = ports[node].get(port)
+        if holder is not None and holder != owner and (node, holder, owner) not in reported:
+            reported.add((node, holder, owner))  # one line per pair, not per port of a range
+            bad(
+                path,
+                f"port {port} on node {node!r} is used by both {holder} and {owner}",
+                "give each process its own port (servers on a node use port + i, "
+                "Mooncake kv_port + i*tp .. + tp-1)",
+            )
+        ports[node].setdefault(port, owner)
+
+    if t.mooncake is not None and t.mode is Mode.p2p:
+        claim(t.mooncake.master_node, t.mooncake.port, "mooncake master", ("mooncake", "port"))
+        claim(
+            t.mooncake.master_node,
+            t.mooncake.metrics_port,
+            "mooncake metrics",
+            ("mooncake", "metrics_port"),
+        )
+    for server in placed:
+        claim(server.node, server.port, f"{server.name} API", (server.side, "port"))
+        if server.dp_rank == 0 and server.dp_rpc_port:
+            claim(
+                server.node,
+                server.dp_rpc_port,
+                f"{server.name} DP rpc",
+                (server.side, "dp_rpc_port"),
+            )
+        for p in server.kv_ports:
+            claim(server.node, p, f"{server.name} Mooncake kv_port", (server.side, "kv_port"))
+        if server.bootstrap_port:
+            claim(
+                server.node,
+                server.bootstrap_port,
+                f"{server.name} Mooncake bootstrap",
+                (server.side, "bootstrap_port"),
+            )
+    if t.proxy is not None:
+        claim(t.proxy.node, t.proxy.port, "proxy", ("proxy", "port"))
+
+
+def _check_cpu_binding(t: Topology, placed: list, bad) -> None:
+    """vLLM on the CPU binds its threads itself, and every server on a machine picks the same
+    cores (on 2 cores: both core 0, each at half speed; a Mooncake receiver thread sharing them
+    starves). Servers that share a CPU node must each be given their own cores."""
+    variable = engine_for(t.engine.value).cpu_binding_variable
+    if variable is None:  # the engine binds no cores (the simulator)
+        return
+    by_node: dict[str, list[tuple[str, str | None]]] = defaultdict(list)
+    for server in placed:
+        node = t.nodes[server.node]
+        if node.platform is not Platform.cpu:
+            continue
+        side = dict(t.sides())[server.side]
+        bind = {**node.env, **side.env}.get(variable)
+        by_node[server.node].append((server.side, bind))
+    for node_name, binds in by_node.items():
+        if len(binds) < 2:
+            continue
+        values = [b for _, b in binds]
+        # unset or "auto": vLLM's own choice, the same for every server; "nobind": the OS places
+        culprit = next(
+            (s for s, b in binds if b in (None, "auto") or (b != "nobind" and values.count(b) > 1)), None
+        )
+        if culprit is None:
+            continue
+        bad(
+            (culprit, "env", variable),
+            f"node {node_name!r} runs {len(binds)} vLLM CPU servers and vLLM binds each to the same "
+            f"cores unless {variable} gives each its own",
+            'set it per side, e.g. "0" and "1", or core ranges such as "0-15" and "16-31"',
+        )
