@@ -28,12 +28,13 @@ def alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
-def wait_for(check: Callable[[], T], timeout: float = 15) -> T:
-    """`check()` again every 0.1 s until it is true or `timeout` passes; its last value."""
+def wait_for(check: Callable[[], T], timeout: float = 15, every: float = 0.05) -> T:
+    """`check()` again every `every` s until it is true or `timeout` s pass (once more at the
+    end); its last value. The tests' one wait for a condition."""
     deadline = time.monotonic() + timeout
     while not (value := check()) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return value
+        time.sleep(every)
+    return value if value or time.monotonic() < deadline else check()
 
 
 def carries_marker(pid: int, text: bytes) -> bool:

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import re
 import subprocess
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from tests.support.cli import Cli
 from tests.support.http import completion
+from tests.support.processes import wait_for
 from tests.support.slurm import Site
 from tests.support.slurm_topology import centralized, queued
 
@@ -25,13 +24,6 @@ UP_TIMEOUT = 180.0
 
 def ucmctl(site: Site, home: Path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
     return Cli(home, env=site.slurm.env)(*args, timeout=timeout)
-
-
-def wait_for(check: Callable[[], object], timeout: float) -> object:
-    deadline = time.monotonic() + timeout
-    while not (value := check()) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return value
 
 
 def render_and_submit(site: Site, tmp: Path, text: str) -> tuple[Path, str, Path]:

@@ -18,7 +18,7 @@ from ucm_connector.keys import KeyMaker, Namespace
 from ucm_connector.scheduler import SchedulerSide
 from ucm_connector.worker import WorkerSide
 
-from tests.support.waits import until
+from tests.support.processes import wait_for
 from tests.unit.connector.test_scheduler import blocks, new_req, step
 
 LAYERS, KV_BLOCKS, HEADS, BS, HD = 2, 32, 2, 4, 4
@@ -219,7 +219,7 @@ def test_a_stalled_mount_while_finding_the_packs_is_one_bounded_wait_and_misses(
         assert [s.packs for s in meta.saves] == [[(keys[p - p % 4], p % 4) for p in range(8)]]
     finally:
         _native._inject_stall("posix_stat", 0, 0)
-    assert until(lambda: b.lookup_store.stalled_for() is None, timeout=5)  # the stuck read returned
+    assert wait_for(lambda: b.lookup_store.stalled_for() is None, timeout=5)  # the stuck read returned
     # once the storage answers again, the lookup finds all 8 in their packs
     c = nodes(4, lookup_timeout_s=5)
     assert c.scheduler.get_num_new_matched_tokens(prompt("r3", 8), 0) == (8 * BS, False)
@@ -246,7 +246,7 @@ def test_finding_the_packs_and_checking_the_blocks_share_one_lookup_bound(nodes)
         assert b.scheduler.take_lookup_errors() == {"lookup_errors": 1, "lookup_errors_timeout": 1}
     finally:
         _native._inject_stall("posix_stat", 0, 0)
-    assert until(lambda: b.lookup_store.stalled_for() is None, timeout=5)  # the stuck reads returned
+    assert wait_for(lambda: b.lookup_store.stalled_for() is None, timeout=5)  # the stuck reads returned
     c = nodes(4, lookup_timeout_s=5)
     assert c.scheduler.get_num_new_matched_tokens(prompt("r3", 8), 0) == (8 * BS, False)
 

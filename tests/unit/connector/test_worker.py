@@ -13,7 +13,7 @@ from ucm_connector.keys import KeyMaker, Namespace
 from ucm_connector.metadata import BlockTransfer, UCMConnectorMetadata
 from ucm_connector.worker import LOGGER_NAME, WorkerSide
 
-from tests.support.waits import until
+from tests.support.processes import wait_for
 from tests.unit.connector.store_double import FakeStore
 
 LAYERS, BLOCKS, HEADS, BS, HD = 3, 16, 2, 8, 4
@@ -231,7 +231,7 @@ def test_a_load_past_its_bound_is_recomputed_and_its_late_read_never_lands_in_th
         # vLLM recomputes, then gives blocks 7 and 8 to other requests: their own KV goes there.
         rstorage[:, 7:9] = 3.0
         assert reader._store is not None
-        assert until(lambda: reader._store.stats()["load_late"] == 2), reader._store.stats()  # returned
+        assert wait_for(lambda: reader._store.stats()["load_late"] == 2), reader._store.stats()  # returned
         assert torch.all(rstorage[:, 7:9] == 3.0), "a late read overwrote a reused KV block"
         # The storage answers again: the same blocks load, byte-exact.
         reader.start_load(UCMConnectorMetadata(loads=[BlockTransfer("c", keys, [9, 10])]))

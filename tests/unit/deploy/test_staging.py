@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.processes import wait_for
 from ucmctl.deploy import staging
 from ucmctl.nodes import lifecycle
 from ucmctl.nodes.executor import LocalExecutor
@@ -80,8 +81,8 @@ def test_a_recycled_pid_without_the_marker_does_not_block(tmp_path: Path) -> Non
     p = process(tmp_path, "srv", {"launch.sh": ("#!/bin/sh\n", 0o755)})
     other = subprocess.Popen(["sleep", "30"], start_new_session=True)  # alive, but not ours
     try:
-        # it runs `sleep` already: Popen returns once the child has exec'd
-        assert Path(f"/proc/{other.pid}/cmdline").read_bytes() == b"sleep\x0030\x00"
+        # it runs `sleep` (its command line is empty for a moment after Popen returns)
+        assert wait_for(lambda: Path(f"/proc/{other.pid}/cmdline").read_bytes() == b"sleep\x0030\x00")
         (tmp_path / "srv").mkdir()
         Path(p.pidfile).write_text(f"{other.pid}\n")
         assert staging.stage_node(LocalExecutor(node(tmp_path)), [p]) == []

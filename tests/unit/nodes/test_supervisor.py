@@ -5,9 +5,9 @@ kill:` sends) is restarted while `down`'s TERM to the group ends everything with
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
+from tests.support.processes import wait_for
 from ucmctl.launch.nodes import NodeLauncher
 from ucmctl.nodes import lifecycle
 from ucmctl.nodes.executor import LocalExecutor
@@ -34,20 +34,11 @@ def _supervised(tmp: Path, script: str, max_restarts: int = 2) -> tuple[LocalExe
     return LocalExecutor(node), p
 
 
-def _until(check, within: float = 10.0) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.05)
-    return False
-
-
 def test_a_failing_server_is_restarted_at_most_max_restarts_times(tmp_path: Path) -> None:
     runs = tmp_path / "runs"
     ex, p = _supervised(tmp_path, f"echo run >> {runs}\nexit 3\n")
     lifecycle.start(ex, p)
-    assert _until(lambda: lifecycle.alive(ex, p) is None)
+    assert wait_for(lambda: lifecycle.alive(ex, p) is None)
     assert runs.read_text().count("run") == 3  # the first start and 2 restarts
     s = lifecycle.supervised(ex, p)
     assert s is not None and (s.restarts, s.last_exit, s.what) == (2, 3, "gave-up")
@@ -60,7 +51,7 @@ def test_a_clean_end_is_not_restarted(tmp_path: Path) -> None:
     runs = tmp_path / "runs"
     ex, p = _supervised(tmp_path, f"echo run >> {runs}\nexit 0\n")
     lifecycle.start(ex, p)
-    assert _until(lambda: lifecycle.alive(ex, p) is None)
+    assert wait_for(lambda: lifecycle.alive(ex, p) is None)
     assert runs.read_text().count("run") == 1
     s = lifecycle.supervised(ex, p)
     assert s is not None and (s.restarts, s.what) == (0, "done")
@@ -72,11 +63,11 @@ def test_a_killed_server_comes_back_and_down_ends_it_for_good(tmp_path: Path) ->
     launcher = NodeLauncher.__new__(NodeLauncher)  # only its signal/run_state, on this executor
     launcher._executors = {"local": ex}
     lifecycle.start(ex, p)
-    assert _until(lambda: runs.exists())
+    assert wait_for(lambda: runs.exists())
     assert lifecycle.supervised(ex, p) is None  # no end yet
     assert launcher.run_state(p) == RunState.up()
     assert launcher.signal(p, "KILL")  # the server, not its supervisor
-    assert _until(lambda: runs.read_text().count("run") == 2)
+    assert wait_for(lambda: runs.read_text().count("run") == 2)
     s = lifecycle.supervised(ex, p)
     assert s is not None and (s.restarts, s.last_exit, s.what) == (1, 137, "running")
     assert launcher.run_state(p) == RunState.up(1, last_exit=137)
@@ -89,7 +80,7 @@ def test_a_killed_server_comes_back_and_down_ends_it_for_good(tmp_path: Path) ->
         last = lifecycle.supervised(ex, p)
         return last is not None and last.what not in ("running", "waiting")
 
-    assert _until(ended)
+    assert wait_for(ended)
     assert runs.read_text().count("run") == 2  # not restarted
     assert lifecycle.alive(ex, p) is None
     s = lifecycle.supervised(ex, p)

@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 from ucm_store import _native
 
-from tests.support.waits import until
+from tests.support.processes import wait_for
 from ucmctl.sim.external import ExternalTier
 
 BLOCK = 64 << 10
@@ -58,7 +58,7 @@ def test_finding_the_packs_and_checking_the_blocks_share_one_lookup_bound(tmp_pa
         assert slow.counts["lookup_waits_over_bound"] == 0
     finally:
         _native._inject_stall("posix_stat", 0, 0)
-    assert until(lambda: slow.store.stalled_for() is None, timeout=5)  # the stuck reads returned
+    assert wait_for(lambda: slow.store.stalled_for() is None, timeout=5)  # the stuck reads returned
     assert slow.lookup_prefix(keys, slow.packs(keys, 0, 8, slow.pack_heads(keys))) == 8
 
 
@@ -77,5 +77,5 @@ def test_a_walk_the_storage_does_not_answer_is_one_miss_counted_once(tmp_path: P
         assert slow.counts["lookup_errors"] == 1 and slow.counts["lookup_errors_timeout"] == 1
     finally:
         _native._inject_stall("posix_stat", 0, 0)
-    assert until(lambda: slow.store.stalled_for() is None, timeout=5)  # the stuck read returned
+    assert wait_for(lambda: slow.store.stalled_for() is None, timeout=5)  # the stuck read returned
     assert slow.pack_heads(keys) == [0] * 4 + [4] * 4

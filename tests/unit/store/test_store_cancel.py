@@ -9,13 +9,14 @@ tests/integration/store/test_store_netfs.py.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
 from ucm_store import _native
 
 from tests.support.blocks import block, empty, key, same
+from tests.support.processes import wait_for
 
 SHARDS = [4096, 8192]
 SLOT_GB = sum(SHARDS) / 2**30
@@ -27,15 +28,6 @@ def _disarm() -> Iterator[None]:
     _native._inject_stall("posix_read", 0, 0)
     _native._inject_stall("posix_write", 0, 0)
     _native._inject_stall("posix_stat", 0, 0)
-
-
-def _until(check: Callable[[], bool], timeout: float = 10.0) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if check():
-            return True
-        time.sleep(0.02)
-    return check()
 
 
 def _stored(make_store, k: bytes, **cfg: object) -> None:
@@ -60,7 +52,7 @@ def test_a_read_that_returns_after_cancel_leaves_the_reused_buffer_alone(make_st
     # The caller (vLLM) hands the block to another request, which writes its own KV there.
     for shard in target:
         shard[:] = 0x5A
-    assert _until(lambda: reader.stats()["load_late"] == 1), reader.stats()
+    assert wait_for(lambda: reader.stats()["load_late"] == 1), reader.stats()
     stats = reader.stats()
     assert all(np.all(shard == 0x5A) for shard in target), "the late read wrote into the reused buffer"
     assert stats["load_timeouts"] == 1 and stats["load_errors"] == 1 and stats["posix_hits"] == 1
@@ -83,7 +75,7 @@ def test_blocks_given_up_while_queued_are_never_read(make_store):
         reader.wait(tid, timeout=0.1)
     res = reader.cancel(tid, "timed out")
     assert res.ok == [False] * 5
-    assert _until(lambda: reader.stats()["load_late"] == 1)
+    assert wait_for(lambda: reader.stats()["load_late"] == 1)
     # The I/O thread is free again: a read queued after the others runs once they are gone.
     after = empty(SHARDS)
     assert reader.wait(reader.load(keys[:1], [after]), timeout=10).all_ok
@@ -101,7 +93,7 @@ def test_a_finished_task_cancels_to_its_outcome(make_store):
     assert store.wait(store.dump([k], [block(k, SHARDS)]), timeout=10).all_ok
     target = empty(SHARDS)
     tid = store.load([k], [target])
-    assert _until(lambda: store.stats()["cache_hits"] == 1)
+    assert wait_for(lambda: store.stats()["cache_hits"] == 1)
     res = store.cancel(tid, "too late to give up")
     assert res.ok == [True] and same(target, block(k, SHARDS))
     assert store.stats()["load_timeouts"] == 0
@@ -194,7 +186,7 @@ def test_a_bounded_lookup_gives_up_and_later_ones_fail_fast_until_the_storage_an
     with pytest.raises(TimeoutError, match="stuck in the storage"):
         store.lookup([k], timeout=0.2)  # refused at once: it would only queue behind the stuck one
     assert time.monotonic() - t0 < 0.5
-    assert _until(lambda: _lookup_or_none(store, k) == [True], timeout=5)
+    assert wait_for(lambda: _lookup_or_none(store, k) == [True], timeout=5)
     assert store.lookup_prefix([k], timeout=1) == 1
     assert store.lookup_prefix([k]) == 1  # unbounded: the native call on the caller's thread
 
@@ -218,7 +210,7 @@ def test_a_stalled_persist_costs_one_bounded_wait_not_one_per_step(make_store):
     second = store.finish_within(store.dump([b], [block(b, SHARDS)]), 1.0, op="dump", persisted=True)
     assert time.monotonic() - t0 < 0.5, "a second step waited for a storage known to be stalled"
     assert second.ok == [False] and "the storage is stalled" in second.errors[0]
-    assert _until(lambda: store.stalled_for() is None, timeout=5)  # the stalled write returned
+    assert wait_for(lambda: store.stalled_for() is None, timeout=5)  # the stalled write returned
     third = store.finish_within(store.dump([c], [block(c, SHARDS)]), 5, op="dump", persisted=True)
     assert third.ok == [True] and third.all_ok
     assert store.flush(timeout=10)
@@ -235,7 +227,7 @@ def test_one_stall_found_by_a_lookup_or_a_persist_spares_the_other_its_wait(make
     t0 = time.monotonic()
     res = store.finish_within(store.dump([a], [block(a, SHARDS)]), 2, op="dump", persisted=True)
     assert time.monotonic() - t0 < 1.0 and res.ok == [False]  # no persist wait: known stalled
-    assert _until(lambda: store.stalled_for() is None, timeout=5)  # the stuck lookup returned
+    assert wait_for(lambda: store.stalled_for() is None, timeout=5)  # the stuck lookup returned
     _native._inject_stall("posix_write", 1, 1200)
     res = store.finish_within(store.dump([b], [block(b, SHARDS)]), 0.2, op="dump", persisted=True)
     assert res.ok == [False] and store.stalled_for() is not None
@@ -243,7 +235,7 @@ def test_one_stall_found_by_a_lookup_or_a_persist_spares_the_other_its_wait(make
     with pytest.raises(TimeoutError, match="lookup not tried"):
         store.lookup([b], timeout=2)  # refused at once: a write is stuck in the storage
     assert time.monotonic() - t0 < 1.0
-    assert _until(lambda: store.stalled_for() is None, timeout=5)
+    assert wait_for(lambda: store.stalled_for() is None, timeout=5)
     assert store.flush(timeout=5)
     assert store.lookup_prefix([a, b], timeout=2) == 2  # answers again: both were written
 
@@ -264,7 +256,7 @@ def test_a_persist_with_no_write_returning_is_a_stall_after_stall_s_while_slow_w
     assert 0.35 < took < 1.5, took  # stall_s, with room for a loaded machine; the bound was 5 s
     assert stalled.ok == [False] and "no write returned for 0.4 s" in stalled.errors[0]
     assert store.stalled_for() is not None  # later steps do not wait either
-    assert _until(lambda: store.stalled_for() is None, timeout=5)  # the stuck write returned
+    assert wait_for(lambda: store.stalled_for() is None, timeout=5)  # the stuck write returned
     _native._inject_stall("posix_write", 6, 250)
     keys = [key(i, "slow") for i in range(6)]
     slow = store.finish_within(
@@ -296,7 +288,7 @@ def test_a_load_with_no_read_returning_is_a_stall_after_stall_s_while_slow_reads
     assert stalled.errors[0].endswith("of its 5 s bound (the storage is stalled: no read returned for 0.4 s)")
     for shard in target:  # vLLM gives the block to another request
         shard[:] = 0x5A
-    assert _until(lambda: reader.stats()["load_late"] == 1), reader.stats()
+    assert wait_for(lambda: reader.stats()["load_late"] == 1), reader.stats()
     assert all(np.all(shard == 0x5A) for shard in target), "the late read wrote into the reused buffer"
     _native._inject_stall("posix_read", 6, 250)
     targets = [empty(SHARDS) for _ in keys[1:]]

@@ -19,7 +19,7 @@ import pytest
 from ucm_store import _native
 
 from tests.support.blocks import block, empty, key, same
-from tests.support.waits import until
+from tests.support.processes import wait_for
 from ucmctl.core.pack_heads import pack_refs
 
 SHARDS = [4096, 8192]  # whole pages: written straight from the caller's memory
@@ -422,7 +422,7 @@ def test_a_pack_read_that_returns_after_cancel_leaves_the_reused_buffers_alone(m
         for t in targets:  # vLLM hands the blocks to another request
             for shard in t:
                 shard[:] = 0x5A
-        assert until(lambda: reader.stats()["load_late"] == 4), reader.stats()  # the read returned
+        assert wait_for(lambda: reader.stats()["load_late"] == 4), reader.stats()  # the read returned
         assert all(same(t, empty(SHARDS, fill=0x5A)) for t in targets)
         assert reader.stats()["load_late"] == 4
     finally:
