@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Set up everything the tests need on a fresh machine (scripts/setup.sh --engine --tests: the real
 # vLLM for the CPU, the test infrastructure, the development tools), then run the tests.
-#   scripts/test.sh [pytest args]          lint, types, layers, then the whole suite
-#   scripts/test.sh --quick [pytest args]  the unit tests and the integration tests not marked slow
+#   scripts/test.sh                        lint, types, layers, then the whole suite
+#   scripts/test.sh PYTEST_ARGS            lint, types, layers, then pytest with those arguments
+#   scripts/test.sh --quick [PYTEST_ARGS]  the unit tests and the integration tests not marked slow,
+#                                          on every core (pytest-xdist): for iterating
 set -euo pipefail
 cd "$(dirname "$0")/.."
 quick=0
@@ -15,9 +17,15 @@ bash scripts/setup.sh --engine --tests
 # from PATH, as a user's shell would.
 export PATH="$PWD/.venv/bin:$PATH"
 if ((quick)); then
-    exec python -m pytest -m "not slow" --durations=10 tests/unit tests/integration "$@"
+    exec python -m pytest -n auto -m "not slow" --durations=10 tests/unit tests/integration "$@"
 fi
 ruff check .
 mypy                # the product packages (pyproject's [tool.mypy])
 lint-imports        # the layers import one way (pyproject's [tool.importlinter])
-exec python -m pytest --durations=30 "$@"  # the slowest, to keep CI well under 45 minutes
+if (($#)); then
+    exec python -m pytest --durations=30 "$@"
+fi
+# The unit tests on every core (pytest-xdist), then the tests of real deployments one at a time:
+# they time servers, faults and bounds, which a second run beside them would skew.
+python -m pytest -n auto --durations=15 tests/unit
+exec python -m pytest --durations=30 tests/integration tests/e2e  # the slowest, to keep CI short

@@ -1,4 +1,5 @@
-"""`ucmctl bench` against real simulator processes: phases and exact lengths, hit-rate deltas
+"""`ucmctl bench` against real simulator processes: phases and exact lengths (their cells read as
+typed and back unchanged), hit-rate deltas
 (local, and external through the native store after --reset-hbm), failures, compare's exit
 codes on a real slowdown, and a suite end to end."""
 
@@ -15,7 +16,9 @@ from tests.support.openai_checks import metric
 from tests.support.processes import sim_server
 from tests.unit.bench.helpers import invoke
 from ucmctl.bench.hitrate import Instance
-from ucmctl.bench.runner import BenchConfig, Target
+from ucmctl.bench.open_model import plain
+from ucmctl.bench.results import cells_of
+from ucmctl.bench.runner import BenchConfig, Target, strip_private
 from ucmctl.bench.workloads.prefix.runner import run_bench
 from ucmctl.core.errors import ExitStatus
 
@@ -51,6 +54,11 @@ def test_phases_exact_lengths_and_local_hit_rate(tmp_path: Path) -> None:
     assert 0 < mea["mean_ttft_ms"] < mea["mean_e2el_ms"]
     # one 2 ms decode step per token: never faster; slower by what the client adds under load
     assert 1.8 <= mea["mean_tpot_ms"] < 10.0
+    # the runner's cell read as typed gives back the JSON it was: keys in order, ints as ints
+    saved = strip_private([cell])
+    (typed,) = cells_of(saved)
+    assert typed.measure is not None and typed.measure.total_input_tokens == 8000
+    assert json.dumps(plain([typed]), default=str) == json.dumps(saved, default=str)
 
 
 def test_reset_hbm_leaves_only_the_store_to_hit(tmp_path: Path) -> None:
@@ -156,6 +164,7 @@ def test_save_then_compare_catches_a_real_slowdown(tmp_path: Path) -> None:
     assert code == 0
 
 
+@pytest.mark.slow  # ~40 s: the CI suite twice
 def test_ci_suite_end_to_end_and_resume(tmp_path: Path) -> None:
     suite = Path(__file__).resolve().parents[3] / "benchmarks" / "suites" / "ci.yaml"
     results, save = tmp_path / "ci.jsonl", tmp_path / "ci.json"
