@@ -1,8 +1,9 @@
-"""What names a cell of a result, and the hit rate read against its ideal: light enough for the
-results history to import without the report's pandas."""
+"""What names a cell of a result, and the hit rate read against its ideal (`results.Cell` and
+`results.HitRate` read them): light, without the report's pandas."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 
@@ -27,11 +28,12 @@ def cell_key(cell: dict[str, Any]) -> str:
     return row_name(cell) if workload == "prefix" else f"{workload}: {row_name(cell)}"
 
 
-def first_leg_hit_rate(phase: dict[str, Any] | None) -> float | None:
-    """The share of prompt tokens not computed (local or external hit) where a request first
-    lands: prefill in PD (decode then finds what prefill just stored), else every instance.
-    This is what the workload's ideal hit rate is read against."""
-    rates = (phase or {}).get("hit_rate") or {}
+def first_leg_of(rates: Mapping[str, Any] | None) -> float | None:
+    """Of a phase's measured hit rates (its `hit_rate`): the share of prompt tokens not computed
+    (local or external hit) where a request first lands: prefill in PD (decode then finds what
+    prefill just stored), else every instance. This is what the workload's ideal hit rate is
+    read against."""
+    rates = rates or {}
     by_role = rates.get("by_role") or {}
     leg = by_role.get("prefill") or by_role.get("mixed")
     return (leg or rates.get("total") or {}).get("hit_rate")

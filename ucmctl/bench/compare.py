@@ -32,8 +32,9 @@ from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree as ET
 
-from ucmctl.bench.cells import cell_key
 from ucmctl.bench.report import load_document
+from ucmctl.bench.results import Phase
+from ucmctl.bench.results import cells_of as typed_cells
 from ucmctl.core.errors import UcmctlError
 
 DEFAULT_LIMITS = "ttft_mean=10%,tpot_mean=10%,e2el_mean=10%,output_throughput=10%"
@@ -153,31 +154,32 @@ def load_docs(path: Path) -> Docs:
     return [(str(f), load_document(f)) for f in files]
 
 
-def load_side(path: Path, allow_lost: bool = False) -> dict[str, list[dict[str, Any]]]:
+def load_side(path: Path, allow_lost: bool = False) -> dict[str, list[Phase]]:
     return cells_of(load_docs(path), allow_lost)
 
 
-def cells_of(docs: Docs, allow_lost: bool = False) -> dict[str, list[dict[str, Any]]]:
-    """Measure phases by cell label ('scenario/input'). A phase that lost a process of the
-    deployment while it ran is refused unless `allow_lost`: its figures are not a sample of the
-    deployment."""
-    cells: dict[str, list[dict[str, Any]]] = {}
+def cells_of(docs: Docs, allow_lost: bool = False) -> dict[str, list[Phase]]:
+    """Measure phases by cell label ('scenario/input'), read as typed. A phase that lost a
+    process of the deployment while it ran is refused unless `allow_lost`: its figures are not
+    a sample of the deployment."""
+    cells: dict[str, list[Phase]] = {}
     for where, doc in docs:
-        for cell in doc.get("cells", []):
-            if not cell.get("measure"):
+        for cell in typed_cells(doc.get("cells", [])):
+            measure = cell.measure
+            if measure is None or not measure.given():
                 continue
-            label = f"{cell.get('scenario') or 'run'}/{cell_key(cell)}"
-            lost = cell["measure"].get("lost") or []
-            fault = cell["measure"].get("fault") or {}
+            label = f"{cell.scenario or 'run'}/{cell.key()}"
+            lost = measure.lost or []
+            fault = measure.fault or {}
             if (lost or fault.get("injected")) and not allow_lost:
-                what = ", ".join(f"{x['process']} on {x['node']} ({x['how']})" for x in lost)
+                what = ", ".join(f"{x.process} on {x.node} ({x.how})" for x in lost)
                 what = f"lost {what}" if lost else f"had the fault {fault['spec']} injected"
                 raise UcmctlError.one(
                     f"{label}: its measure phase {what}: its figures are not the deployment's",
                     file=where,
                     fix="rerun it, or pass --allow-lost to gate on it anyway",
                 )
-            cells.setdefault(label, []).append(cell["measure"])
+            cells.setdefault(label, []).append(measure)
     return cells
 
 
@@ -327,8 +329,8 @@ def _judge(cell: str, limit: Limit, base: list[float], new: list[float], judgeme
 
 
 def compare(
-    base: dict[str, list[dict[str, Any]]],
-    new: dict[str, list[dict[str, Any]]],
+    base: dict[str, list[Phase]],
+    new: dict[str, list[Phase]],
     limits: list[Limit],
     min_repeats: int = 1,
 ) -> list[Verdict]:
@@ -347,8 +349,8 @@ def compare(
                     fix="pass a folder of repeated results",
                 )
         for limit in limits:
-            b = [float(m[limit.key]) for m in base[cell] if m.get(limit.key) is not None]
-            n = [float(m[limit.key]) for m in new[cell] if m.get(limit.key) is not None]
+            b = [float(m.value(limit.key)) for m in base[cell] if m.value(limit.key) is not None]
+            n = [float(m.value(limit.key)) for m in new[cell] if m.value(limit.key) is not None]
             if not b and not n:
                 continue  # neither side measured it here (goodput asked of other cells only)
             if not b or not n:

@@ -26,10 +26,12 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ucmctl.bench.cells import cell_key, first_leg_hit_rate, workload_of
 from ucmctl.core.errors import UcmctlError
+
+if TYPE_CHECKING:  # pydantic, which `ucmctl --help` and `bench history` need not import
+    from ucmctl.bench.results import Cell
 
 KIND = "ucmctl-bench-history"
 SCHEMA_VERSION = 1
@@ -243,20 +245,20 @@ def _figure(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
 
 
-def _cell_rows(doc: dict[str, Any]) -> list[tuple[str, int, dict[str, float | None], int, int]]:
+def _cell_rows(cells: list[Cell]) -> list[tuple[str, int, dict[str, float | None], int, int]]:
     rows, seen = [], set()
-    for cell in doc.get("cells") or []:
-        measure = cell.get("measure")
-        if not measure or cell.get("aggregate"):
+    for cell in cells:
+        measure = cell.measure
+        if measure is None or not measure.given() or cell.aggregate:
             continue
-        name = f"{cell.get('scenario') or 'run'}/{cell_key(cell)}"
-        repeat = int(cell.get("repeat") or 0)
+        name = f"{cell.scenario or 'run'}/{cell.key()}"
+        repeat = cell.repeat
         while (name, repeat) in seen:  # a cell named twice (never by this version): kept apart
             repeat += 1
         seen.add((name, repeat))
-        figures = {column: _figure(measure.get(key)) for column, key in FIGURES}
-        figures["hit_rate"] = _figure(first_leg_hit_rate(measure))
-        rows.append((name, repeat, figures, int(measure.get("failed") or 0), len(measure.get("lost") or [])))
+        figures = {column: _figure(measure.value(key)) for column, key in FIGURES}
+        figures["hit_rate"] = _figure(measure.first_leg())
+        rows.append((name, repeat, figures, measure.failed, len(measure.lost or [])))
     return rows
 
 
@@ -265,8 +267,11 @@ def record(
 ) -> int:
     """Append a run (its saved result `doc`) and return its number."""
     prov = doc.get("provenance") or {}
-    cells = _cell_rows(doc)
-    workloads = sorted({workload_of(c) for c in doc.get("cells") or []}) or ["prefix"]
+    from ucmctl.bench.results import cells_of
+
+    typed = cells_of(doc.get("cells") or [])  # the saved result's cells, read once
+    cells = _cell_rows(typed)
+    workloads = sorted({c.workload_name() for c in typed}) or ["prefix"]
     fields = key_fields(doc)
     blob = zlib.compress(json.dumps(doc, default=str, allow_nan=False).encode(), 6)
     with _connect(path, create=True) as db:

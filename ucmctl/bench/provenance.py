@@ -17,11 +17,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ucmctl import __version__
 from ucmctl.bench import loop
 from ucmctl.topology.digest_compat import without_newer
+
+if TYPE_CHECKING:
+    from ucmctl.bench.results import Cell
 
 
 def _git_revision() -> str | None:
@@ -121,9 +124,9 @@ def deployment_facts(record: Any | None, model: str | None, url: str | None) -> 
     return out
 
 
-def prompts_digest(cells: list[dict[str, Any]]) -> str | None:
+def prompts_digest(cells: list[Cell]) -> str | None:
     """One digest of every cell's prompts, for the provenance."""
-    parts = [str(c.get("prompts_digest")) for c in cells if c.get("prompts_digest")]
+    parts = [str(c.value("prompts_digest")) for c in cells if c.value("prompts_digest")]
     if not parts:
         return None
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]

@@ -1,7 +1,7 @@
 """Results out: the terminal table, the versioned JSON document (its provenance:
-`bench/provenance.py`), CSV, Markdown and a PNG plot. Cells are dicts: {"scenario"?,
-"input_len", "repeat", "prefix_ratio", "preseed": phase | None, "measure": phase}; a phase
-carries `vllm bench serve`'s key names."""
+`bench/provenance.py`), CSV, Markdown and a PNG plot. Each reads the cells as typed
+(`results.Cell`, a runner's or a saved result's dicts read once); a phase carries
+`vllm bench serve`'s key names."""
 
 from __future__ import annotations
 
@@ -9,20 +9,24 @@ import functools
 import json
 import math
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 from rich.console import Console
 
-from ucmctl.bench.cells import first_leg_hit_rate, label_of, row_name, workload_of
-from ucmctl.bench.fault import fault_lines
+from ucmctl.bench import extras
+from ucmctl.bench.extras import PhaseView
+from ucmctl.bench.extras.preemptions import preemptions
+from ucmctl.bench.extras.store_errors import store_errors
+from ucmctl.bench.formats import ms as _ms
+from ucmctl.bench.formats import pct as _pct
 from ucmctl.bench.metrics import METRICS, STATS
-from ucmctl.bench.results import READABLE_VERSIONS, SCHEMA_VERSION
+from ucmctl.bench.open_model import plain
+from ucmctl.bench.results import READABLE_VERSIONS, SCHEMA_VERSION, Cell, Phase, cells_of
 from ucmctl.bench.workloads import BY_KIND, PrefixSpec
 from ucmctl.core.errors import UcmctlError
-from ucmctl.core.store_errors import describe
 from ucmctl.core.tables import FIGURE, NAME, PAIR, fitted
 
 KIND = "ucmctl-bench-result"
@@ -40,34 +44,26 @@ VLLM_KEYS = (
 OPTIONAL_KEYS = ("request_goodput", "good_completed")  # present when --goodput was given
 
 
-def phase_name(cell: dict[str, Any], phase: str) -> str:
+Cells = Sequence[Cell | dict[str, Any]]  # typed, or a runner's dicts (read as typed)
+
+
+def phase_name(cell: Cell, phase: str) -> str:
     """The phase as the cell's workload names it (a workload this version lacks: as prefix does)."""
-    return BY_KIND.get(workload_of(cell), PrefixSpec).phases[phase]
-
-
-def ideal_of(cell: dict[str, Any]) -> float | None:
-    """The hit rate the workload allows: its reusable fraction, else the prefix ratio asked."""
-    ideal = cell.get("ideal_hit_rate")
-    return ideal if ideal is not None else cell.get("prefix_ratio")
+    return BY_KIND.get(cell.workload_name(), PrefixSpec).phases[phase]
 
 
 def preemptions_of(phase: dict[str, Any] | None) -> int | None:
-    total = ((phase or {}).get("hit_rate") or {}).get("total") or {}
-    value = total.get("preemptions")
-    return None if value is None else int(value)
+    return preemptions(((phase or {}).get("hit_rate") or {}).get("total"))
 
 
 def storage_errors_of(phase: dict[str, Any] | None) -> str | None:
     """What the UCM store failed to load or save in a phase, by kind, in words; None if nothing."""
-    total = ((phase or {}).get("hit_rate") or {}).get("total") or {}
-    # ucm_load_errors_enotconn -> load_enotconn, ucm_load_waits_over_bound -> load_waits_over_bound
-    counts = {k[4:].replace("_errors", "", 1): v for k, v in total.items() if k.startswith("ucm_")}
-    return describe(counts, words=True) or None
+    return store_errors(((phase or {}).get("hit_rate") or {}).get("total"))
 
 
 # ---- the JSON document ----------------------------------------------------------------------
 def document(
-    cells: list[dict[str, Any]],
+    cells: Cells,
     config: dict[str, Any],
     prov: dict[str, Any],
     target: dict[str, Any] | None = None,
@@ -78,10 +74,10 @@ def document(
         "provenance": prov,
         "config": config,
         "target": target or {},
-        "cells": cells,
+        "cells": [plain(c) for c in cells],
     }
     if len(cells) == 1:  # one measurement: also at the top, where `vllm bench serve` puts its keys
-        measure = cells[0]["measure"]
+        measure = doc["cells"][0]["measure"]
         doc.update({k: measure[k] for k in VLLM_KEYS if k in measure})
         doc.update(
             {
@@ -112,7 +108,7 @@ def finite(value: Any) -> Any:
 
 
 def load_document(path: Path) -> dict[str, Any]:
-    """A saved result; UcmctlError (exit 2) when it is not one this version reads."""
+    """A saved result (its JSON object); UcmctlError (exit 2) when it is not one this version reads."""
     try:
         doc = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
@@ -129,69 +125,61 @@ def load_document(path: Path) -> dict[str, Any]:
 
 
 # ---- flat rows: CSV, Markdown, plot ---------------------------------------------------------
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{100 * value:.1f}%"
+def _rate(phase: Phase, key: str) -> float | None:
+    return phase.totals().get(key)
 
 
-def _rate(phase: dict[str, Any] | None, key: str) -> float | None:
-    total = ((phase or {}).get("hit_rate") or {}).get("total") or {}
-    return total.get(key)
-
-
-def rows(cells: Iterable[dict[str, Any]]) -> pd.DataFrame:
+def rows(cells: Cells) -> pd.DataFrame:
     """One row per (scenario, input length, repeat, phase)."""
-    out = []
-    for cell in cells:
-        for phase in ("preseed", "measure"):
-            p = cell.get(phase)
-            if not p:
-                continue
-            point = cell.get("point") or {}
-            row: dict[str, Any] = {
-                "scenario": cell.get("scenario") or "",
-                "workload": workload_of(cell),
-                "label": row_name(cell),
-                "point": cell.get("point_name"),
-                "input_len": cell["input_len"],
-                "repeat": cell.get("repeat", 0),
-                "phase": phase,
-                "request_rate_asked": point.get("request_rate"),
-                "max_concurrency": point.get("max_concurrency"),
-                "prompt_len": p.get("input_len"),
-                "output_len": p.get("output_len"),
-                "prefix_ratio": cell.get("prefix_ratio"),
-            }
-            row.update({k: p.get(k) for k in VLLM_KEYS})
-            row.update({k: p.get(k) for k in OPTIONAL_KEYS})
-            for key in ("local_hit_rate", "external_hit_rate", "hit_rate"):
-                row[f"measured_{key}"] = _rate(p, key)
-            row["measured_first_leg_hit_rate"] = first_leg_hit_rate(p)
-            row["ideal_hit_rate"] = cell.get("ideal_hit_rate") if phase == "measure" else None
-            row["preemptions"] = preemptions_of(p)
-            row["aggregate"] = bool(cell.get("aggregate"))
-            handed = p.get("kv_handover") or {}
-            for key in ("mean_ms", "p50_ms", "p99_ms"):
-                row[f"kv_handover_{key}"] = handed.get(key)
-            out.append(row)
-    return pd.DataFrame(out)
+    return pd.DataFrame([_row(cell, key, p) for cell in cells_of(cells) for key, p in cell.phases()])
 
 
-def save_csv(cells: list[dict[str, Any]], path: Path) -> None:
+def _row(cell: Cell, phase: str, p: Phase) -> dict[str, Any]:
+    point = cell.point or {}
+    row: dict[str, Any] = {
+        "scenario": cell.scenario or "",
+        "workload": cell.workload_name(),
+        "label": cell.row_name(),
+        "point": cell.point_name,
+        "input_len": cell.input_len,
+        "repeat": cell.repeat,
+        "phase": phase,
+        "request_rate_asked": point.get("request_rate"),
+        "max_concurrency": point.get("max_concurrency"),
+        "prompt_len": p.input_len,
+        "output_len": p.output_len,
+        "prefix_ratio": cell.prefix_ratio,
+    }
+    row.update({k: p.value(k) for k in VLLM_KEYS})
+    row.update({k: p.value(k) for k in OPTIONAL_KEYS})
+    for key in ("local_hit_rate", "external_hit_rate", "hit_rate"):
+        row[f"measured_{key}"] = _rate(p, key)
+    row["measured_first_leg_hit_rate"] = p.first_leg()
+    row["ideal_hit_rate"] = cell.ideal_hit_rate if phase == "measure" else None
+    row["preemptions"] = preemptions(p.totals())
+    row["aggregate"] = cell.aggregate
+    for key in ("mean_ms", "p50_ms", "p99_ms"):
+        row[f"kv_handover_{key}"] = p.kv_handover.value(key) if p.kv_handover else None
+    return row
+
+
+def save_csv(cells: Cells, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     rows(cells).to_csv(path, index=False, float_format="%.4f")
 
 
-def _ms(v: Any) -> str:
-    return "-" if v is None else f"{v:.0f}" if v >= 100 else f"{v:.2f}"
+def _measured(cells: Cells) -> list[tuple[Cell, Phase]]:
+    """The cells whose measure phase ran, each with it."""
+    return [(c, p) for c in cells_of(cells) for key, p in c.phases() if key == "measure"]
 
 
-def markdown(cells: list[dict[str, Any]]) -> str:
+def markdown(cells: Cells) -> str:
     """Measure phases as a Markdown table; a suite adds one TTFT/TPOT/E2EL group per scenario."""
-    measured = [c for c in cells if c.get("measure")]
-    scenarios = list(dict.fromkeys(c.get("scenario") or "" for c in measured))
+    measured = _measured(cells)
+    scenarios = list(dict.fromkeys(c.scenario or "" for c, _ in measured))
     if scenarios != [""]:
-        return suite_markdown(measured, scenarios)
-    prefix_only = all(workload_of(c) == "prefix" for c in measured)
+        return suite_markdown([c for c, _ in measured], scenarios)
+    prefix_only = all(c.workload_name() == "prefix" for c, _ in measured)
     head = (
         f"| {'input' if prefix_only else 'cell'} | output | ok/failed | TTFT mean / p99 (ms) "
         "| TPOT mean / p99 (ms) | ITL mean (ms) | E2EL mean / p99 (ms) | out tok/s "
@@ -202,54 +190,54 @@ def markdown(cells: list[dict[str, Any]]) -> str:
         )
     )
     lines = [head, "|" + "---|" * 9]
-    for c in measured:
-        m = c["measure"]
+    for c, m in measured:
         lines.append(
-            f"| {row_name(c)} | {m['output_len']} | {m['completed']}/{m['failed']} "
-            f"| {_ms(m['mean_ttft_ms'])} / {_ms(m['p99_ttft_ms'])} | {_ms(m['mean_tpot_ms'])} / "
-            f"{_ms(m['p99_tpot_ms'])} | {_ms(m['mean_itl_ms'])} | {_ms(m['mean_e2el_ms'])} / "
-            f"{_ms(m['p99_e2el_ms'])} | {m['output_throughput']:.1f} | {_pct(_rate(m, 'local_hit_rate'))} / "
+            f"| {c.row_name()} | {m.output_len} | {m.completed}/{m.failed} "
+            f"| {_ms(m.mean_ttft_ms)} / {_ms(m.p99_ttft_ms)} | {_ms(m.mean_tpot_ms)} / "
+            f"{_ms(m.p99_tpot_ms)} | {_ms(m.mean_itl_ms)} | {_ms(m.mean_e2el_ms)} / "
+            f"{_ms(m.p99_e2el_ms)} | {m.output_throughput:.1f} | {_pct(_rate(m, 'local_hit_rate'))} / "
             f"{_pct(_rate(m, 'external_hit_rate'))}"
-            + ("" if prefix_only else f" / {_pct(first_leg_hit_rate(m))}")
-            + f" ({_pct(ideal_of(c))}) |"
+            + ("" if prefix_only else f" / {_pct(m.first_leg())}")
+            + f" ({_pct(c.ideal())}) |"
         )
     return "\n".join(lines) + "\n"
 
 
-def _mean_of(cells: list[dict[str, Any]], key: str) -> float | None:
-    values = [c["measure"][key] for c in cells if c["measure"].get(key) is not None]
+def _mean_of(cells: list[Cell], key: str) -> float | None:
+    values = [c.measure.value(key) for c in cells if c.measure and c.measure.value(key) is not None]
     return sum(values) / len(values) if values else None
 
 
-def suite_markdown(cells: list[dict[str, Any]], scenarios: list[str]) -> str:
+def suite_markdown(cells: list[Cell], scenarios: list[str]) -> str:
     """The guides' side-by-side table: input, output, then TTFT / TPOT / E2EL per scenario
-    (means over repeats), and the measured hit rate per scenario."""
-    prefix_only = all(workload_of(c) == "prefix" for c in cells)
+    (means over repeats), and the measured hit rate per scenario (cells whose measure ran)."""
+    prefix_only = all(c.workload_name() == "prefix" for c in cells)
     first = "input" if prefix_only else "cell"
     head = f"| {first} | output | " + " | ".join(f"{s} TTFT / TPOT / E2EL (ms)" for s in scenarios)
     head += " | " + " | ".join(f"{s} hit rate" for s in scenarios)
     head += " |" if prefix_only else " | ideal |"
     lines = [head, "|" + "---|" * (2 + 2 * len(scenarios) + (0 if prefix_only else 1))]
-    for label in dict.fromkeys(row_name(c) for c in cells):
-        group = [c for c in cells if row_name(c) == label]
-        out_len = group[0]["measure"]["output_len"]
+    for label in dict.fromkeys(c.row_name() for c in cells):
+        group = [c for c in cells if c.row_name() == label]
+        out_len = _measure(group[0]).output_len
         lat, hits = [], []
         for s in scenarios:
-            mine = [c for c in group if (c.get("scenario") or "") == s]
+            mine = [c for c in group if (c.scenario or "") == s]
             if not mine:
                 lat.append("-")
                 hits.append("-")
                 continue
             lat.append(" / ".join(_ms(_mean_of(mine, f"mean_{m}_ms")) for m in ("ttft", "tpot", "e2el")))
-            whole = (
-                _rate(mine[0]["measure"], "hit_rate")
-                if prefix_only
-                else first_leg_hit_rate(mine[0]["measure"])
-            )
-            hits.append(_pct(whole))
-        ideal = "" if prefix_only else f" {_pct(ideal_of(group[0]))} |"
+            one = _measure(mine[0])
+            hits.append(_pct(_rate(one, "hit_rate") if prefix_only else one.first_leg()))
+        ideal = "" if prefix_only else f" {_pct(group[0].ideal())} |"
         lines.append(f"| {label} | {out_len} | " + " | ".join(lat) + " | " + " | ".join(hits) + " |" + ideal)
     return "\n".join(lines) + "\n"
+
+
+def _measure(cell: Cell) -> Phase:
+    assert cell.measure is not None  # suite_markdown's cells are measured ones
+    return cell.measure
 
 
 def check_plot_available() -> None:
@@ -263,7 +251,7 @@ def check_plot_available() -> None:
         ) from None
 
 
-def save_plot(cells: list[dict[str, Any]], path: Path) -> None:
+def save_plot(cells: Cells, path: Path) -> None:
     """PNG: TTFT and E2EL (means) by input length, one line per scenario."""
     check_plot_available()
     import matplotlib
@@ -315,12 +303,15 @@ def save_plot(cells: list[dict[str, Any]], path: Path) -> None:
 
 
 # ---- the terminal ----------------------------------------------------------------------------
-def print_cells(cells: list[dict[str, Any]], console: Console) -> None:
-    """Two tables (latencies; throughput and hit rates), then every failure and unread /metrics.
+def print_cells(cells: Cells, console: Console) -> None:
+    """Two tables (latencies; throughput and hit rates), then each phase's lines of every
+    per-phase extra (`bench/extras/`: failures, preemptions, processes lost, the KV handover,
+    the fault, store errors, goodput, trace lag, hit rates by role and unread /metrics).
     A figure nothing measured (every request of the phase failed) shows as `-`."""
-    has_scenario = any(c.get("scenario") for c in cells)
-    has_point = any(c.get("point_name") for c in cells)
-    prefix_only = all(workload_of(c) == "prefix" for c in cells)
+    cells = cells_of(cells)
+    has_scenario = any(c.scenario for c in cells)
+    has_point = any(c.point_name for c in cells)
+    prefix_only = all(c.workload_name() == "prefix" for c in cells)
     lead = [("scenario", NAME)] if has_scenario else []
     lead += [("point", NAME)] if has_point else []
     latency, load = _table_rows(cells, has_scenario, has_point, prefix_only)
@@ -339,122 +330,42 @@ def print_cells(cells: list[dict[str, Any]], console: Console) -> None:
         console.print()
     say = functools.partial(console.print, soft_wrap=False)  # messages wrap at the width
     for cell in cells:
-        for phase in ("preseed", "measure"):
-            _print_phase_notes(cell, phase, say)
+        for key, phase in cell.phases():
+            row = cell.row_name()
+            view = PhaseView(key, f"{phase_name(cell, key)} {row}", row, cell, phase)
+            for note in extras.notes(view):
+                say(note.text, style=note.style, markup=note.markup)
 
 
 def _table_rows(
-    cells: list[dict[str, Any]], has_scenario: bool, has_point: bool, prefix_only: bool
+    cells: list[Cell], has_scenario: bool, has_point: bool, prefix_only: bool
 ) -> tuple[list[list[str]], list[list[str]]]:
     """The rows of the two tables: (latencies, throughput and hit rates), a row per phase."""
     latency, load = [], []
     for cell in cells:
-        for phase in ("preseed", "measure"):
-            p = cell.get(phase)
-            if not p:
-                continue
-            first = [cell.get("scenario") or ""] if has_scenario else []
-            first += [cell.get("point_name") or ""] if has_point else []
+        for phase, p in cell.phases():
+            first = [cell.scenario or ""] if has_scenario else []
+            first += [cell.point_name or ""] if has_point else []
             first += [
-                label_of(cell) + (f" #{cell['repeat'] + 1}" if cell.get("repeat") else ""),
+                cell.label_name() + (f" #{cell.repeat + 1}" if cell.repeat else ""),
                 phase_name(cell, phase),
             ]
-            failed = f"[red]{p['failed']}[/]" if p["failed"] else "0"
-            latency.append(
-                [*first, *(f"{_ms(p.get(f'mean_{m}_ms'))} / {_ms(p.get(f'p99_{m}_ms'))}" for m in METRICS)]
-            )
-            requested = _pct(ideal_of(cell)) if phase == "measure" else "-"
-            measured = p["completed"] > 0
+            failed = f"[red]{p.failed}[/]" if p.failed else "0"
+            pairs = (f"{_ms(p.value(f'mean_{m}_ms'))} / {_ms(p.value(f'p99_{m}_ms'))}" for m in METRICS)
+            latency.append([*first, *pairs])
+            requested = _pct(cell.ideal()) if phase == "measure" else "-"
+            measured = p.completed > 0
             load.append(
                 [
                     *first,
-                    str(p["completed"]),
+                    str(p.completed),
                     failed,
-                    f"{p['request_throughput']:.2f}" if measured else "-",
-                    f"{p['output_throughput']:.1f}" if measured else "-",
+                    f"{p.request_throughput:.2f}" if measured else "-",
+                    f"{p.output_throughput:.1f}" if measured else "-",
                     _pct(_rate(p, "local_hit_rate")),
                     _pct(_rate(p, "external_hit_rate")),
-                    *([] if prefix_only else [_pct(first_leg_hit_rate(p))]),
+                    *([] if prefix_only else [_pct(p.first_leg())]),
                     requested,
                 ]
             )
     return latency, load
-
-
-def _print_phase_notes(cell: dict[str, Any], phase: str, say: Callable[..., None]) -> None:
-    """The lines under the tables for one phase: failures, preemptions, processes lost, the KV
-    handover, the fault, store errors, goodput, trace lag, hit rates by role, and warnings."""
-    p = cell.get(phase) or {}
-    name = f"{phase_name(cell, phase)} {row_name(cell)}"
-    for e in [] if cell.get("aggregate") else p.get("errors", []):  # said per round
-        say(f"{name}: {e['count']} x {e['error']}", style="red", markup=False)
-    preempted = preemptions_of(p)
-    if preempted:
-        say(
-            f"{name}: {preempted} preemption(s): the KV cache was full (figures include them)",
-            style="yellow",
-            markup=False,
-        )
-    for lost in p.get("lost") or []:
-        say(
-            f"{name}: lost {lost['process']} on {lost['node']} ({lost['how']}, "
-            f"{lost['into_s']:.0f} s in): figures include the time without it",
-            style="red",
-            markup=False,
-        )
-    handed = p.get("kv_handover") or {}
-    if handed.get("count") and phase == "measure":
-        say(
-            f"{name}: KV handover (proxy, {handed['count']} streamed): mean "
-            f"{_ms(handed['mean_ms'])}, p50 {_ms(handed['p50_ms'])}, p99 {_ms(handed['p99_ms'])} "
-            f"ms; TTFT mean {_ms(p.get('mean_ttft_ms'))} ms",
-            markup=False,
-        )
-    if p.get("fault"):
-        for line in fault_lines(name, p["fault"]):
-            say(line, markup=False)
-    storage = storage_errors_of(p)
-    if storage:
-        say(
-            f"{name}: UCM store: {storage} (misses are recomputed)",
-            style="yellow",
-            markup=False,
-        )
-    if p.get("request_goodput") is not None:
-        slos = ", ".join(f"{k} <= {v:g} ms" for k, v in (p.get("goodput_slos_ms") or {}).items())
-        say(
-            f"{name}: goodput {p['request_goodput']:.2f} req/s ({p.get('good_completed')} of "
-            f"{p['completed'] + p['failed']} requests met {slos})",
-            markup=False,
-        )
-    lag = p.get("send_lag_ms")
-    if lag and lag.get("p99") is not None:
-        say(
-            f"{name}: sends behind the trace's schedule by {lag['p50']:.2f} ms p50, "
-            f"{lag['p99']:.2f} ms p99, {lag['max']:.2f} ms max",
-            markup=False,
-        )
-    by_role = (p.get("hit_rate") or {}).get("by_role") or {}
-    # In PD the decode leg finds what the prefill leg just stored: judge the first leg.
-    rate = first_leg_hit_rate(p)
-    if len(by_role) > 1:
-        parts = []
-        for role, r in by_role.items():
-            local, ext = r.get("local_hit_rate"), r.get("external_hit_rate")
-            parts.append(f"{role} local {_pct(local)}, external {_pct(ext)}")
-        say(f"{cell.get('scenario') or 'run'} {name} hit rates: "
-                      + "; ".join(parts), markup=False)  # fmt: skip
-    if phase == "preseed" and workload_of(cell) == "prefix" and rate is not None and rate > 0.05:
-        say(
-            f"[yellow]preseed {row_name(cell)}: {100 * rate:.1f}% of its prompt tokens were "
-            "already cached (a run with the same --seed and --cache-salt before, or a server "
-            "that ignores cache_salt?): the measured hit rate includes them; leave out "
-            "--cache-salt, use another --seed, or reset the caches[/]"
-        )
-    restarted = (p.get("hit_rate") or {}).get("restarted")
-    if restarted:
-        say(f"[yellow]{name}: {', '.join(restarted)} started again within the phase: its hits "
-            "before that were lost with the old process and are not counted[/]")  # fmt: skip
-    missing = (p.get("hit_rate") or {}).get("missing")
-    if missing:
-        say(f"[yellow]no /metrics from {', '.join(missing)}: hit rate without them[/]")

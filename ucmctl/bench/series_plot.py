@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-from ucmctl.bench.cells import row_name
+if TYPE_CHECKING:
+    from ucmctl.bench.results import Cell
+
 
 
 def _rate(t: list[float], values: list[float | None]) -> tuple[list[float], list[float]]:
@@ -29,7 +31,7 @@ def _points(t: list[float], values: list[float | None]) -> tuple[list[float], li
     return [x for x, _ in pairs], [v for _, v in pairs]
 
 
-def save_series_plots(cells: list[dict[str, Any]], path: Path) -> list[Path]:
+def save_series_plots(cells: list[Cell], path: Path) -> list[Path]:
     """PNG files beside `path` (`NAME-series-01.png`, ...), one per phase with series."""
     import matplotlib
 
@@ -38,13 +40,13 @@ def save_series_plots(cells: list[dict[str, Any]], path: Path) -> list[Path]:
 
     written: list[Path] = []
     for cell in cells:
-        for phase in ("preseed", "measure"):
-            series = (cell.get(phase) or {}).get("series") or {}
+        for phase, p in cell.phases():
+            series = p.series or {}
             t = series.get("t") or []
             if not t:
                 continue
-            scenario = cell.get("scenario")
-            name = f"{scenario + ' ' if scenario else ''}{row_name(cell)}, {phase}"
+            scenario = cell.scenario
+            name = f"{scenario + ' ' if scenario else ''}{cell.row_name()}, {phase}"
             fig, axes = plt.subplots(4, 1, figsize=(9, 9), sharex=True)
             for inst, s in (series.get("instances") or {}).items():
                 who = f"{inst} ({s.get('role')})"

@@ -9,7 +9,13 @@ import pytest
 
 from tests.unit.bench.helpers import cell, invoke, write_result
 from ucmctl.bench.compare import compare, load_side, parse_limits
+from ucmctl.bench.results import Phase
 from ucmctl.core.errors import ExitStatus, UcmctlError
+
+
+def measured(n: int, ttft: float) -> Phase:
+    """A cell's measure phase, typed as `compare` reads it."""
+    return Phase.model_validate(cell(n, ttft)["measure"])
 
 
 def test_parse_limits() -> None:
@@ -178,14 +184,14 @@ def test_one_new_sample_is_judged_against_the_baselines_prediction_interval(tmp_
              for i, t in enumerate((80.0, 120.0, 100.0, 90.0, 110.0))]  # fmt: skip
     assert steady and noisy
     limits = parse_limits("ttft_mean=5%")
-    new = {"ucm/1024": [cell(1024, 110.0)["measure"]]}
+    new = {"ucm/1024": [measured(1024, 110.0)]}
     new["run/1024"] = new.pop("ucm/1024")
     (v,) = compare(load_side(tmp_path / "steady"), new, limits)
     # sd 1.58: the prediction interval is +-4.8% about the change of +10%: wholly worse
     assert v.regression and v.ci is not None and v.ci[0] == pytest.approx(0.10 - 0.0481, abs=0.001)
     (v,) = compare(load_side(tmp_path / "noisy"), new, limits)
     assert not v.regression and v.change == pytest.approx(0.10)  # over the limit, within the noise
-    near = {"run/1024": [cell(1024, 104.0)["measure"]]}
+    near = {"run/1024": [measured(1024, 104.0)]}
     (v,) = compare(load_side(tmp_path / "steady"), near, limits)
     assert not v.regression  # outside the interval, under the limit
 
@@ -275,9 +281,9 @@ def test_t_quantiles_and_the_correction_for_many_judgements() -> None:
 def test_the_more_judgements_the_wider_each_interval(tmp_path: Path) -> None:
     """The same +12% on one cell: flagged when it is the only judgement, not when it is one of
     twenty-four (an A/A run of a big suite would otherwise cross some interval by chance)."""
-    base = {f"run/{n}": [cell(n, t)["measure"] for t in (100.0, 103.0, 97.0, 101.0, 99.0)] for n in range(24)}
-    new = {f"run/{n}": [cell(n, 100.0)["measure"]] for n in range(24)}
-    new["run/0"] = [cell(0, 112.0)["measure"]]
+    base = {f"run/{n}": [measured(n, t) for t in (100.0, 103.0, 97.0, 101.0, 99.0)] for n in range(24)}
+    new = {f"run/{n}": [measured(n, 100.0)] for n in range(24)}
+    new["run/0"] = [measured(0, 112.0)]
     limits = parse_limits("ttft_mean=5%")
     (one,) = compare({"run/0": base["run/0"]}, {"run/0": new["run/0"]}, limits)
     assert one.regression

@@ -1,7 +1,8 @@
 """The saved result's typed record: results and a history made by the ucmctl before the typed
 records (data/made-before-typed/: `ucmctl bench --save` and its history, one run per workload,
 against the simulator) and the stored baselines read as typed cells and phases and dump back
-to the values they had; version 1 results read as prefix; an unknown version is refused."""
+to the values they had, their keys in the same order; version 1 results read as prefix; an
+unknown version is refused."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ BASELINES = Path(__file__).resolve().parents[3] / "benchmarks" / "baselines"
 def _kept(doc: dict[str, Any]) -> Record:
     record = read_record(doc)
     assert record.document() == doc
-    assert json.dumps(record.document(), sort_keys=True) == json.dumps(doc, sort_keys=True)  # ints stay ints
+    assert json.dumps(record.document(), indent=1) == json.dumps(doc, indent=1)  # key order; ints stay ints
     return record
 
 
@@ -47,7 +48,11 @@ def test_a_result_saved_before_reads_as_a_typed_record(workload: str) -> None:
     assert sum(c.primary for c in record.cells) >= 1
     first = record.cells[0]
     assert first.measure is not None and first.measure.failed == 0
-    assert first.measure.hit_rate == doc["cells"][0]["measure"]["hit_rate"]
+    rates = doc["cells"][0]["measure"]["hit_rate"]
+    assert first.measure.hit_rate is not None and first.measure.hit_rate.document() == rates
+    by_role = rates["by_role"]
+    leg = by_role.get("prefill") or by_role.get("mixed") or rates["total"]
+    assert first.measure.first_leg() == leg["hit_rate"] is not None
     assert first.model_extra is not None and first.model_extra["stream"] == doc["cells"][0]["stream"]
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +18,7 @@ from ucmctl.core.errors import ExitStatus, UcmctlError
 
 if TYPE_CHECKING:
     from ucmctl.bench.client import RequestResult
+    from ucmctl.bench.results import Cell
     from ucmctl.bench.workloads import WorkloadSpec
 
 SALT_HELP = ("vLLM's cache_salt in every request (default: one of this run's own, so no block of an "
@@ -181,7 +182,7 @@ def watching(record: Any, target: Any) -> Iterator[None]:
 
 
 def write_outputs(
-    cells: list[dict[str, Any]],
+    cells: list[Cell],
     doc: dict[str, Any],
     save: Path | None,
     csv: Path | None,
@@ -206,7 +207,7 @@ def write_outputs(
         _write_plots(cells, plot, sweep)
 
 
-def _write_plots(cells: list[dict[str, Any]], plot: Path, sweep: bool) -> None:
+def _write_plots(cells: list[Cell], plot: Path, sweep: bool) -> None:
     from ucmctl.bench import report
     from ucmctl.bench.series_plot import save_series_plots
 
@@ -219,7 +220,8 @@ def _write_plots(cells: list[dict[str, Any]], plot: Path, sweep: bool) -> None:
         from ucmctl.bench.capacity_plot import save_capacity_plot
 
         capacity = plot.with_name(f"{plot.stem}-capacity{plot.suffix or '.png'}")
-        rows = [{**c["measure"], "label": c["label"]} for c in cells if c.get("primary") and c.get("measure")]
+        rows = [{**c.measure.document(), "label": c.label} for c in cells
+                if c.primary and c.measure is not None and c.measure.given()]  # fmt: skip
         save_capacity_plot(rows, capacity, title="throughput vs latency per sweep point")
         err.print(f"wrote {capacity}")
 
@@ -236,10 +238,12 @@ def record_run(
         err.print(f"recorded as run #{run_id} in {path}", markup=False, highlight=False)
 
 
-def fail_on_errors(cells: list[dict[str, Any]]) -> None:
+def fail_on_errors(cells: Sequence[Cell | dict[str, Any]]) -> None:
     """Exit with REQUESTS_FAILED when a request failed (its figures are printed and saved)."""
-    counted = [c for c in cells if not c.get("aggregate")]  # an aggregate repeats its cells' requests
-    failed = sum((c.get(p) or {}).get("failed", 0) for c in counted for p in ("preseed", "measure"))
+    from ucmctl.bench.results import cells_of
+
+    counted = [c for c in cells_of(cells) if not c.aggregate]  # an aggregate repeats its cells' requests
+    failed = sum(p.failed for c in counted for _, p in c.phases())
     if failed:
         raise UcmctlError.one(
             f"{failed} request(s) failed (counted above, excluded from the figures)",

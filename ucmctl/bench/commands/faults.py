@@ -15,6 +15,7 @@ from ucmctl.core.errors import UcmctlError
 
 if TYPE_CHECKING:
     from ucmctl.bench.fault import FaultSpec
+    from ucmctl.bench.results import Cell
     from ucmctl.bench.workloads import WorkloadSpec
 
 
@@ -61,10 +62,10 @@ def faulting(record: Any, spec: FaultSpec | None, target: Any) -> Iterator[None]
         yield
 
 
-def fault_not_injected(cells: list[dict[str, Any]]) -> None:
+def fault_not_injected(cells: list[Cell]) -> None:
     """A fault whose time came after its phase ended: one line, exit 2 (its figures are saved)."""
     for cell in cells:
-        f = (cell.get("measure") or {}).get("fault")
+        f = cell.measure.fault if cell.measure else None
         if f and not f.get("injected"):
             raise UcmctlError.one(
                 f"--fault {f['spec']} was not injected: {f.get('why')}",

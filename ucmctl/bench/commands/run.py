@@ -32,6 +32,7 @@ from ucmctl.core.errors import UcmctlError
 
 if TYPE_CHECKING:
     from ucmctl.bench.fault import FaultSpec
+    from ucmctl.bench.results import Cell
     from ucmctl.bench.runner import BenchConfig, Target
     from ucmctl.bench.sweep import Point
     from ucmctl.bench.workloads import WorkloadSpec
@@ -119,6 +120,7 @@ class Where:
 def bench(opts: RunOptions) -> None:
     """One `ucmctl bench` run, its options as typed."""
     from ucmctl.bench import report
+    from ucmctl.bench.results import cells_of
     from ucmctl.bench.runner import strip_private
     from ucmctl.bench.sweep import points, run_points
 
@@ -130,7 +132,7 @@ def bench(opts: RunOptions) -> None:
     sweep = points(checked.rates, checked.concurrencies)
     with watching(where.record, where.target), faulting(where.record, checked.fault, where.target):
         sent = run_points(checked.spec, cfg, sweep, where.target, progress, err.print)
-        cells = strip_private(loop.run(sent))
+        cells = cells_of(strip_private(loop.run(sent)))  # the runner's cells, read once
     report.print_cells(cells, out)
     doc = document(checked.spec, cfg, model, where, cells, capacity, sweep)
     write_outputs(cells, doc, opts.save, opts.csv, opts.markdown, opts.plot, sweep=len(sweep) > 1)
@@ -277,7 +279,7 @@ def document(
     cfg: BenchConfig,
     model: str | None,
     where: Where,
-    cells: list[dict[str, Any]],
+    cells: list[Cell],
     capacity: list[dict[str, Any]],
     sweep: list[Point],
 ) -> dict[str, Any]:

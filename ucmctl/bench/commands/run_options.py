@@ -15,6 +15,11 @@ from ucmctl.bench.commands.common import HISTORY_HELP, SALT_HELP
 DEFAULT_INPUT_LEN = 4096
 DEFAULT_VOCAB = 8000
 
+
+def param_option(param: defaults.Param) -> Any:
+    """A workload parameter's option: `--name`, its default, its lower bound and its help."""
+    return typer.Option(param.default, param.option, min=param.ge, help=param.help)
+
 DEPLOYMENT = typer.Option(
     None, "--deployment", "-d", help="a deployment started by `ucmctl up`"
 )
@@ -67,20 +72,7 @@ GOODPUT = typer.Option(
     "--goodput",
     help="SLOs for goodput, as vllm bench serve: --goodput ttft:500 tpot:50 e2el:20000 (ms)",
 )
-USERS = typer.Option(defaults.MULTI_TURN.users, "--users", min=1, help="multi-turn: users (conversations)")
-ROUNDS = typer.Option(defaults.MULTI_TURN.rounds, "--rounds", min=1, help="multi-turn: rounds per user")
-SYSTEM_TOKENS = typer.Option(
-    defaults.MULTI_TURN.system_tokens,
-    "--system-tokens",
-    min=0,
-    help="multi-turn: the system prompt every user shares",
-)
-QUESTION_TOKENS = typer.Option(
-    defaults.MULTI_TURN.question_tokens,
-    "--question-tokens",
-    min=1,
-    help="multi-turn: each new question",
-)
+USERS, ROUNDS, SYSTEM_TOKENS, QUESTION_TOKENS = map(param_option, defaults.MULTI_TURN_PARAMS.values())
 TRACE = typer.Option(
     defaults.TRACE.trace,
     "--trace",
@@ -92,16 +84,7 @@ SPEEDUP = typer.Option(
 BACK_TO_BACK = typer.Option(
     False, "--back-to-back", help="trace: ignore the timestamps, keep --concurrency requests in flight"
 )
-DOCUMENTS = typer.Option(defaults.LONG_DOC.documents, "--documents", min=1, help="long-doc: documents")
-DOC_TOKENS = typer.Option(
-    defaults.LONG_DOC.doc_tokens, "--doc-tokens", min=1, help="long-doc: tokens per document"
-)
-REPEAT_COUNT = typer.Option(
-    defaults.LONG_DOC.repeat_count, "--repeat-count", min=1, help="long-doc: times each is queried"
-)
-REPEAT_MODE = typer.Option(
-    defaults.LONG_DOC.repeat_mode, "--repeat-mode", help="long-doc: random, tile or interleave"
-)
+DOCUMENTS, DOC_TOKENS, REPEAT_COUNT, REPEAT_MODE = map(param_option, defaults.LONG_DOC_PARAMS.values())
 IGNORE_EOS = typer.Option(
     True, "--ignore-eos/--no-ignore-eos", help="always generate --output-len"
 )

@@ -52,6 +52,7 @@ def suite(
     """Run a matrix of input lengths x scenarios (recompute, hbm, ucm), redeploying per scenario.
     Interrupted? Run it again: finished cells are kept in the results file."""
     from ucmctl.bench import provenance, report
+    from ucmctl.bench.results import cells_of
     from ucmctl.bench.runner import strip_private
     from ucmctl.bench.suite import DeployApi, load_suite, run_suite
     from ucmctl.topology.load import load_topology
@@ -79,7 +80,7 @@ def suite(
             return strip_private(loop.run(workload.run(cfg, target, progress, err.print)))
 
     salt = cache_salt_of(cache_salt)
-    cells = run_suite(
+    cells = cells_of(run_suite(
         the_suite,
         topology,
         str(topo_path),
@@ -90,7 +91,7 @@ def suite(
         err.print,
         cache_salt=salt,
         fail_fast=fail_fast,
-    )
+    ))  # fmt: skip  # the suite's cells, read once
     report.print_cells(cells, out)
     out.print(report.markdown(cells))
     prov = provenance.provenance(topology.digest(), str(topo_path))

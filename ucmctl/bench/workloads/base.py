@@ -12,7 +12,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
+
+from ucmctl.bench.workload_defaults import Param
 
 if TYPE_CHECKING:
     from ucmctl.bench.runner import BenchConfig, Progress, Target
@@ -69,3 +71,8 @@ class WorkloadSpec(BaseModel):
         self, cfg: BenchConfig, target: Target, progress: Progress | None, log: Callable[[str], None]
     ) -> list[dict[str, Any]]:
         """Send the workload once; its cells, the one the tables lead with marked `primary`."""
+
+
+def field_of(param: Param) -> Any:
+    """A spec's field for a workload parameter: its default and lower bound (the option's)."""
+    return Field(param.default) if param.ge is None else Field(param.default, ge=param.ge)

@@ -7,10 +7,9 @@ import random
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, get_args
 
-from pydantic import Field
-
-from ucmctl.bench.workload_defaults import LONG_DOC, RepeatMode
-from ucmctl.bench.workloads.base import WorkloadSpec
+from ucmctl.bench.workload_defaults import LONG_DOC_PARAMS as P
+from ucmctl.bench.workload_defaults import RepeatMode
+from ucmctl.bench.workloads.base import WorkloadSpec, field_of
 from ucmctl.core.errors import UcmctlError
 
 if TYPE_CHECKING:
@@ -23,10 +22,10 @@ REPEAT_MODES: tuple[str, ...] = get_args(RepeatMode)
 
 class LongDocSpec(WorkloadSpec):
     kind: Literal["long-doc"] = "long-doc"
-    documents: int = Field(LONG_DOC.documents, ge=1)
-    doc_tokens: int = Field(LONG_DOC.doc_tokens, ge=1)
-    repeat_count: int = Field(LONG_DOC.repeat_count, ge=1)
-    repeat_mode: RepeatMode = LONG_DOC.repeat_mode
+    documents: int = field_of(P["documents"])
+    doc_tokens: int = field_of(P["doc_tokens"])
+    repeat_count: int = field_of(P["repeat_count"])
+    repeat_mode: RepeatMode = field_of(P["repeat_mode"])
 
     phases: ClassVar[dict[str, str]] = {"preseed": "warm-up", "measure": "query"}
     default_output_len: ClassVar[int] = 100  # each query

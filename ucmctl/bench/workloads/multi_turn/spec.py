@@ -6,10 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from pydantic import Field
-
-from ucmctl.bench.workload_defaults import MULTI_TURN
-from ucmctl.bench.workloads.base import WorkloadSpec
+from ucmctl.bench.workload_defaults import MULTI_TURN_PARAMS as P
+from ucmctl.bench.workloads.base import WorkloadSpec, field_of
 from ucmctl.core.errors import UcmctlError
 
 if TYPE_CHECKING:
@@ -18,10 +16,10 @@ if TYPE_CHECKING:
 
 class MultiTurnSpec(WorkloadSpec):
     kind: Literal["multi-turn"] = "multi-turn"
-    users: int = Field(MULTI_TURN.users, ge=1)
-    rounds: int = Field(MULTI_TURN.rounds, ge=1)
-    system_tokens: int = Field(MULTI_TURN.system_tokens, ge=0)
-    question_tokens: int = Field(MULTI_TURN.question_tokens, ge=1)
+    users: int = field_of(P["users"])
+    rounds: int = field_of(P["rounds"])
+    system_tokens: int = field_of(P["system_tokens"])
+    question_tokens: int = field_of(P["question_tokens"])
 
     phases: ClassVar[dict[str, str]] = {"preseed": "-", "measure": "measure"}
     default_output_len: ClassVar[int] = 128  # each answer
