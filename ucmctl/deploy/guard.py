@@ -25,13 +25,19 @@ from ucmctl.nodes.fanout import parallel
 from ucmctl.plan.model import Plan
 
 # Prints `held` and keeps the lock while it can write; else `busy` and the holder's line, or
-# `error` and why.
+# `error` and why. The holder's line is renamed into place, whole; a holder that has just taken
+# the lock of a folder no `up` held before has not written it yet: `busy` waits up to a second
+# for it.
 _HOLD = """
 err=$({{ mkdir -p {run_dir} && : >>{lock}; }} 2>&1) || {{ echo error; echo "$err"; exit 0; }}
 command -v flock >/dev/null 2>&1 || {{ echo error; echo "flock is not installed (util-linux)"; exit 0; }}
 exec 9>>{lock}
-flock -n 9 || {{ echo busy; cat {owner} 2>/dev/null; exit 0; }}
-printf '%s\\n' {who} > {owner}
+flock -n 9 || {{
+  echo busy; i=0
+  while [ ! -s {owner} ] && [ $i -lt 20 ]; do sleep 0.05; i=$((i + 1)); done
+  cat {owner} 2>/dev/null; exit 0
+}}
+printf '%s\\n' {who} > {owner}.$$ && mv -f {owner}.$$ {owner}
 echo {held}
 while echo .; do sleep 1; done
 """

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.processes import wait_for
 from ucmctl.core.errors import ExitStatus, UcmctlError
 from ucmctl.deploy.guard import hold_script, node_guard
 from ucmctl.deploy.state import StateStore
@@ -152,3 +153,23 @@ def test_an_up_right_after_an_ended_one_waits_for_its_node_loop_to_let_go(tmp_pa
         pass
     watch.close()
     assert caught.value.status is ExitStatus.BUSY and time.monotonic() - started < 4.0  # not the 5 s wait
+
+
+def test_a_holder_that_has_not_written_its_line_yet_is_named_once_it_has(tmp_path: Path) -> None:
+    """Three `up`s racing for a folder no `up` held before: the lock's winner writes its line just
+    after it takes the lock, and the losers name it rather than "another `ucmctl up`"."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    lock, owner = run_dir / ".up.me.lock", run_dir / ".up.me.owner"
+    # The lock taken, its line written 0.3 s later (renamed into place, as the hold script does).
+    later = f"exec 9>>{lock}; flock 9; sleep 0.3; echo 'the winner' >{owner}.x; mv {owner}.x {owner}; sleep 5"
+    winner = subprocess.Popen(["sh", "-c", later], start_new_session=True)
+    try:
+        assert wait_for(lambda: subprocess.run(["flock", "-n", str(lock), "true"]).returncode != 0)
+        assert not owner.exists()
+        hold = hold_script(str(run_dir), "me", "the loser")
+        loser = subprocess.run(["sh", "-c", hold], capture_output=True, text=True, timeout=10)
+        assert loser.stdout.splitlines() == ["busy", "the winner"]
+    finally:
+        os.killpg(winner.pid, signal.SIGKILL)
+        winner.wait()
