@@ -26,6 +26,7 @@ from ucmctl.bench.client import RequestResult
 from ucmctl.bench.scrape import fetch_metrics
 from ucmctl.core.errors import UcmctlError
 from ucmctl.core.exposition import samples
+from ucmctl.engines.base import Metrics
 
 ACTIONS = ("kill", "stop")  # SIGKILL, SIGTERM (ucmctl.deploy.fault sends them)
 WINDOW_S = 30.0  # the requests compared: sent this long before the fault, and after
@@ -91,8 +92,11 @@ class Fault:
         proxy_url: str | None = None,
         victim_url: str | None = None,
         watch: Watched | None = None,
+        metrics: Metrics = hitrate.METRICS,
     ) -> None:
+        """`metrics`: the names the engine of the deployment's servers gives its counters."""
         self.spec = spec
+        self._metrics = metrics
         self._fire = fire
         self._proxy = proxy_url
         self._victim = victim_url
@@ -162,7 +166,7 @@ class Fault:
         text = await fetch_metrics(http, self._victim, FAULT_SCRAPE_TIMEOUT_S)
         if text is None:
             return None
-        counters = hitrate.parse_counters(text)
+        counters = hitrate.parse_counters(text, self._metrics)
         return {
             "queried_tokens": int(counters["external_queries"]),
             "hit_tokens": int(counters["external_hits"]),

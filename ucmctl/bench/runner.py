@@ -21,6 +21,8 @@ from ucmctl.bench.client import RequestResult
 from ucmctl.bench.fault import Fault
 from ucmctl.bench.hitrate import Instance
 from ucmctl.bench.series import Sampler
+from ucmctl.engines import DEFAULT_ENGINE, engine_for
+from ucmctl.engines.base import Metrics
 
 
 @dataclass
@@ -60,6 +62,11 @@ class Target:
     endpoint: str = "/v1/completions"
     watch: Watched | None = None  # the deployment's processes, looked at while phases run
     fault: Fault | None = None  # injected into the first measure phase (bench --fault)
+    engine: str = DEFAULT_ENGINE  # the engine serving there: the metric names its /metrics uses
+
+    @property
+    def metrics(self) -> Metrics:
+        return engine_for(self.engine).metrics
 
 
 class Watched(Protocol):
@@ -178,7 +185,7 @@ async def measure(
     if watch is not None and cfg.fail_fast:
         _fail_fast(watch)  # lost between the phases
     fault = target.fault if target.fault is not None and target.fault.wants(label) else None
-    before = await hitrate.scrape(http, target.instances)
+    before = await hitrate.scrape(http, target.instances, target.metrics)
     # ucmctl's proxy (a deployment's target) measures the KV handover; a server is not asked
     proxy = target.url if target.url not in {i.url for i in target.instances} else None
     handed = await handover.read(http, proxy) if proxy else None
@@ -186,7 +193,7 @@ async def measure(
     progress.start(label, len(prompt_lens))
     firing: asyncio.Future[None] | None = None
     sampling = cfg.sample_interval_s > 0 and target.instances
-    sampler = Sampler(http, target.instances, cfg.sample_interval_s) if sampling else None
+    sampler = Sampler(http, target.instances, cfg.sample_interval_s, target.metrics) if sampling else None
     series = None
     if sampler is not None:
         sampler.start()
@@ -220,7 +227,7 @@ async def measure(
                 await firing
     if firing is not None and not firing.cancelled() and firing.exception() is not None:
         raise firing.exception()  # type: ignore[misc]  # the signal could not be sent: said as it is
-    after = await hitrate.scrape(http, target.instances)
+    after = await hitrate.scrape(http, target.instances, target.metrics)
     summary = metrics.summarize(run.results, run.duration)
     if cfg.goodput:
         summary.update(goodput.goodput_fields(run.results, run.duration, cfg.goodput))

@@ -58,7 +58,9 @@ def faulting(record: Any, spec: FaultSpec | None, target: Any) -> Iterator[None]
         victim_url = victim.url.rstrip("/") if victim.is_server and victim.url else None
         if victim.role == "proxy":
             victim_url = ALL  # its gauges are read for every instance, and it has no store
-        target.fault = Fault(spec, fire, proxy_url=proxy, victim_url=victim_url, watch=target.watch)
+        target.fault = Fault(
+            spec, fire, proxy_url=proxy, victim_url=victim_url, watch=target.watch, metrics=target.metrics
+        )
         yield
 
 

@@ -42,6 +42,7 @@ def run(
     ctx: typer.Context,
     deployment: str | None = o.DEPLOYMENT,
     url: str | None = o.URL,
+    engine: str | None = o.ENGINE,
     metrics_url: list[str] = o.METRICS_URL,
     workload: str = o.WORKLOAD,
     input_len: str | None = o.INPUT_LEN,
@@ -158,10 +159,27 @@ def check_options(opts: RunOptions) -> Checked:
     spec.check_rates(rates)
     if opts.deployment is not None and opts.url is not None:
         raise UcmctlError.one("--deployment and --url both given", fix="pass one of them")
+    check_engine(opts)
     fault = fault_spec(opts.fault, spec, opts.url, rates, opts.num_prompts)
     if opts.plot:
         report.check_plot_available()
     return Checked(spec, slos, rates, concurrencies, fault, checked_history(opts.history_file))
+
+
+def check_engine(opts: RunOptions) -> None:
+    """--engine names one of the engines, and only for --url: a deployment's plan names its own."""
+    from ucmctl.engines import ENGINES
+
+    if opts.engine is None:
+        return
+    if opts.url is None:
+        raise UcmctlError.one(
+            "--engine is for --url: a deployment's plan names its engine", key="--engine", fix="drop it"
+        )
+    if opts.engine not in ENGINES:
+        raise UcmctlError.one(
+            f"unknown engine '{opts.engine}'", key="--engine", fix="one of " + ", ".join(ENGINES)
+        )
 
 
 def find_target(opts: RunOptions, fault: FaultSpec | None) -> Where:
@@ -177,6 +195,7 @@ def find_target(opts: RunOptions, fault: FaultSpec | None) -> Where:
         deployment = the_deployment("bench", alternative="or pass --url")
     where = Where(target_from_deployment(deployment), deployment, StateStore().load(deployment))
     if where.record is not None:
+        where.target.engine = where.record.plan.engine
         where.digest, where.topo_path = where.record.topology_digest, where.record.topology_path
         where.model_path = model_path_of(where.record.plan)
         if fault is not None:
@@ -190,6 +209,7 @@ def url_target(opts: RunOptions) -> Target:
     """--url's server, its /metrics read at --metrics-url (default: the server itself)."""
     from ucmctl.bench.hitrate import Instance
     from ucmctl.bench.runner import Target
+    from ucmctl.engines import DEFAULT_ENGINE
 
     if opts.fail_fast:
         raise UcmctlError.one(
@@ -210,6 +230,7 @@ def url_target(opts: RunOptions) -> Target:
             Instance(f"server{i}" if len(urls) > 1 else "server", "server", u.rstrip("/"))
             for i, u in enumerate(urls)
         ],
+        engine=opts.engine or DEFAULT_ENGINE,
     )
 
 

@@ -26,6 +26,11 @@ DEPLOYMENT = typer.Option(
 URL = typer.Option(
     None, "--url", help="any OpenAI-compatible server, e.g. http://127.0.0.1:8000"
 )
+ENGINE = typer.Option(
+    None,
+    "--engine",
+    help="with --url: the engine serving there, whose metric names are read (default: vllm)",
+)
 METRICS_URL = typer.Option(
     [],
     "--metrics-url",
@@ -146,6 +151,7 @@ class RunOptions:
 
     deployment: str | None
     url: str | None
+    engine: str | None
     metrics_url: list[str]
     workload: str
     input_len: str | None

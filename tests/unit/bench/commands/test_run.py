@@ -106,3 +106,25 @@ def test_a_trace_spec_from_the_options(tmp_path: Path) -> None:
     checked = check_options(options(workload="trace", trace=trace, back_to_back=True, history_file="off"))
     assert checked.spec.describe(None) == {"workload": "trace", "trace": str(trace), "speedup": None}  # type: ignore[arg-type]
     assert checked.concurrencies == [1024]
+
+
+def test_a_url_runs_names_its_engine_whose_metric_names_are_read() -> None:
+    from ucmctl.engines import ENGINES
+
+    assert url_target(options(url="http://h:1")).engine == "vllm"  # the default
+    sim = url_target(options(url="http://h:1", engine="sim"))
+    assert sim.engine == "sim" and sim.metrics == ENGINES["sim"].metrics
+
+
+@pytest.mark.parametrize(
+    ("given", "said"),
+    [
+        ({"url": "http://h:1", "engine": "sglang"}, "--engine: unknown engine 'sglang'"),
+        ({"deployment": "d", "engine": "vllm"}, "--engine: --engine is for --url"),
+    ],
+)
+def test_an_engine_that_is_not_one_or_not_for_a_url_is_refused(given: dict[str, str], said: str) -> None:
+    with pytest.raises(UcmctlError) as refused:
+        check_options(options(history_file="off", **given))
+    assert refused.value.status == 2
+    assert str(refused.value).startswith(said), str(refused.value)
