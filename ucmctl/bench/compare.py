@@ -184,8 +184,13 @@ def cells_of(docs: Docs, allow_lost: bool = False) -> dict[str, list[Phase]]:
 
 
 # ---- provenance: what may differ between the sides ---------------------------------------------
-_PARAMETERS = {"topology_digest": "topology", "plan_digest": "topology", "device_model": "device",
-               "cpu_model": "device", "images": "image"}  # fmt: skip
+_PARAMETERS = {
+    "topology_digest": "topology",
+    "plan_digest": "topology",
+    "device_model": "device",
+    "cpu_model": "device",
+    "images": "image",
+}
 
 
 def parameter_of(field: str) -> str:

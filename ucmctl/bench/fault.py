@@ -132,8 +132,12 @@ class Fault:
     ) -> dict[str, Any]:
         """What the fault cost, for the phase's summary (`fault`)."""
         spec = self.spec
-        out: dict[str, Any] = {"spec": spec.text(), "action": spec.action, "process": spec.process,
-                               "at_s": spec.at_s}  # fmt: skip
+        out: dict[str, Any] = {
+            "spec": spec.text(),
+            "action": spec.action,
+            "process": spec.process,
+            "at_s": spec.at_s,
+        }
         fired = self._fired
         if fired is None:
             out.update(injected=False, why=f"the phase ended {duration:.0f} s in, before {spec.at_s:g} s")
@@ -276,9 +280,11 @@ def fault_lines(name: str, f: dict[str, Any]) -> list[str]:
     )
     seen, back = f.get("detected_after_s"), f.get("back_after_s")
     lines.append(
-        "  " + (f"reported lost {seen:.1f} s after" if seen is not None else "not reported lost")
-        + "; " + (f"back in {back:.1f} s" if back is not None else "not back")
-    )  # fmt: skip
+        "  "
+        + (f"reported lost {seen:.1f} s after" if seen is not None else "not reported lost")
+        + "; "
+        + (f"back in {back:.1f} s" if back is not None else "not back")
+    )
     store = f.get("store_since_back")
     if store is not None:
         lines.append(

@@ -148,8 +148,11 @@ def _connect(path: Path, *, create: bool) -> Iterator[sqlite3.Connection | None]
                 path, f"cannot read the results history: {exc.strerror}", "check its permissions"
             ) from None
         if head != _SQLITE_MAGIC:
-            raise _refuse(path, "is not a results history (not an SQLite file)",
-                          "name another file with --history, or move this one away")  # fmt: skip
+            raise _refuse(
+                path,
+                "is not a results history (not an SQLite file)",
+                "name another file with --history, or move this one away",
+            )
     elif not create:
         yield None
         return
@@ -157,8 +160,9 @@ def _connect(path: Path, *, create: bool) -> Iterator[sqlite3.Connection | None]
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise _refuse(path, f"cannot create the results history: {exc.strerror}",
-                          "name another --history") from None  # fmt: skip
+            raise _refuse(
+                path, f"cannot create the results history: {exc.strerror}", "name another --history"
+            ) from None
     try:
         db = sqlite3.connect(path, timeout=60, isolation_level=None)
     except sqlite3.Error as exc:
@@ -169,8 +173,11 @@ def _connect(path: Path, *, create: bool) -> Iterator[sqlite3.Connection | None]
         if "meta" in tables:
             _check_schema(path, db)
         elif tables:
-            raise _refuse(path, "is an SQLite file but not a results history of ucmctl",
-                          "name another file with --history")  # fmt: skip
+            raise _refuse(
+                path,
+                "is an SQLite file but not a results history of ucmctl",
+                "name another file with --history",
+            )
         elif create:
             _create(path, db)
         else:  # an empty file: nothing recorded yet
@@ -189,12 +196,16 @@ def _check_schema(path: Path, db: sqlite3.Connection) -> None:
     except sqlite3.DatabaseError:
         meta = {}
     if meta.get("kind") != KIND:
-        raise _refuse(path, "is an SQLite file but not a results history of ucmctl",
-                      "name another file with --history")  # fmt: skip
+        raise _refuse(
+            path, "is an SQLite file but not a results history of ucmctl", "name another file with --history"
+        )
     version = int(meta.get("schema_version", "0"))
     if version > SCHEMA_VERSION:
-        raise _refuse(path, f"is a results history of a newer ucmctl (schema {version}; this one reads "
-                      f"{SCHEMA_VERSION})", "use that ucmctl, or name another --history")  # fmt: skip
+        raise _refuse(
+            path,
+            f"is a results history of a newer ucmctl (schema {version}; this one reads {SCHEMA_VERSION})",
+            "use that ucmctl, or name another --history",
+        )
 
 
 def _create(path: Path, db: sqlite3.Connection) -> None:
@@ -203,8 +214,9 @@ def _create(path: Path, db: sqlite3.Connection) -> None:
         if db.execute("SELECT name FROM sqlite_master WHERE name = 'meta'").fetchone() is None:
             for statement in filter(str.strip, _SCHEMA.split(";")):
                 db.execute(statement)
-            db.executemany("INSERT INTO meta VALUES (?, ?)",
-                           [("kind", KIND), ("schema_version", str(SCHEMA_VERSION))])  # fmt: skip
+            db.executemany(
+                "INSERT INTO meta VALUES (?, ?)", [("kind", KIND), ("schema_version", str(SCHEMA_VERSION))]
+            )
         db.execute("COMMIT")
     except BaseException:
         with contextlib.suppress(sqlite3.Error):
@@ -282,18 +294,31 @@ def record(
                 "INSERT INTO runs (created_at, command, deployment, workload, label, provenance_key, "
                 "ucmctl_version, git_revision, failed, lost, key_fields, provenance, document) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (time.time(), command, deployment, ",".join(workloads), label, provenance_key(fields),
-                 prov.get("ucmctl_version"), prov.get("git_revision"), sum(r[3] for r in cells),
-                 sum(r[4] for r in cells), json.dumps(fields, default=str),
-                 json.dumps(prov, default=str), blob),
-            ).lastrowid  # fmt: skip
+                (
+                    time.time(),
+                    command,
+                    deployment,
+                    ",".join(workloads),
+                    label,
+                    provenance_key(fields),
+                    prov.get("ucmctl_version"),
+                    prov.get("git_revision"),
+                    sum(r[3] for r in cells),
+                    sum(r[4] for r in cells),
+                    json.dumps(fields, default=str),
+                    json.dumps(prov, default=str),
+                    blob,
+                ),
+            ).lastrowid
             columns = ", ".join(METRICS)
             db.executemany(
                 f"INSERT INTO cells (run_id, cell, repeat, {columns}, failed, lost) "
                 f"VALUES (?, ?, ?, {', '.join('?' * len(METRICS))}, ?, ?)",
-                [(run_id, name, repeat, *(figures[m] for m in METRICS), failed, lost)
-                 for name, repeat, figures, failed, lost in cells],
-            )  # fmt: skip
+                [
+                    (run_id, name, repeat, *(figures[m] for m in METRICS), failed, lost)
+                    for name, repeat, figures, failed, lost in cells
+                ],
+            )
             db.execute("COMMIT")
         except BaseException:
             with contextlib.suppress(sqlite3.Error):
@@ -346,9 +371,12 @@ def runs(path: Path, f: Filter) -> list[Run]:
     if f.since is not None:
         where.append("created_at >= ?")
         args.append(f.since)
-    sql = ("SELECT id, created_at, command, deployment, workload, label, provenance_key, ucmctl_version, "
-           "git_revision, failed, lost FROM runs" + (" WHERE " + " AND ".join(where) if where else "")
-           + " ORDER BY id DESC LIMIT ?")  # fmt: skip
+    sql = (
+        "SELECT id, created_at, command, deployment, workload, label, provenance_key, ucmctl_version, "
+        "git_revision, failed, lost FROM runs"
+        + (" WHERE " + " AND ".join(where) if where else "")
+        + " ORDER BY id DESC LIMIT ?"
+    )
     with _connect(path, create=False) as db:
         if db is None:
             return []
@@ -369,8 +397,10 @@ def cells(path: Path, run_ids: list[int]) -> list[CellRow]:
             run_ids,
         ).fetchall()
     n = len(METRICS)
-    return [CellRow(r[0], r[1], r[2], dict(zip(METRICS, r[3 : 3 + n], strict=True)), r[3 + n], r[4 + n])
-            for r in rows]  # fmt: skip
+    return [
+        CellRow(r[0], r[1], r[2], dict(zip(METRICS, r[3 : 3 + n], strict=True)), r[3 + n], r[4 + n])
+        for r in rows
+    ]
 
 
 def document(path: Path, run_id: int) -> dict[str, Any]:
@@ -379,7 +409,10 @@ def document(path: Path, run_id: int) -> dict[str, Any]:
         found = None if db is None else db.execute("SELECT document FROM runs WHERE id = ?", (run_id,))
         row = None if found is None else found.fetchone()
     if row is None:
-        raise UcmctlError.one(f"no run {run_id} in the results history", file=str(path),
-                              fix="`ucmctl bench history` lists the runs")  # fmt: skip
+        raise UcmctlError.one(
+            f"no run {run_id} in the results history",
+            file=str(path),
+            fix="`ucmctl bench history` lists the runs",
+        )
     loaded: dict[str, Any] = json.loads(zlib.decompress(row[0]))
     return loaded

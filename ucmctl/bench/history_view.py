@@ -38,19 +38,37 @@ def _fig(value: float | None, digits: int | None) -> str:
 
 def print_runs(runs: list[Run], console: Console) -> None:
     rows = [
-        [f"#{r.id}", when(r.created_at), r.deployment or "-", r.workload, r.label or "-",
-         str(r.failed) if not r.lost else f"{r.failed}, lost {r.lost}", r.ucmctl_version or "-",
-         r.provenance_key[:8]]
+        [
+            f"#{r.id}",
+            when(r.created_at),
+            r.deployment or "-",
+            r.workload,
+            r.label or "-",
+            str(r.failed) if not r.lost else f"{r.failed}, lost {r.lost}",
+            r.ucmctl_version or "-",
+            r.provenance_key[:8],
+        ]
         for r in runs
-    ]  # fmt: skip
+    ]
     lead = [("run", FIGURE), ("when", FIGURE)]
-    columns = [("deployment", NAME), ("workload", NAME), ("label", NAME), ("failed", FIGURE),
-               ("ucmctl", NAME), ("key", NAME)]  # fmt: skip
+    columns = [
+        ("deployment", NAME),
+        ("workload", NAME),
+        ("label", NAME),
+        ("failed", FIGURE),
+        ("ucmctl", NAME),
+        ("key", NAME),
+    ]
     _print(console, f"runs ({len(runs)}, oldest first)", lead, columns, rows)
 
 
-def _print(console: Console, title: str, lead: list[tuple[str, str]], columns: list[tuple[str, str]],
-           rows: list[list[str]]) -> None:  # fmt: skip
+def _print(
+    console: Console,
+    title: str,
+    lead: list[tuple[str, str]],
+    columns: list[tuple[str, str]],
+    rows: list[list[str]],
+) -> None:
     """As text where every cell fits on one line (fast for a thousand runs), else as rich's
     tables that wrap (a label as typed: never read as markup)."""
     text = plain(title, lead + columns, rows, console.width)
@@ -83,8 +101,13 @@ def print_trends(runs: list[Run], cells: dict[str, list[CellRow]], console: Cons
                 figures[-1] += f" ({c.failed} failed{', lost' if c.lost else ''})"
             table_rows.append([f"#{c.run_id}{repeat}", when(started[c.run_id])[5:], *figures])
         columns = [(h, PAIR if " / " in h else FIGURE) for h, _, _ in TREND]
-        _print(console, f"trend of {name} (ms; tok/s out)", [("run", FIGURE), ("when", FIGURE)], columns,
-               table_rows)  # fmt: skip
+        _print(
+            console,
+            f"trend of {name} (ms; tok/s out)",
+            [("run", FIGURE), ("when", FIGURE)],
+            columns,
+            table_rows,
+        )
 
 
 def save_trend_plots(

@@ -287,8 +287,13 @@ def save_plot(cells: Cells, path: Path) -> None:
                     (line,) = ax.plot(range(len(series)), series.values, marker="o", label=scenario or "run")
                     ax.set_xticks(range(len(series)), [str(x) for x in series.index], rotation=20)
                 for _, row in summed.iterrows():  # `rounds 2-R`: all of them at once, not a round
-                    ax.axhline(row[key], linestyle="--", color=line.get_color(), alpha=0.7,
-                               label=f"{scenario or 'run'} {row['label']}")  # fmt: skip
+                    ax.axhline(
+                        row[key],
+                        linestyle="--",
+                        color=line.get_color(),
+                        alpha=0.7,
+                        label=f"{scenario or 'run'} {row['label']}",
+                    )
             ax.set_xlabel("input length (tokens)" if by_length else "cell")
         ax.set_ylabel(f"mean {title} (ms)")
         ax.set_title(f"{title} by {'input length' if by_length else 'cell'}")
@@ -323,8 +328,9 @@ def print_cells(cells: Cells, console: Console) -> None:
     ideal = "asked" if prefix_only else "ideal"
     hits = ("hit L", "hit E") if prefix_only else ("hit L", "hit E", "hit")
     load_cols = [(c, FIGURE) for c in ("ok", "failed", "req/s", "tok/s", *hits, ideal)]
-    title = "throughput and hit rate (measured local, external" + ("; asked)" if prefix_only else
-             ", first leg's whole; ideal)")  # fmt: skip
+    title = "throughput and hit rate (measured local, external" + (
+        "; asked)" if prefix_only else ", first leg's whole; ideal)"
+    )
     for t in fitted(console, title, head, load_cols, load):
         console.print(t)
         console.print()

@@ -109,8 +109,12 @@ class Cell(Open):
         return self.workload or "prefix"
 
     def _names(self) -> dict[str, Any]:
-        return {"workload": self.workload, "label": self.label, "input_len": self.input_len,
-                "point_name": self.point_name}  # fmt: skip
+        return {
+            "workload": self.workload,
+            "label": self.label,
+            "input_len": self.input_len,
+            "point_name": self.point_name,
+        }
 
     def row_name(self) -> str:
         """`cells.row_name`: its label (else input length), and its sweep point."""

@@ -13,7 +13,6 @@ if TYPE_CHECKING:
     from ucmctl.bench.results import Cell
 
 
-
 def _rate(t: list[float], values: list[float | None]) -> tuple[list[float], list[float]]:
     """A counter's increase per second between consecutive reads (a gap or a reset: no point)."""
     xs, ys = [], []
@@ -53,16 +52,29 @@ def save_series_plots(cells: list[Cell], path: Path) -> list[Path]:
                 (line,) = axes[0].plot(
                     *_points(t, s.get("running") or [None] * len(t)), marker=".", label=who
                 )
-                axes[0].plot(*_points(t, s.get("waiting") or [None] * len(t)), marker=".", linestyle="--",
-                             color=line.get_color())  # fmt: skip
+                axes[0].plot(
+                    *_points(t, s.get("waiting") or [None] * len(t)),
+                    marker=".",
+                    linestyle="--",
+                    color=line.get_color(),
+                )
                 usage = [None if v is None else 100 * v for v in s.get("kv_usage") or [None] * len(t)]
                 axes[1].plot(*_points(t, usage), marker=".", color=line.get_color(), label=who)
                 for key, style in (("local_hits", "-"), ("external_hits", "--")):
                     if key in s:
-                        axes[2].plot(*_rate(t, s[key]), marker=".", linestyle=style, color=line.get_color(),
-                                     label=f"{inst} {key.split('_')[0]}")  # fmt: skip
-                for key, style in (("preemptions", "-"), ("ucm_load_errors", "--"), ("ucm_save_errors", ":"),
-                                   ("kv_transfer_tokens", "-.")):  # fmt: skip
+                        axes[2].plot(
+                            *_rate(t, s[key]),
+                            marker=".",
+                            linestyle=style,
+                            color=line.get_color(),
+                            label=f"{inst} {key.split('_')[0]}",
+                        )
+                for key, style in (
+                    ("preemptions", "-"),
+                    ("ucm_load_errors", "--"),
+                    ("ucm_save_errors", ":"),
+                    ("kv_transfer_tokens", "-."),
+                ):
                     if key in s and any(v for v in s[key] if v):
                         axes[3].plot(*_rate(t, s[key]), marker=".", linestyle=style, label=f"{inst} {key}")
             axes[0].set_ylabel("requests\nrunning (-), waiting (--)")
@@ -76,8 +88,16 @@ def save_series_plots(cells: list[Cell], path: Path) -> list[Path]:
                 if ax.get_legend_handles_labels()[0]:
                     ax.legend(fontsize=7, loc="upper right")
             if not axes[3].get_legend_handles_labels()[0]:
-                axes[3].text(0.5, 0.5, "no preemption, store error or P2P transfer", ha="center",
-                             va="center", transform=axes[3].transAxes, fontsize=9, color="gray")  # fmt: skip
+                axes[3].text(
+                    0.5,
+                    0.5,
+                    "no preemption, store error or P2P transfer",
+                    ha="center",
+                    va="center",
+                    transform=axes[3].transAxes,
+                    fontsize=9,
+                    color="gray",
+                )
             fig.suptitle(f"server series: {name}")
             fig.tight_layout()
             slug = re.sub(r"[^A-Za-z0-9.]+", "-", f"{name}").strip("-")

@@ -55,24 +55,35 @@ def up(
         plan = build_plan(topo)
         first, reached = "", "SSH"
         if isinstance(plan.cluster, SlurmPlan):
-            first = (f"take one Slurm allocation (job {plan.cluster.job_name(plan.deployment)} on "
-                     f"{', '.join(plan.nodes)}; each process a job step), then ")  # fmt: skip
+            first = (
+                f"take one Slurm allocation (job {plan.cluster.job_name(plan.deployment)} on "
+                f"{', '.join(plan.nodes)}; each process a job step), then "
+            )
             reached = "Slurm steps"
-        out.print(f"dry run: nothing is touched. `up` would {first}check {len(plan.nodes)} nodes ({reached}, "
-                  "Python, engine, connector, devices, /dev/shm and RAM, ports, shared storage), place the "
-                  "files below, then start stage by stage:")  # fmt: skip
+        out.print(
+            f"dry run: nothing is touched. `up` would {first}check {len(plan.nodes)} nodes ({reached}, "
+            "Python, engine, connector, devices, /dev/shm and RAM, ports, shared storage), place the "
+            "files below, then start stage by stage:"
+        )
         for i, stage in enumerate(plan.stages()):
             out.print(f"  stage {i}: " + ", ".join(f"{p.name}@{p.node}" for p in stage))
         print_plan(plan, out)
         return
-    options = Options(keep_on_failure=keep_on_failure, skip_preflight=skip_preflight,
-                      health_timeout=health_timeout, kv_probe=not skip_kv_probe,
-                      accept_new_host_keys=accept_new_host_keys, wait_allocation=wait_allocation,
-                      drain_timeout=drain_timeout)  # fmt: skip
+    options = Options(
+        keep_on_failure=keep_on_failure,
+        skip_preflight=skip_preflight,
+        health_timeout=health_timeout,
+        kv_probe=not skip_kv_probe,
+        accept_new_host_keys=accept_new_host_keys,
+        wait_allocation=wait_allocation,
+        drain_timeout=drain_timeout,
+    )
     record = deploy_up(topo, str(topology.resolve()), options=options, console=err)
     proxy = next((p.url for p in record.plan.processes if p.role == "proxy"), None)
-    out.print(f"deployment {record.deployment} is up: {counted(len(record.plan.processes), 'process')}"
-              + (f", proxy {proxy}" if proxy else ""))  # fmt: skip
+    out.print(
+        f"deployment {record.deployment} is up: {counted(len(record.plan.processes), 'process')}"
+        + (f", proxy {proxy}" if proxy else "")
+    )
 
 
 def down(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import shlex
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.markup import escape
@@ -13,6 +14,9 @@ from rich.markup import escape
 from ucmctl.commands.shared import Format, TopologyArg, err, out, running_plan, topology_of
 from ucmctl.core.errors import UcmctlError
 from ucmctl.core.words import counted
+
+if TYPE_CHECKING:
+    from ucmctl.plan.model import Plan
 
 
 def validate(topology: Path = TopologyArg) -> None:
@@ -83,45 +87,83 @@ def render(
     if sum(x is not None for x in (k8s, slurm, prometheus)) != 1:
         raise UcmctlError.one("ucmctl render: pass exactly one of --k8s DIR, --slurm DIR or --prometheus DIR")
     if prometheus is not None:
-        from ucmctl.monitor.prometheus import render as render_prometheus
-        from ucmctl.monitor.prometheus import write
-
-        plan_of_it = running_plan(topology) or build_plan(topology_of(topology))
-        files = write(render_prometheus(plan_of_it, scrape_interval), prometheus)
-        for path in files:
-            out.print(escape(str(path)))
-        config = shlex.quote(str(prometheus / "prometheus.yml"))
-        out.print(f"wrote {len(files)} files under {escape(str(prometheus))}: run `prometheus "
-                  f"--config.file={escape(config)}`; import the dashboards/ into Grafana")  # fmt: skip
+        _render_prometheus(topology, prometheus, scrape_interval)
         return
     topo = topology_of(topology)
     the_plan = build_plan(topo)
     if slurm is not None:
-        from ucmctl.launch.sbatch import log_pattern, write_script
-
-        if the_plan.cluster.kind != "slurm":
-            raise UcmctlError.one("--slurm needs a Slurm cluster in the topology", file=str(topology),
-                                  fix="add `cluster: {kind: slurm, partition: NAME}`")  # fmt: skip
-        path = write_script(the_plan, slurm)
-        out.print(escape(str(path)))
-        out.print(f"wrote the sbatch script of {the_plan.deployment}: submit it with `sbatch "
-                  f"{escape(shlex.quote(str(path)))}` (its output goes to {escape(log_pattern(the_plan))} "
-                  f"in the folder sbatch runs from); stop it with `ucmctl down {escape(str(topology))}` "
-                  "or `scancel`")  # fmt: skip
+        _render_slurm(topology, the_plan, slurm)
         return
     assert k8s is not None
+    _render_k8s(the_plan, k8s, namespace, image, storage_class, store_size)
+
+
+def _render_prometheus(topology: Path, prometheus: Path, scrape_interval: float) -> None:
+    """`render --prometheus`: the scrape config, alert rules and dashboards of a topology's plan
+    or of a running deployment."""
+    from ucmctl.monitor.prometheus import render as render_prometheus
+    from ucmctl.monitor.prometheus import write
+    from ucmctl.plan.build import build_plan
+
+    plan_of_it = running_plan(topology) or build_plan(topology_of(topology))
+    files = write(render_prometheus(plan_of_it, scrape_interval), prometheus)
+    for path in files:
+        out.print(escape(str(path)))
+    config = shlex.quote(str(prometheus / "prometheus.yml"))
+    out.print(
+        f"wrote {len(files)} files under {escape(str(prometheus))}: run `prometheus "
+        f"--config.file={escape(config)}`; import the dashboards/ into Grafana"
+    )
+
+
+def _render_slurm(topology: Path, the_plan: Plan, slurm: Path) -> None:
+    """`render --slurm`: the plan as one sbatch script."""
+    from ucmctl.launch.sbatch import log_pattern, write_script
+
+    if the_plan.cluster.kind != "slurm":
+        raise UcmctlError.one(
+            "--slurm needs a Slurm cluster in the topology",
+            file=str(topology),
+            fix="add `cluster: {kind: slurm, partition: NAME}`",
+        )
+    path = write_script(the_plan, slurm)
+    out.print(escape(str(path)))
+    out.print(
+        f"wrote the sbatch script of {the_plan.deployment}: submit it with `sbatch "
+        f"{escape(shlex.quote(str(path)))}` (its output goes to {escape(log_pattern(the_plan))} "
+        f"in the folder sbatch runs from); stop it with `ucmctl down {escape(str(topology))}` "
+        "or `scancel`"
+    )
+
+
+def _render_k8s(
+    the_plan: Plan,
+    k8s: Path,
+    namespace: str,
+    image: list[str] | None,
+    storage_class: str | None,
+    store_size: str,
+) -> None:
+    """`render --k8s`: the plan as Kubernetes manifests, one file per object."""
     from ucmctl.k8s.manifests import write_manifests
     from ucmctl.k8s.options import Options, parse_images
     from ucmctl.k8s.render import render_manifests, restart_notes
 
     default_image, platform_images = parse_images(image or [])
-    options = Options(namespace=namespace, image=default_image, platform_images=platform_images,
-                      storage_class=storage_class, store_size=store_size)  # fmt: skip
+    options = Options(
+        namespace=namespace,
+        image=default_image,
+        platform_images=platform_images,
+        storage_class=storage_class,
+        store_size=store_size,
+    )
     manifests = render_manifests(the_plan, options)
     for written in write_manifests(manifests, the_plan, k8s):
         out.print(escape(str(written)))
-    out.print(f"wrote {len(manifests)} manifests under {escape(str(k8s))}: apply them with "
-              f"`kubectl apply -f {escape(str(k8s))}` (needs the LeaderWorkerSet controller)")  # fmt: skip
+    out.print(
+        f"wrote {len(manifests)} manifests under {escape(str(k8s))}: apply them with "
+        f"`kubectl apply -f {escape(str(k8s))}` (needs the LeaderWorkerSet controller)"
+    )
     for note in restart_notes(the_plan):
         err.print(f"note: {escape(note)}", soft_wrap=True)
 

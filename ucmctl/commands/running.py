@@ -85,8 +85,15 @@ def restart(
     from ucmctl.deploy.restart import restart as restart_processes
 
     record, names = deployment_and_processes("restart", deployment, processes)
-    done = restart_processes(record.deployment, names, rolling=rolling, drain_timeout=drain_timeout,
-                             grace=grace, force=force, console=err)  # fmt: skip
+    done = restart_processes(
+        record.deployment,
+        names,
+        rolling=rolling,
+        drain_timeout=drain_timeout,
+        grace=grace,
+        force=force,
+        console=err,
+    )
     cut = sum(r.cut for r in done)
     out.print(
         f"{counted(len(done), 'process')} restarted"

@@ -63,8 +63,16 @@ def table(
     """A borderless table whose cells are never cut: `columns` are (header, NAME|FIGURE|PAIR),
     laid out in `width` columns when given (names fold, pairs wrap, figures stay on one line)."""
     sizes = widths(columns, rows_, width) if width else None
-    t = Table(title=title, header_style="bold", title_justify="left", box=box.SIMPLE_HEAD,
-              padding=(0, 1, 0, 0), pad_edge=False, show_edge=False, **kw)  # fmt: skip
+    t = Table(
+        title=title,
+        header_style="bold",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        padding=(0, 1, 0, 0),
+        pad_edge=False,
+        show_edge=False,
+        **kw,
+    )
     for i, (header, kind) in enumerate(columns):
         t.add_column(
             header,
@@ -118,8 +126,10 @@ def plain(title: str | None, columns: list[tuple[str, str]], rows_: list[list[st
         return None
 
     def line(values: list[str]) -> str:
-        parts = [v.ljust(w) if kind in (NAME, TEXT) else v.rjust(w)
-                 for v, w, (_, kind) in zip(values, sizes, columns, strict=True)]  # fmt: skip
+        parts = [
+            v.ljust(w) if kind in (NAME, TEXT) else v.rjust(w)
+            for v, w, (_, kind) in zip(values, sizes, columns, strict=True)
+        ]
         return "  ".join(parts)
 
     width = sum(sizes) + 2 * (len(columns) - 1)

@@ -63,8 +63,9 @@ def deploy_up(
         existing = store.load(plan.deployment)
         if existing is not None and existing.status is Status.up:
             return _change_running(existing, plan, topology_path, options, console, store)
-        launcher = launcher_for(plan, connect_timeout=options.connect_timeout,
-                                accept_new_host_keys=options.accept_new_host_keys)  # fmt: skip
+        launcher = launcher_for(
+            plan, connect_timeout=options.connect_timeout, accept_new_host_keys=options.accept_new_host_keys
+        )
         try:
             _refuse_if_running(store.load(plan.deployment), options)
             try:
@@ -98,8 +99,15 @@ def _acquire(
 
     def record(allocation: Allocation) -> None:
         digest = plan.topology_digest
-        store.save(Record(deployment=plan.deployment, topology_path=topology_path, topology_digest=digest,
-                          plan=plan, allocation=allocation))  # fmt: skip
+        store.save(
+            Record(
+                deployment=plan.deployment,
+                topology_path=topology_path,
+                topology_digest=digest,
+                plan=plan,
+                allocation=allocation,
+            )
+        )
 
     launcher.acquire(console, record, wait=wait)
 
@@ -114,8 +122,10 @@ def _give_back(launcher: Launcher, store: StateStore, console: Console) -> bool:
     if released:
         store.remove(launcher.plan.deployment)
     else:
-        console.print(f"the allocation is still listed: `ucmctl down {launcher.plan.deployment}` "
-                      "cancels it", markup=False)  # fmt: skip
+        console.print(
+            f"the allocation is still listed: `ucmctl down {launcher.plan.deployment}` cancels it",
+            markup=False,
+        )
     return released
 
 
@@ -148,15 +158,28 @@ def _change_running(
     if d.empty:
         tell(f"deployment '{name}' is already up with this topology: nothing to change")
     else:
-        what = [f"start {', '.join(p.name for p in d.added)}" if d.added else "",
-                f"take out {', '.join(p.name for p in d.removed)}" if d.removed else "",
-                f"restart {', '.join(was.name for was, _ in d.changed)}" if d.changed else ""]  # fmt: skip
-        tell(f"deployment '{name}' is up: this topology will " + "; ".join(w for w in what if w)
-             + " (the rest stays running)")  # fmt: skip
+        what = [
+            f"start {', '.join(p.name for p in d.added)}" if d.added else "",
+            f"take out {', '.join(p.name for p in d.removed)}" if d.removed else "",
+            f"restart {', '.join(was.name for was, _ in d.changed)}" if d.changed else "",
+        ]
+        tell(
+            f"deployment '{name}' is up: this topology will "
+            + "; ".join(w for w in what if w)
+            + " (the rest stays running)"
+        )
         apply(
-            record, store, plan, d, drain_timeout=options.drain_timeout, grace=options.stop_grace, tell=tell,
-            check=not options.skip_preflight, probe=options.kv_probe, connect_timeout=options.connect_timeout,
-        )  # fmt: skip
+            record,
+            store,
+            plan,
+            d,
+            drain_timeout=options.drain_timeout,
+            grace=options.stop_grace,
+            tell=tell,
+            check=not options.skip_preflight,
+            probe=options.kv_probe,
+            connect_timeout=options.connect_timeout,
+        )
     record.plan, record.topology_path, record.topology_digest = plan, topology_path, plan.topology_digest
     store.save(record)
     return record
@@ -319,11 +342,14 @@ def _start_stage(
     def start_one(process: Process) -> str | None:
         progress.set(process.name, "starting")
         reason = start_gated(
-            launcher, record, store, process,
+            launcher,
+            record,
+            store,
+            process,
             timeout=_health_timeout(process, options),
             on_started=lambda: progress.set(process.name, "waiting for health"),
             cancelled=cancelled.is_set,
-        )  # fmt: skip
+        )
         progress.set(process.name, "healthy" if reason is None else "failed")
         return reason
 
@@ -387,15 +413,23 @@ def deploy_down(
             stopped, failed = _stop_all(launcher, plan, grace, console)
             if not failed:  # the deployment's containers of another plan of it, or of a lost record
                 for node, process in launcher.sweep(grace=grace):
-                    console.print(f"stopped a process of {escape(plan.deployment)} not in its plan: "
-                                  f"{escape(process)} on {escape(node)}")  # fmt: skip
+                    console.print(
+                        f"stopped a process of {escape(plan.deployment)} not in its plan: "
+                        f"{escape(process)} on {escape(node)}"
+                    )
             if failed:  # keep the record: a later `down` must still find these
                 names = ", ".join(f"{p.name} ({p.node})" for p in failed)
-                raise UcmctlError.one(f"could not stop {names}", status=ExitStatus.FAILURE,
-                                      fix="check the node, then run `ucmctl down` again")  # fmt: skip
+                raise UcmctlError.one(
+                    f"could not stop {names}",
+                    status=ExitStatus.FAILURE,
+                    fix="check the node, then run `ucmctl down` again",
+                )
             if not launcher.release():
-                raise UcmctlError.one(f"deployment '{plan.deployment}': the scheduler still lists its job",
-                                      status=ExitStatus.FAILURE, fix="run `ucmctl down` again")  # fmt: skip
+                raise UcmctlError.one(
+                    f"deployment '{plan.deployment}': the scheduler still lists its job",
+                    status=ExitStatus.FAILURE,
+                    fix="run `ucmctl down` again",
+                )
         except LaunchError as exc:
             raise UcmctlError.one(str(exc), status=exc.status, fix="run `ucmctl down` again") from None
         finally:
@@ -419,8 +453,10 @@ def purge(plan: Plan) -> int:
     try:
         for backend in plan.store.backends:
             q = shlex.quote(backend)
-            script = (f"cd {q} 2>/dev/null || exit 0; n=0; for d in [0-9a-f][0-9a-f][0-9a-f] corrupt; do "
-                      '[ -d "$d" ] && rm -rf -- "$d" && n=$((n + 1)); done; echo $n')  # fmt: skip
+            script = (
+                f"cd {q} 2>/dev/null || exit 0; n=0; for d in [0-9a-f][0-9a-f][0-9a-f] corrupt; do "
+                '[ -d "$d" ] && rm -rf -- "$d" && n=$((n + 1)); done; echo $n'
+            )
             done = launcher.standalone(node).run(script, timeout=600)
             removed += int(done.stdout.strip() or 0)
     finally:

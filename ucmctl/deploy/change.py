@@ -180,8 +180,11 @@ def apply(
                 runs.gone(p)
         failed = [error for _, error in outcomes if error is not None]
         if failed:
-            raise UcmctlError.one(failed[0], status=ExitStatus.FAILURE,
-                                  fix="it is out of routing; check the node, then run it again")  # fmt: skip
+            raise UcmctlError.one(
+                failed[0],
+                status=ExitStatus.FAILURE,
+                fix="it is out of routing; check the node, then run it again",
+            )
         cut = sum(c for c, _ in outcomes)
         restarted = []
         for was, now in d.changed:

@@ -134,8 +134,10 @@ def bundle_problems(where: str, ex: Executor, processes: list[Process]) -> list[
             continue
         have = bundle_state(ex, c)
         if have is None:
-            problems.append(f"{where}: OCI bundle {c.image} (from {c.base_image}) is missing: "
-                            "run `ucmctl image build TOPOLOGY`")  # fmt: skip
+            problems.append(
+                f"{where}: OCI bundle {c.image} (from {c.base_image}) is missing: "
+                "run `ucmctl image build TOPOLOGY`"
+            )
         elif have != want:
             changed = have.get("wheel") != want["wheel"]
             why = "another ucmctl" if changed else f"{c.base_image} as it was before"

@@ -33,8 +33,11 @@ ucm_gluster_graph() { ls "$1/.meta/graphs/active" 2>/dev/null | tr '\n' ' '; }
 GLUSTER_DEFAULTS = {"entry-timeout": 1.0, "attribute-timeout": 1.0, "negative-timeout": 0.0}
 GLUSTER_COHERENT = "entry-timeout=0,attribute-timeout=0,negative-timeout=0"
 # The volume's client-side caches (translators in the client's graph) and the options that load them.
-GLUSTER_VOLUME_CACHES = {"quick-read": "performance.quick-read", "open-behind": "performance.open-behind",
-                         "md-cache": "performance.stat-prefetch"}  # fmt: skip
+GLUSTER_VOLUME_CACHES = {
+    "quick-read": "performance.quick-read",
+    "open-behind": "performance.open-behind",
+    "md-cache": "performance.stat-prefetch",
+}
 
 
 @dataclass(frozen=True)
@@ -65,9 +68,11 @@ def probe_lines(backends: list[str]) -> str:
     for i, b in enumerate(backends):
         q = shlex.quote(b)
         lines.append(f'm=$(ucm_fs {q}); echo "fs{i}=$m"')
-        lines.append(f'case "$m" in fuse.glusterfs*) t=${{m#* }}; t=${{t%% *}}; '
-                     f'echo "client{i}=$(ucm_gluster_client "$t")"; '
-                     f'echo "xlators{i}=$(ucm_gluster_graph "$t")";; esac')  # fmt: skip
+        lines.append(
+            f'case "$m" in fuse.glusterfs*) t=${{m#* }}; t=${{t%% *}}; '
+            f'echo "client{i}=$(ucm_gluster_client "$t")"; '
+            f'echo "xlators{i}=$(ucm_gluster_graph "$t")";; esac'
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -114,24 +119,32 @@ def warnings(node: str, backend: str, m: Mounted) -> list[str]:
         volume, options = _volume_caches(m.xlators)
         if options:
             fix = "; ".join(f"gluster volume set {volume} {o} off" for o in options)
-            out.append(f"{where} is on GlusterFS volume {volume} with {', '.join(options)} on: a block "
-                       f"replaced on another node is read stale for about a second; {fix} "
-                       "(docs/storage.md)")  # fmt: skip
+            out.append(
+                f"{where} is on GlusterFS volume {volume} with {', '.join(options)} on: a block "
+                f"replaced on another node is read stale for about a second; {fix} "
+                "(docs/storage.md)"
+            )
         if not m.client:
-            out.append(f"{where} is on GlusterFS, but its client's options could not be read (another "
-                       f"mount namespace?): mount with {GLUSTER_COHERENT}")  # fmt: skip
+            out.append(
+                f"{where} is on GlusterFS, but its client's options could not be read (another "
+                f"mount namespace?): mount with {GLUSTER_COHERENT}"
+            )
             return out
         cached = {k: v for k, v in client_timeouts(m.client).items() if v > 0}
         if cached:
             said = ", ".join(f"{k} {v:g} s" for k, v in cached.items())
-            out.append(f"{where} is on GlusterFS with {said}: a block another node stored is missed for up "
-                       f"to that long; mount with {GLUSTER_COHERENT} (docs/storage.md)")  # fmt: skip
+            out.append(
+                f"{where} is on GlusterFS with {said}: a block another node stored is missed for up "
+                f"to that long; mount with {GLUSTER_COHERENT} (docs/storage.md)"
+            )
     if m.shared_kind == "NFS":
         opts = dict(o.partition("=")[::2] for o in m.options)
         if opts.get("lookupcache") not in ("none", "pos", "positive"):
-            out.append(f"{where} is on NFS with lookupcache={opts.get('lookupcache') or 'all'}: a block "
-                       "another node stored is missed until the client's cache expires; mount with "
-                       "lookupcache=positive (docs/storage.md)")  # fmt: skip
+            out.append(
+                f"{where} is on NFS with lookupcache={opts.get('lookupcache') or 'all'}: a block "
+                "another node stored is missed until the client's cache expires; mount with "
+                "lookupcache=positive (docs/storage.md)"
+            )
     return out
 
 

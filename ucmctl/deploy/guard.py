@@ -51,9 +51,12 @@ def hold_script(run_dir: str, node: str, who: str) -> str:
     lock = posixpath.join(run_dir, f".up.{node}.lock")
     owner = posixpath.join(run_dir, f".up.{node}.owner")
     return _HOLD.format(
-        run_dir=shlex.quote(run_dir), lock=shlex.quote(lock), owner=shlex.quote(owner),
-        who=shlex.quote(who), held=HELD,
-    )  # fmt: skip
+        run_dir=shlex.quote(run_dir),
+        lock=shlex.quote(lock),
+        owner=shlex.quote(owner),
+        who=shlex.quote(who),
+        held=HELD,
+    )
 
 
 def _who() -> str:

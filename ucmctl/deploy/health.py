@@ -83,6 +83,8 @@ def _timed_out(url: str, timeout: float, last: str) -> str:
     reason = f"{url} did not answer 200 within {timeout:.0f} s (last try from this machine: {last})"
     if last in _NETWORK:
         where = urllib.parse.urlsplit(url)
-        reason += (f"; the process is running, so check that this machine can reach {where.hostname} "
-                   f"port {where.port}: ucmctl probes health from where it runs")  # fmt: skip
+        reason += (
+            f"; the process is running, so check that this machine can reach {where.hostname} "
+            f"port {where.port}: ucmctl probes health from where it runs"
+        )
     return reason

@@ -113,8 +113,9 @@ def build_one(ex: Executor, c: ContainerPlan, wheel: Wheel, folder: str) -> Buil
     build = f"{rt} build --quiet --network none {pull} {tags} --file Containerfile ."
     if c.runtime == "docker":  # a docker CLI without buildx builds with the classic builder
         build = f"if {rt} buildx version >/dev/null 2>&1; then {build}; else DOCKER_BUILDKIT=0 {build}; fi"
-    done = ex.run(f"cd {shlex.quote(context)} && {{ {build}; }} && cd / && rm -rf {shlex.quote(context)}",
-                  timeout=1800)  # fmt: skip
+    done = ex.run(
+        f"cd {shlex.quote(context)} && {{ {build}; }} && cd / && rm -rf {shlex.quote(context)}", timeout=1800
+    )
     if not done.ok:
         said = (done.stderr.strip() or done.stdout.strip()).splitlines()[-4:]
         raise NodeError(
@@ -128,8 +129,11 @@ BUNDLE_RECORD = "ucmctl.json"
 
 def bundle_record(base_config: str, c: ContainerPlan, wheel: Wheel) -> dict[str, str | None]:
     """What a derived OCI bundle is made of: its base's config.json and, when derived, the wheel."""
-    return {"base": c.base_image, "base_config": hashlib.sha256(base_config.encode()).hexdigest(),
-            "wheel": wheel.sha256 if c.derived else None}  # fmt: skip
+    return {
+        "base": c.base_image,
+        "base_config": hashlib.sha256(base_config.encode()).hexdigest(),
+        "wheel": wheel.sha256 if c.derived else None,
+    }
 
 
 def read_base_config(ex: Executor, c: ContainerPlan) -> str:
@@ -144,16 +148,22 @@ def read_base_config(ex: Executor, c: ContainerPlan) -> str:
     for _ in range(3):
         done = ex.run(command)
         if not done.ok:
-            raise NodeError(ex.node.name, f"{base} is not an OCI bundle (a folder with config.json and "
-                            "rootfs/): make one there (`umoci unpack`, or an image's files in rootfs/ and "
-                            "`runc spec`)")  # fmt: skip
+            raise NodeError(
+                ex.node.name,
+                f"{base} is not an OCI bundle (a folder with config.json and "
+                "rootfs/): make one there (`umoci unpack`, or an image's files in rootfs/ and "
+                "`runc spec`)",
+            )
         size, _, text = done.stdout.partition("\n")
         if size.strip().isdigit() and len(text.encode()) >= int(size):
             return text
         if _parses(text):  # newlines translated on the way: whole all the same
             return text
-    raise NodeError(ex.node.name, f"{config} came back cut short three times (the node's output did not "
-                    "reach this machine whole): try again")  # fmt: skip
+    raise NodeError(
+        ex.node.name,
+        f"{config} came back cut short three times (the node's output did not "
+        "reach this machine whole): try again",
+    )
 
 
 def _parses(text: str) -> bool:
@@ -214,18 +224,27 @@ def build_bundle(ex: Executor, c: ContainerPlan, wheel: Wheel) -> Built:
         if c.derived:  # a folder of its own: no file of the base's (a hard link) is written
             ex.put(partial + "/wheel.tar", _wheel_tar(wheel))
             site = q(partial + "/rootfs" + BUNDLE_SITE)
-            done = ex.run(f"mkdir -p {site} && tar -xf {q(partial + '/wheel.tar')} -C {site} && "
-                          f"rm {q(partial + '/wheel.tar')}", timeout=300)  # fmt: skip
+            done = ex.run(
+                f"mkdir -p {site} && tar -xf {q(partial + '/wheel.tar')} -C {site} && "
+                f"rm {q(partial + '/wheel.tar')}",
+                timeout=300,
+            )
             if not done.ok:
                 raise NodeError(ex.node.name, f"cannot unpack the wheel into {partial}: {_said(done.stderr)}")
         ex.put(partial + "/config.json", json.dumps(bundle_config(parsed, c.mounts, c.derived), indent=1))
         probe = f"{q(c.python)} -c 'import ucm_connector, ucm_store'"
         done = _run_in(ex, probe, [f"--container={partial}"])
         if not done.ok:
-            fix = ("the image's Python must be the CPython the wheel was built for" if c.derived
-                   else "put ucmctl into the bundle's rootfs, or set derived true")  # fmt: skip
-            raise NodeError(ex.node.name, f"the connector does not import in {c.base_image}'s bundle "
-                            f"({_said(done.stderr or done.stdout)}): {fix}")  # fmt: skip
+            fix = (
+                "the image's Python must be the CPython the wheel was built for"
+                if c.derived
+                else "put ucmctl into the bundle's rootfs, or set derived true"
+            )
+            raise NodeError(
+                ex.node.name,
+                f"the connector does not import in {c.base_image}'s bundle "
+                f"({_said(done.stderr or done.stdout)}): {fix}",
+            )
         ex.put(partial + "/" + BUNDLE_RECORD, json.dumps(record, indent=1))
         old, bundle = q(f"{c.image}.old-{os.getpid()}"), q(c.image)
         # mv -T: never into a bundle another node (on the same shared folder) has just put there
@@ -258,8 +277,10 @@ def build_images(plan: Plan, *, accept_new_host_keys: bool = False) -> list[Buil
     def one(node: str) -> list[Built]:
         ex = launcher.standalone(node)
         folder = posixpath.join(posixpath.dirname(plan.nodes[node].run_dir), "images")
-        return [build_bundle(ex, c, wheel) if c.runtime == "oci" else build_one(ex, c, wheel, folder)
-                for c in wanted[node]]  # fmt: skip
+        return [
+            build_bundle(ex, c, wheel) if c.runtime == "oci" else build_one(ex, c, wheel, folder)
+            for c in wanted[node]
+        ]
 
     try:
         return [b for built in parallel(list(wanted), one) for b in built]

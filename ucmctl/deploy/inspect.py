@@ -34,8 +34,10 @@ def the_deployment(command: str, alternative: str = "") -> str:
         return names[0]
     other = f", {alternative}" if alternative else ""
     if not names:
-        raise UcmctlError.one(f"`ucmctl {command}`: no deployment on this machine",
-                              fix=f"start one with `ucmctl up TOPOLOGY`{other}")  # fmt: skip
+        raise UcmctlError.one(
+            f"`ucmctl {command}`: no deployment on this machine",
+            fix=f"start one with `ucmctl up TOPOLOGY`{other}",
+        )
     raise UcmctlError.one(
         f"`ucmctl {command}`: {len(names)} deployments on this machine: {', '.join(names)}",
         fix=f"name one, e.g. `ucmctl {command} {names[0]}`{other}"
@@ -185,8 +187,17 @@ def render_status(
         ports = " ".join(f"{k}:{v}" for k, v in p.ports.items()) or "-"
         words = state.words()
         said = words if health in ("-", "?") else f"{words}, [{color}]{escape(health)}[/]"
-        rows.append([escape(p.name), escape(p.node), str(p.role), ports, said, uptime,
-                     str((ps.restarts if ps else 0) + restarted)])  # fmt: skip
+        rows.append(
+            [
+                escape(p.name),
+                escape(p.node),
+                str(p.role),
+                ports,
+                said,
+                uptime,
+                str((ps.restarts if ps else 0) + restarted),
+            ]
+        )
     lead = [("process", NAME), ("node", NAME)]
     rest = [("role", NAME), ("ports", NAME), ("state", TEXT), ("uptime", FIGURE), ("restarts", FIGURE)]
     title = f"deployment {escape(record.deployment)} ({record.status})"
@@ -240,8 +251,10 @@ def _read(launcher: Launcher, p: Process, offset: int | None, lines: int) -> tup
         assert p.container is not None
         rt, name = shlex.quote(p.container.runtime), shlex.quote(p.container.name)
         rest = f"tail -n {int(lines)}" if offset is None else f"tail -n +{int(offset) + 1} | head -c 1048576"
-        cmd = (f'f=$(mktemp); trap \'rm -f "$f"\' EXIT; {rt} logs {name} >"$f" 2>&1 || exit 0; '
-               f'wc -l < "$f"; {rest} < "$f"')  # fmt: skip
+        cmd = (
+            f'f=$(mktemp); trap \'rm -f "$f"\' EXIT; {rt} logs {name} >"$f" 2>&1 || exit 0; '
+            f'wc -l < "$f"; {rest} < "$f"'
+        )
     elif offset is None:
         cmd = f"[ -f {log} ] || exit 0; wc -c < {log}; tail -n {int(lines)} {log}"
     else:

@@ -70,8 +70,9 @@ def _get(url: str, timeout: float) -> str:
 
 
 def _post(url: str, body: dict, timeout: float) -> dict:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})  # fmt: skip
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), method="POST", headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=timeout) as r:
         return json.loads(r.read())
 
@@ -116,14 +117,17 @@ def run_probe(plan: Plan, *, timeout: float = 300.0) -> ProbeResult:
         after = _grown_reading(plan, get, before)
     except (OSError, ValueError) as exc:  # URLError and HTTPError are OSErrors
         reason = _why(exc)
-        return ProbeResult(mode=plan.mode, ok=False, at=now,
-                           detail=f"the probe request through {proxy.url} failed: {reason}")  # fmt: skip
+        return ProbeResult(
+            mode=plan.mode, ok=False, at=now, detail=f"the probe request through {proxy.url} failed: {reason}"
+        )
     moved = after - before
     p2p = plan.mode == "p2p"
     if moved <= 0:
         how = "Mooncake moved no KV to decode" if p2p else "decode found nothing prefill stored"
-        detail = (f"{plan.mode}: {how} ({metric} did not grow for a {length}-token probe): "
-                  "decode recomputes every prompt")  # fmt: skip
+        detail = (
+            f"{plan.mode}: {how} ({metric} did not grow for a {length}-token probe): "
+            "decode recomputes every prompt"
+        )
         grew = _grown(errors_before, _store_errors(plan, get))
         if grew:  # the storage, not the configuration, is why
             detail += f"; the UCM store failed meanwhile: {grew}"
@@ -144,15 +148,20 @@ def probe_pair(plan: Plan, prefill: Process, decode: Process, *, timeout: float 
         metric, before = _reading(plan, get, [decode])
         leg = _post(f"{prefill.url}/v1/completions", {**body, "max_tokens": 1}, timeout)
         params = leg.get("kv_transfer_params") if isinstance(leg, dict) else None
-        _post(f"{decode.url}/v1/completions", {**body, **({"kv_transfer_params": params} if params else {})},
-              timeout)  # fmt: skip
+        _post(
+            f"{decode.url}/v1/completions",
+            {**body, **({"kv_transfer_params": params} if params else {})},
+            timeout,
+        )
         after = _grown_reading(plan, get, before, [decode])
     except (OSError, ValueError) as exc:
         return ProbeResult(mode=plan.mode, ok=False, at=now, detail=f"the probe {pair} failed: {_why(exc)}")
     moved = after - before
     if moved <= 0:
-        detail = (f"{pair}: {decode.name} found nothing {prefill.name} stored ({metric} did not grow "
-                  f"for a {length}-token probe): it would recompute every prompt")  # fmt: skip
+        detail = (
+            f"{pair}: {decode.name} found nothing {prefill.name} stored ({metric} did not grow "
+            f"for a {length}-token probe): it would recompute every prompt"
+        )
         return ProbeResult(mode=plan.mode, ok=False, at=now, detail=detail)
     detail = f"{pair}: external prefix hits grew by {moved:.0f} for a {length}-token probe"
     return ProbeResult(mode=plan.mode, ok=True, at=now, detail=detail)

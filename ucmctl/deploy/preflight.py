@@ -102,19 +102,25 @@ def preflight(
         versions = {r.node: r.facts.get("engine", "") for r in reachable if r.facts.get("engine")}
         if len(set(versions.values())) > 1:
             listed = ", ".join(f"{n} {v}" for n, v in sorted(versions.items()))
-            problems.append(f"{engine.display_name} versions differ between nodes ({listed}): "
-                            "install one version everywhere")  # fmt: skip
+            problems.append(
+                f"{engine.display_name} versions differ between nodes ({listed}): "
+                "install one version everywhere"
+            )
     if shared.writer is not None:
         writer = next(r for r in results if r.node == shared.writer)
         problems += shared.judge(writer, executors, all_reachable=len(reachable) == len(results))
     running = [name for r in results for name in r.running]
     if running:  # the one thing to say: its ports are in use by itself, the rest is moot
-        problems = [f"deployment '{plan.deployment}' already runs on the nodes ({', '.join(running)}): "
-                    f"run `ucmctl down {plan.deployment}` first"]  # fmt: skip
+        problems = [
+            f"deployment '{plan.deployment}' already runs on the nodes ({', '.join(running)}): "
+            f"run `ucmctl down {plan.deployment}` first"
+        ]
     notes, warnings = shared.filesystems(results)
     warnings += [w for r in results for w in r.warnings]
-    facts = {r.node: {k: v for k, v in r.facts.items() if k in PROVENANCE_FACTS or k.startswith("image ")}
-             for r in reachable}  # fmt: skip
+    facts = {
+        r.node: {k: v for k, v in r.facts.items() if k in PROVENANCE_FACTS or k.startswith("image ")}
+        for r in reachable
+    }
     return Preflight(problems, shared.cleanup, notes, warnings, facts)
 
 
@@ -185,11 +191,15 @@ def _restart_mechanism(
     by = {p.restart.by for p in bare if p.restart is not None}
     units = f.get("units", "")
     if "systemd" in by and units != "ok":
-        out.problems.append(f"{where}: systemd cannot restart its processes: {units or 'not asked'}; "
-                            f"fix that, or remove nodes.{node.name}.systemd")  # fmt: skip
+        out.problems.append(
+            f"{where}: systemd cannot restart its processes: {units or 'not asked'}; "
+            f"fix that, or remove nodes.{node.name}.systemd"
+        )
     elif "supervisor" in by and units == "ok":
-        out.warnings.append(f"{where}: systemd is its init: set nodes.{node.name}.systemd: true to have "
-                            "systemd restart its processes (ucmctl's supervisor does now)")  # fmt: skip
+        out.warnings.append(
+            f"{where}: systemd is its init: set nodes.{node.name}.systemd: true to have "
+            "systemd restart its processes (ucmctl's supervisor does now)"
+        )
 
 
 def _bare_problems(

@@ -79,5 +79,8 @@ class Proxy:
 
     def routed(self, role: str, besides: set[str]) -> int:
         """How many instances of `role` the proxy routes to, those at `besides` not counted."""
-        return sum(1 for i in self._listed() if i["role"] == role and i["healthy"] and not i["draining"]
-                   and i["url"] not in besides)  # fmt: skip
+        return sum(
+            1
+            for i in self._listed()
+            if i["role"] == role and i["healthy"] and not i["draining"] and i["url"] not in besides
+        )

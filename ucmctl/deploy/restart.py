@@ -75,8 +75,10 @@ def chosen(record: Record, names: list[str]) -> list[Process]:
     known = {p.name: p for p in plan.processes}
     unknown = [n for n in names if n not in known]
     if unknown:
-        raise UcmctlError.one(f"deployment '{record.deployment}' has no process '{unknown[0]}'",
-                              fix=f"name one of {', '.join(known)}")  # fmt: skip
+        raise UcmctlError.one(
+            f"deployment '{record.deployment}' has no process '{unknown[0]}'",
+            fix=f"name one of {', '.join(known)}",
+        )
     return [known[n] for n in dict.fromkeys(names)]
 
 
@@ -174,8 +176,11 @@ def restart_one(
                 "not started again",
             )
     except NodeError as exc:
-        raise UcmctlError.one(f"{p.name} on node {p.node}: {exc.reason}", status=ExitStatus.FAILURE,
-                              fix="see `ucmctl status` and `ucmctl logs`") from None  # fmt: skip
+        raise UcmctlError.one(
+            f"{p.name} on node {p.node}: {exc.reason}",
+            status=ExitStatus.FAILURE,
+            fix="see `ucmctl status` and `ucmctl logs`",
+        ) from None
     reason = start_gated(launcher, record, store, then, again=True)
     if reason is not None:
         tail = launcher.log_tail(then, 20)

@@ -134,8 +134,11 @@ class StateStore:
                 )
             return Record.model_validate(raw)
         except ValueError as exc:
-            raise UcmctlError.one(f"unreadable deployment record: {exc}", file=str(path),
-                                  fix="remove it after `ucmctl down TOPOLOGY`") from None  # fmt: skip
+            raise UcmctlError.one(
+                f"unreadable deployment record: {exc}",
+                file=str(path),
+                fix="remove it after `ucmctl down TOPOLOGY`",
+            ) from None
 
     @contextlib.contextmanager
     def lock(self, deployment: str, action: str) -> Iterator[None]:
@@ -192,8 +195,9 @@ def endpoints(deployment: str, store: StateStore | None = None) -> Endpoints:
     """The proxy and every API server of a deployment that is up."""
     record = (store or StateStore()).load(deployment)
     if record is None:
-        raise UcmctlError.one(f"no deployment named '{deployment}' on this machine",
-                              fix="see `ucmctl status`, or pass --url")  # fmt: skip
+        raise UcmctlError.one(
+            f"no deployment named '{deployment}' on this machine", fix="see `ucmctl status`, or pass --url"
+        )
     proxy = None
     instances: list[tuple[str, str, str]] = []
     for p in record.plan.processes:
@@ -215,8 +219,11 @@ def upgrade_v1(raw: dict[str, Any]) -> dict[str, Any]:
         p.setdefault("health_timeout", default_health_timeout(p["role"], plan["engine"]))
     nodes = {}
     for name, node in plan["nodes"].items():
-        hosts = [p["argv"][p["argv"].index("--host") + 1] for p in processes
-                 if p["node"] == name and "--host" in p["argv"][:-1]]  # fmt: skip
+        hosts = [
+            p["argv"][p["argv"].index("--host") + 1]
+            for p in processes
+            if p["node"] == name and "--host" in p["argv"][:-1]
+        ]
         default = "127.0.0.1" if node["transport"] == "local" else node["host"]
         nodes[name] = {"bind": hosts[0] if hosts else default, **node}
     plan.update(processes=processes, nodes=nodes, schema_version=2)

@@ -40,8 +40,10 @@ class SharedCheck:
             lines.append(_ok_or_error(f"shared{i}", made))
             # O_DIRECT with the store's alignment (4 KiB pages): one page written, then removed
             probe = shlex.quote(f"{marker}.direct")
-            lines.append(f"if dd if=/dev/zero of={probe} bs=4096 count=1 oflag=direct 2>/dev/null; "
-                         f"then echo direct{i}=1; else echo direct{i}=0; fi; rm -f {probe}")  # fmt: skip
+            lines.append(
+                f"if dd if=/dev/zero of={probe} bs=4096 count=1 oflag=direct 2>/dev/null; "
+                f"then echo direct{i}=1; else echo direct{i}=0; fi; rm -f {probe}"
+            )
         return "\n".join(lines) + "\n"
 
     def filesystems(self, results: list[NodeFacts]) -> tuple[list[str], list[str]]:

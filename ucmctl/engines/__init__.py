@@ -25,5 +25,12 @@ def engine_for(name: str) -> Engine:
 
 
 __all__ = [
-    "DEFAULT_ENGINE", "ENGINES", "Engine", "KvTransfer", "Metrics", "MooncakeLeg", "ServerSpec", "engine_for",
+    "DEFAULT_ENGINE",
+    "ENGINES",
+    "Engine",
+    "KvTransfer",
+    "Metrics",
+    "MooncakeLeg",
+    "ServerSpec",
+    "engine_for",
 ]

@@ -158,8 +158,11 @@ def _mooncake(leg: MooncakeLeg, *, with_metrics: bool) -> dict[str, Any]:
         extra["device_name"] = leg.device_name
     if leg.num_workers is not None:
         extra["num_workers"] = leg.num_workers
-    mooncake: dict[str, Any] = {"kv_connector": leg.connector, "kv_role": leg.role,
-                                "kv_connector_extra_config": extra}  # fmt: skip
+    mooncake: dict[str, Any] = {
+        "kv_connector": leg.connector,
+        "kv_role": leg.role,
+        "kv_connector_extra_config": extra,
+    }
     if with_metrics:
         # Same connector, plus the Prometheus metrics MultiConnector requires of every child
         # that reports transfer stats (vLLM's has none yet).

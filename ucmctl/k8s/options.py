@@ -89,4 +89,3 @@ def k8s_name(deployment: str) -> str:
     if not name[:1].isalpha():
         name = f"ucm-{name}".rstrip("-")
     return name[:_NAME_ROOM].rstrip("-")
-

@@ -147,17 +147,23 @@ class _Renderer:
         container = self._container(p, name=component, words=self._service_argv(p), env=self._env(p))
         pod = self._pod_template(component, [container], [])
         deployment = self._object(
-            "apps/v1", "Deployment", name, component,
+            "apps/v1",
+            "Deployment",
+            name,
+            component,
             spec={"replicas": 1, "selector": {"matchLabels": self._selector(component)}, "template": pod},
-        )  # fmt: skip
+        )
         ports = [
             {"name": _port_name(key), "port": port, "targetPort": port, "protocol": "TCP"}
             for key, port in p.ports.items()
         ]
         service = self._object(
-            "v1", "Service", name, component,
+            "v1",
+            "Service",
+            name,
+            component,
             spec={"type": "ClusterIP", "selector": self._selector(component), "ports": ports},
-        )  # fmt: skip
+        )
         return [deployment, service]
 
     def _pod_template(
@@ -255,8 +261,10 @@ class _Renderer:
         if spec.kv_transfer_config is not None:
             pod["kv_transfer_config"] = _map_json(spec.kv_transfer_config, paths.map)
         argv = engine_for(self.plan.engine).argv(spec.model_copy(update=pod))
-        shell = {_RANK: Raw(f'"$$(( $(LWS_WORKER_INDEX) * {s.per_pod} + {c} ))"'),
-                 _LEADER: Raw('"$(LWS_LEADER_ADDRESS)"')}  # fmt: skip
+        shell = {
+            _RANK: Raw(f'"$$(( $(LWS_WORKER_INDEX) * {s.per_pod} + {c} ))"'),
+            _LEADER: Raw('"$(LWS_LEADER_ADDRESS)"'),
+        }
         words: list[Word] = [shell.get(w) or paths.map(w) for w in argv]
 
         for f in p.files:
@@ -288,9 +296,15 @@ class _Renderer:
             count = len(p.devices)
             resources = {"requests": {resource: count}, "limits": {resource: count}}
         return self._container(
-            p, name=f"{s.role}-{c}", words=words, env=env, suffix=f"-{c}", mounts=mounts,
-            resources=resources, prelude=prelude,
-        )  # fmt: skip
+            p,
+            name=f"{s.role}-{c}",
+            words=words,
+            env=env,
+            suffix=f"-{c}",
+            mounts=mounts,
+            resources=resources,
+            prelude=prelude,
+        )
 
     def _side_files(self, s: SideLayout) -> list[str]:
         return sorted(
@@ -468,7 +482,8 @@ def restart_notes(plan: Plan) -> list[str]:
     if never:
         out.append(f"{how}: `restart: never` of {', '.join(never)} is not kept")
     if limited:
-        out.append(f"{how}, with no limit and not after backoff_s: `restart: on-failure` of "
-                   f"{', '.join(limited)} is kept without its limit")  # fmt: skip
+        out.append(
+            f"{how}, with no limit and not after backoff_s: `restart: on-failure` of "
+            f"{', '.join(limited)} is kept without its limit"
+        )
     return out
-

@@ -103,8 +103,10 @@ def _sbatch(flag: str, value: str | bool | None) -> str:
         return f"#SBATCH --{flag}"
     assert isinstance(value, str)
     if not _SBATCH_VALUE.match(value):
-        raise UcmctlError.one(f"cannot write #SBATCH --{flag}={value!r}: Slurm reads that line unquoted",
-                              fix="use a Slurm name (letters, digits, . _ -)")  # fmt: skip
+        raise UcmctlError.one(
+            f"cannot write #SBATCH --{flag}={value!r}: Slurm reads that line unquoted",
+            fix="use a Slurm name (letters, digits, . _ -)",
+        )
     return f"#SBATCH --{flag}={value}"
 
 
@@ -173,9 +175,18 @@ def _files(plan: Plan) -> list[str]:
 
 def _step(process: Process, gres: str | None) -> str:
     """The job step whose task is the process, as the live launcher starts it (launch/slurm.py)."""
-    argv = ["srun", "--overlap", *([f"--gres={gres}"] if gres else []), f"--nodelist={process.node}",
-            "--nodes=1", "--ntasks=1", f"--job-name={process.name}",
-            *container_options(process), "/bin/sh", "-c"]  # fmt: skip
+    argv = [
+        "srun",
+        "--overlap",
+        *([f"--gres={gres}"] if gres else []),
+        f"--nodelist={process.node}",
+        "--nodes=1",
+        "--ntasks=1",
+        f"--job-name={process.name}",
+        *container_options(process),
+        "/bin/sh",
+        "-c",
+    ]
     spawn = lifecycle.spawn(process, foreground=True)
     return " ".join(shlex.quote(a) for a in [*argv, spawn]) + " </dev/null &"
 
@@ -228,20 +239,26 @@ def _hold(plan: Plan) -> list[str]:
     checks = []
     for i, p in enumerate(plan.processes):
         said = shlex.quote(f"ucmctl: {p.name} on {p.node} ended (its log: {p.log})")
-        checks.append(f'  if [ -z "${{ended_{i}:-}}" ] && ! kill -0 "$pid_{i}" 2>/dev/null; then '
-                      f"ended_{i}=1; echo {said}; fi")  # fmt: skip
+        checks.append(
+            f'  if [ -z "${{ended_{i}:-}}" ] && ! kill -0 "$pid_{i}" 2>/dev/null; then '
+            f"ended_{i}=1; echo {said}; fi"
+        )
     return [*lines, "while :; do", *checks, "  sleep 5", "done"]
 
 
 def render_script(plan: Plan) -> str:
     """The sbatch script for `plan` (which must carry a Slurm cluster: `plan.cluster`)."""
     if not isinstance(plan.cluster, SlurmPlan):
-        raise UcmctlError.one(f"deployment '{plan.deployment}' has no Slurm cluster",
-                              fix="add `cluster: {kind: slurm, partition: ...}` to the topology")  # fmt: skip
+        raise UcmctlError.one(
+            f"deployment '{plan.deployment}' has no Slurm cluster",
+            fix="add `cluster: {kind: slurm, partition: ...}` to the topology",
+        )
     if plan.cluster.choose_nodes:  # the addresses in every command line come from the allocation
-        raise UcmctlError.one("`render --slurm` needs the nodes named: with cluster.choose_nodes their "
-                              "addresses are known only once Slurm gives them",
-                              fix="name Slurm's nodes (with `host`), or use `ucmctl up`")  # fmt: skip
+        raise UcmctlError.one(
+            "`render --slurm` needs the nodes named: with cluster.choose_nodes their "
+            "addresses are known only once Slurm gives them",
+            fix="name Slurm's nodes (with `host`), or use `ucmctl up`",
+        )
     proxy = next((p for p in plan.processes if p.role == "proxy"), None)
     up = f"ucmctl: deployment {plan.deployment} is up: {counted(len(plan.processes), 'process')}"
     if proxy is not None and proxy.url:

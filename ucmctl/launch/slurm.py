@@ -37,8 +37,18 @@ NEUTRAL_DIR = "/tmp"
 _SRUN_ERROR = re.compile(r"^srun: error: (.*)$", re.MULTILINE)
 _NODE_ADDR = re.compile(r"NodeName=(\S+).*?NodeAddr=(\S+)", re.DOTALL)
 _TASK_EXIT = re.compile(r"task \d+: (Exited with exit code|Killed|Terminated)", re.IGNORECASE)
-_GONE = ("", "COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL",
-         "DEADLINE", "OUT_OF_MEMORY")  # fmt: skip
+_GONE = (
+    "",
+    "COMPLETED",
+    "CANCELLED",
+    "FAILED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "PREEMPTED",
+    "BOOT_FAIL",
+    "DEADLINE",
+    "OUT_OF_MEMORY",
+)
 
 
 class SlurmError(LaunchError):
@@ -48,8 +58,14 @@ class SlurmError(LaunchError):
 def slurm(*argv: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
     """Run a Slurm client command; its failure to run at all is a SlurmError."""
     try:
-        return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, cwd=NEUTRAL_DIR,
-                              stdin=subprocess.DEVNULL)  # fmt: skip
+        return subprocess.run(
+            list(argv),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=NEUTRAL_DIR,
+            stdin=subprocess.DEVNULL,
+        )
     except FileNotFoundError:
         raise SlurmError(f"`{argv[0]}` is not installed on this machine") from None
     except subprocess.TimeoutExpired:
@@ -70,8 +86,12 @@ def srun_refusal(stderr: str) -> str | None:
 
 def _where(spec: SlurmPlan, time_limit: str | None = None) -> list[tuple[str, str]]:
     """Where a job may run and for how long, as (flag, value) pairs."""
-    flags = [("partition", spec.partition), ("account", spec.account), ("qos", spec.qos),
-             ("time", time_limit or spec.time_limit)]  # fmt: skip
+    flags = [
+        ("partition", spec.partition),
+        ("account", spec.account),
+        ("qos", spec.qos),
+        ("time", time_limit or spec.time_limit),
+    ]
     return [(flag, value) for flag, value in flags if value]
 
 
@@ -91,8 +111,10 @@ def allocation_flags(plan: Plan) -> list[tuple[str, str | bool]]:
     after the deployment, its nodes (named, unless Slurm chooses them) whole, one task each,
     the GRES its busiest node uses, where and for how long. (flag, value); True: no value."""
     spec = slurm_spec(plan)
-    flags: list[tuple[str, str | bool]] = [("job-name", spec.job_name(plan.deployment)),
-                                           ("nodes", str(len(plan.nodes)))]  # fmt: skip
+    flags: list[tuple[str, str | bool]] = [
+        ("job-name", spec.job_name(plan.deployment)),
+        ("nodes", str(len(plan.nodes))),
+    ]
     if not spec.choose_nodes:
         flags.append(("nodelist", ",".join(plan.nodes)))
     flags += [("ntasks-per-node", "1"), ("exclusive", True)]
@@ -130,16 +152,33 @@ class StepExecutor(LocalExecutor):
         # Only these of this machine's environment reach the node (Slurm would pass all of it, the
         # secrets of whoever runs ucmctl included); the launch script sets the process's own.
         where = self.node.slurm_node or self.node.name
-        return ["srun", *within, f"--nodelist={where}", "--nodes=1", "--ntasks=1", "--quiet",
-                f"--export={STEP_ENVIRONMENT}", f"--job-name={name}", *container,
-                "/bin/sh", "-c", command]  # fmt: skip
+        return [
+            "srun",
+            *within,
+            f"--nodelist={where}",
+            "--nodes=1",
+            "--ntasks=1",
+            "--quiet",
+            f"--export={STEP_ENVIRONMENT}",
+            f"--job-name={name}",
+            *container,
+            "/bin/sh",
+            "-c",
+            command,
+        ]
 
     def run_in(self, command: str, container: Sequence[str], *, timeout: float = 60) -> Result:
         """`command` on the node in a container: a step with srun's container options."""
         argv = self.argv(command, container=container)
         try:
-            done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=NEUTRAL_DIR,
-                                  stdin=subprocess.DEVNULL)  # fmt: skip
+            done = subprocess.run(
+                argv,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                cwd=NEUTRAL_DIR,
+                stdin=subprocess.DEVNULL,
+            )
         except subprocess.TimeoutExpired:
             raise NodeError(self.node.name, f"command timed out after {timeout:.0f} s") from None
         return Result(command, done.returncode, done.stdout, done.stderr)
@@ -157,8 +196,10 @@ class StepExecutor(LocalExecutor):
     def put(self, path: str, content: str | bytes, mode: int = 0o644) -> None:
         data = content.encode() if isinstance(content, str) else content
         q, tmp = shlex.quote(path), shlex.quote(f"{path}.{os.getpid()}.{time.monotonic_ns()}.tmp")
-        script = (f"mkdir -p {shlex.quote(os.path.dirname(path))} && cat > {tmp} && chmod {mode:o} {tmp} "
-                  f"&& mv -f {tmp} {q}")  # fmt: skip
+        script = (
+            f"mkdir -p {shlex.quote(os.path.dirname(path))} && cat > {tmp} && chmod {mode:o} {tmp} "
+            f"&& mv -f {tmp} {q}"
+        )
         done = subprocess.run(self.argv(script), input=data, capture_output=True, timeout=60, cwd=NEUTRAL_DIR)
         if done.returncode != 0:
             raise NodeError(self.node.name, f"cannot write {path}: {_last_line(done.stderr.decode())}")
@@ -212,14 +253,18 @@ class SlurmLauncher(Launcher):
     def preflight(self) -> list[str]:
         for tool in ("sbatch", "srun", "squeue", "scancel", "sinfo"):
             if shutil.which(tool) is None:
-                return [f"Slurm: `{tool}` is not on this machine's PATH: run `ucmctl up` on a machine "
-                        "that can submit jobs (a login node), or use `cluster: {kind: ssh}`"]  # fmt: skip
+                return [
+                    f"Slurm: `{tool}` is not on this machine's PATH: run `ucmctl up` on a machine "
+                    "that can submit jobs (a login node), or use `cluster: {kind: ssh}`"
+                ]
         problems = []
         if self.spec.partition:
             shown = slurm("sinfo", "--noheader", f"--partition={self.spec.partition}", "--format=%P")
             if shown.returncode != 0 or not shown.stdout.strip():
-                problems.append(f"Slurm: partition '{self.spec.partition}' does not exist "
-                                "(`sinfo -s` lists them): fix cluster.partition")  # fmt: skip
+                problems.append(
+                    f"Slurm: partition '{self.spec.partition}' does not exist "
+                    "(`sinfo -s` lists them): fix cluster.partition"
+                )
         if self.spec.choose_nodes:
             return problems  # Slurm picks them: no name to check
         names = ",".join(self.plan.nodes)
@@ -227,8 +272,10 @@ class SlurmLauncher(Launcher):
         known = set(shown.stdout.split()) if shown.returncode == 0 else set()
         for node in self.plan.nodes:
             if node not in known:
-                problems.append(f"node {node}: Slurm knows no node of that name (`sinfo -N` lists them): "
-                                "name nodes as Slurm does")  # fmt: skip
+                problems.append(
+                    f"node {node}: Slurm knows no node of that name (`sinfo -N` lists them): "
+                    "name nodes as Slurm does"
+                )
         return problems
 
     def acquire(
@@ -237,8 +284,10 @@ class SlurmLauncher(Launcher):
         running = self.jobs()
         if running:
             fix = f"run `ucmctl down {self.plan.deployment}` first"
-            raise SlurmError(f"Slurm already runs job {', '.join(running)} named {self.job_name}: {fix}",
-                             ExitStatus.NOT_READY)  # fmt: skip
+            raise SlurmError(
+                f"Slurm already runs job {', '.join(running)} named {self.job_name}: {fix}",
+                ExitStatus.NOT_READY,
+            )
         self._allocation = Allocation(kind="slurm", job_name=self.job_name)
         on_submitted(self._allocation)  # recorded before sbatch: a crash after it leaves a trace
         # The holder only sleeps: it takes none of this machine's environment (--export=NONE).
@@ -273,15 +322,18 @@ class SlurmLauncher(Launcher):
                 )
                 return
             if state in _GONE:
-                raise SlurmError(f"Slurm job {job_id} ended before it ran ({state or 'gone'}"
-                                 f"{', ' + reason if reason and reason != 'None' else ''})")  # fmt: skip
+                raise SlurmError(
+                    f"Slurm job {job_id} ended before it ran ({state or 'gone'}"
+                    f"{', ' + reason if reason and reason != 'None' else ''})"
+                )
             if state == "PENDING" and reason != said and reason != "None":
                 console.print(f"Slurm: job {job_id} pending ({reason})", markup=False)
                 said = reason
             if time.monotonic() > deadline:
                 self.release()
-                raise SlurmError(f"Slurm job {job_id} still {state.lower()} after {wait:g} s ({reason}); "
-                                 "cancelled it")  # fmt: skip
+                raise SlurmError(
+                    f"Slurm job {job_id} still {state.lower()} after {wait:g} s ({reason}); cancelled it"
+                )
             time.sleep(0.2)
 
     def _job_nodes(self, job_id: str) -> list[str]:
@@ -295,8 +347,10 @@ class SlurmLauncher(Launcher):
         the same job always binds the same way (a `down` without the record finds them)."""
         got = sorted(self._job_nodes(job_id))
         if len(got) != len(self.plan.nodes):
-            raise SlurmError(f"Slurm job {job_id} holds {len(got)} nodes ({', '.join(got)}), "
-                             f"the plan needs {len(self.plan.nodes)}")  # fmt: skip
+            raise SlurmError(
+                f"Slurm job {job_id} holds {len(got)} nodes ({', '.join(got)}), "
+                f"the plan needs {len(self.plan.nodes)}"
+            )
         return dict(zip(sorted(self.plan.nodes), got, strict=True))
 
     def bind(self, topology: Topology) -> Plan | None:
@@ -336,8 +390,10 @@ class SlurmLauncher(Launcher):
         if job is None:
             return [f"Slurm: no job named {self.job_name}: its processes are gone"]
         state, reason = self.state(job)
-        lines = [f"Slurm job {job} ({self.job_name}): {state.lower() or 'gone'}"
-                 + (f" ({reason})" if reason and reason != "None" else "")]  # fmt: skip
+        lines = [
+            f"Slurm job {job} ({self.job_name}): {state.lower() or 'gone'}"
+            + (f" ({reason})" if reason and reason != "None" else "")
+        ]
         nodes = ",".join(self.plan.nodes)
         shown = slurm("sinfo", "--noheader", "--Node", f"--nodes={nodes}", "--format=%N %T")
         for line in shown.stdout.splitlines():
@@ -367,21 +423,31 @@ class SlurmLauncher(Launcher):
         of its own, so neither Ctrl-C nor the end of `up` reaches it); then its pidfile."""
         ex = self[process.node]
         assert isinstance(ex, StepExecutor)
-        argv = ex.argv(lifecycle.spawn(process, foreground=True), name=process.name,
-                       container=container_options(process))  # fmt: skip
+        argv = ex.argv(
+            lifecycle.spawn(process, foreground=True), name=process.name, container=container_options(process)
+        )
         pidfile = shlex.quote(process.pidfile)
         # srun's own errors go to a file: srun outlives this command, a pipe would break under it.
         with tempfile.TemporaryFile() as said:
-            step = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=said,
-                                    cwd=NEUTRAL_DIR, start_new_session=True)  # fmt: skip
+            step = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=said,
+                cwd=NEUTRAL_DIR,
+                start_new_session=True,
+            )
             self._steps.append(step)
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline:
                 if step.poll() is not None:
                     said.seek(0)
                     why = _last_line(said.read().decode(errors="replace"))
-                    raise NodeError(process.node, f"could not start {process.name}: its step ended at once"
-                                    + (f" ({why})" if why else ""))  # fmt: skip
+                    raise NodeError(
+                        process.node,
+                        f"could not start {process.name}: its step ended at once"
+                        + (f" ({why})" if why else ""),
+                    )
                 done = ex.run(f"cat {pidfile} 2>/dev/null", timeout=30)
                 if done.stdout.strip().isdigit():
                     return lifecycle.Started(int(done.stdout.strip()))

@@ -20,10 +20,12 @@ def _d(extra: str = "") -> str:
 
 def _quantiles(metric: str, by: str) -> list[tuple[str, str]]:
     return [
-        (f"p{int(q * 100)} {{{{{by}}}}}",
-         f"histogram_quantile({q}, sum by (le, {by}) (rate({metric}_bucket{D}[1m])))")
+        (
+            f"p{int(q * 100)} {{{{{by}}}}}",
+            f"histogram_quantile({q}, sum by (le, {by}) (rate({metric}_bucket{D}[1m])))",
+        )
         for q in (0.5, 0.99)
-    ]  # fmt: skip
+    ]
 
 
 @dataclass(frozen=True)
@@ -109,16 +111,20 @@ def dashboard(deployment: str, which: str) -> dict[str, Any]:
     `$deployment` variable, read from the `up` series, defaults to it)."""
     panels = []
     for i, p in enumerate(x for x in PANELS if x.dashboard == which):
-        panels.append({
-            "id": i + 1,
-            "type": "timeseries",
-            "title": p.title,
-            "datasource": {"type": "prometheus", "uid": "${datasource}"},
-            "gridPos": {"x": 12 * (i % 2), "y": 8 * (i // 2), "w": 12, "h": 8},
-            "fieldConfig": {"defaults": {"unit": p.unit}, "overrides": []},
-            "targets": [{"refId": chr(65 + k), "expr": expr, "legendFormat": legend}
-                        for k, (legend, expr) in enumerate(p.queries)],
-        })  # fmt: skip
+        panels.append(
+            {
+                "id": i + 1,
+                "type": "timeseries",
+                "title": p.title,
+                "datasource": {"type": "prometheus", "uid": "${datasource}"},
+                "gridPos": {"x": 12 * (i % 2), "y": 8 * (i // 2), "w": 12, "h": 8},
+                "fieldConfig": {"defaults": {"unit": p.unit}, "overrides": []},
+                "targets": [
+                    {"refId": chr(65 + k), "expr": expr, "legendFormat": legend}
+                    for k, (legend, expr) in enumerate(p.queries)
+                ],
+            }
+        )
     return {
         "title": f"ucmctl {deployment}: {TITLES[which]}",
         "uid": f"ucmctl-{which}-{deployment}"[:40],
@@ -127,18 +133,25 @@ def dashboard(deployment: str, which: str) -> dict[str, Any]:
         "refresh": "10s",
         "time": {"from": "now-30m", "to": "now"},
         "schemaVersion": 39,
-        "templating": {"list": [
-            {"name": "datasource", "type": "datasource", "query": "prometheus"},
-            {"name": "deployment", "type": "query",
-             "datasource": {"type": "prometheus", "uid": "${datasource}"},
-             "query": 'label_values(up{job=~"ucmctl-.*"}, deployment)',
-             "current": {"text": deployment, "value": deployment}},
-        ]},
+        "templating": {
+            "list": [
+                {"name": "datasource", "type": "datasource", "query": "prometheus"},
+                {
+                    "name": "deployment",
+                    "type": "query",
+                    "datasource": {"type": "prometheus", "uid": "${datasource}"},
+                    "query": 'label_values(up{job=~"ucmctl-.*"}, deployment)',
+                    "current": {"text": deployment, "value": deployment},
+                },
+            ]
+        },
         "panels": panels,
-    }  # fmt: skip
+    }
 
 
 def dashboards(deployment: str) -> dict[str, str]:
     """File name: JSON text, one per dashboard."""
-    return {f"ucmctl-{deployment}-{which}.json": json.dumps(dashboard(deployment, which), indent=1) + "\n"
-            for which in TITLES}  # fmt: skip
+    return {
+        f"ucmctl-{deployment}-{which}.json": json.dumps(dashboard(deployment, which), indent=1) + "\n"
+        for which in TITLES
+    }

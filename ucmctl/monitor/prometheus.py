@@ -43,12 +43,14 @@ def scrape_config(deployment: str, interval_s: float) -> dict[str, object]:
     return {
         "global": {"scrape_interval": f"{interval_s:g}s", "evaluation_interval": f"{interval_s:g}s"},
         "rule_files": [f"ucmctl-{deployment}-alerts.yml"],
-        "scrape_configs": [{
-            "job_name": f"ucmctl-{deployment}",
-            "metrics_path": "/metrics",
-            "file_sd_configs": [{"files": [f"targets/{deployment}.json"], "refresh_interval": "30s"}],
-        }],
-    }  # fmt: skip
+        "scrape_configs": [
+            {
+                "job_name": f"ucmctl-{deployment}",
+                "metrics_path": "/metrics",
+                "file_sd_configs": [{"files": [f"targets/{deployment}.json"], "refresh_interval": "30s"}],
+            }
+        ],
+    }
 
 
 def rules(deployment: str) -> dict[str, object]:
@@ -59,43 +61,76 @@ def rules(deployment: str) -> dict[str, object]:
     def ext_rate(offset: str = "") -> str:
         hits = names.EXTERNAL_PREFIX_CACHE_HITS + "_total"
         queries = names.EXTERNAL_PREFIX_CACHE_QUERIES + "_total"
-        return (f"sum by (role) (rate({hits}{{{d}}}[10m]{offset})) / "
-                f"sum by (role) (rate({queries}{{{d}}}[10m]{offset}))")  # fmt: skip
+        return (
+            f"sum by (role) (rate({hits}{{{d}}}[10m]{offset})) / "
+            f"sum by (role) (rate({queries}{{{d}}}[10m]{offset}))"
+        )
 
-    return {"groups": [{
-        "name": f"ucmctl-{deployment}",
-        "rules": [
-            {"alert": "UcmctlTargetDown", "expr": f"up{{{d}}} == 0", "for": "1m",
-             "labels": {"severity": "critical"},
-             "annotations": {"summary": "{{ $labels.process }} on {{ $labels.node }} answers no /metrics",
-                             "fix": "`ucmctl status` shows it; `ucmctl logs` its last lines"}},
-            {"alert": "UcmctlDecodePreempting",
-             "expr": f'sum by (process) (increase({names.PREEMPTIONS}_total{{{d},role="decode"}}[5m])) > 0',
-             "for": "1m", "labels": {"severity": "warning"},
-             "annotations": {"summary": "{{ $labels.process }} preempted requests: its KV cache is full",
-                             "fix": "lower the concurrency or max-num-seqs, or add decode instances"}},
-            {"alert": "UcmctlExternalHitRateCollapsed",
-             "expr": f"({ext_rate()}) < 0.5 * ({ext_rate(' offset 1h')})", "for": "5m",
-             "labels": {"severity": "warning"},
-             "annotations": {"summary": "the external (UCM store) hit rate of {{ $labels.role }} fell below "
-                                        "half of what it was an hour ago",
-                             "fix": "check the store's errors and the storage mount (`ucmctl status`)"}},
-            {"alert": "UcmctlStoreErrors",
-             # one per counter, joined by `or`: increase() of a name regex would drop the names and
-             # leave series alike (Prometheus refuses that vector)
-             "expr": " or ".join(f"sum by (process) (increase({ucm_errors}_total{{{d}}}[5m])) > 0"
-                                 for op in ("load", "save", "lookup")
-                                 for ucm_errors in [names.ucm_counter(f"{op}_errors")]),
-             "labels": {"severity": "warning"},
-             "annotations": {"summary": "the UCM store of {{ $labels.process }} failed blocks (recomputed)",
-                             "fix": "check the storage backend's mount on that node"}},
-            {"alert": "UcmctlProxyUpstreamErrors",
-             "expr": f"sum by (reason) (increase({names.PROXY_ERRORS}{{{d}}}[5m])) > 0",
-             "labels": {"severity": "warning"},
-             "annotations": {"summary": "the proxy answered requests with errors ({{ $labels.reason }})",
-                             "fix": "`ucmctl status`; the proxy's log names the instance"}},
-        ],
-    }]}  # fmt: skip
+    return {
+        "groups": [
+            {
+                "name": f"ucmctl-{deployment}",
+                "rules": [
+                    {
+                        "alert": "UcmctlTargetDown",
+                        "expr": f"up{{{d}}} == 0",
+                        "for": "1m",
+                        "labels": {"severity": "critical"},
+                        "annotations": {
+                            "summary": "{{ $labels.process }} on {{ $labels.node }} answers no /metrics",
+                            "fix": "`ucmctl status` shows it; `ucmctl logs` its last lines",
+                        },
+                    },
+                    {
+                        "alert": "UcmctlDecodePreempting",
+                        "expr": f"sum by (process) (increase({names.PREEMPTIONS}_total"
+                        f'{{{d},role="decode"}}[5m])) > 0',
+                        "for": "1m",
+                        "labels": {"severity": "warning"},
+                        "annotations": {
+                            "summary": "{{ $labels.process }} preempted requests: its KV cache is full",
+                            "fix": "lower the concurrency or max-num-seqs, or add decode instances",
+                        },
+                    },
+                    {
+                        "alert": "UcmctlExternalHitRateCollapsed",
+                        "expr": f"({ext_rate()}) < 0.5 * ({ext_rate(' offset 1h')})",
+                        "for": "5m",
+                        "labels": {"severity": "warning"},
+                        "annotations": {
+                            "summary": "the external (UCM store) hit rate of {{ $labels.role }} fell below "
+                            "half of what it was an hour ago",
+                            "fix": "check the store's errors and the storage mount (`ucmctl status`)",
+                        },
+                    },
+                    {
+                        "alert": "UcmctlStoreErrors",
+                        # one per counter, joined by `or`: increase() of a name regex would drop the names and
+                        # leave series alike (Prometheus refuses that vector)
+                        "expr": " or ".join(
+                            f"sum by (process) (increase({ucm_errors}_total{{{d}}}[5m])) > 0"
+                            for op in ("load", "save", "lookup")
+                            for ucm_errors in [names.ucm_counter(f"{op}_errors")]
+                        ),
+                        "labels": {"severity": "warning"},
+                        "annotations": {
+                            "summary": "the UCM store of {{ $labels.process }} failed blocks (recomputed)",
+                            "fix": "check the storage backend's mount on that node",
+                        },
+                    },
+                    {
+                        "alert": "UcmctlProxyUpstreamErrors",
+                        "expr": f"sum by (reason) (increase({names.PROXY_ERRORS}{{{d}}}[5m])) > 0",
+                        "labels": {"severity": "warning"},
+                        "annotations": {
+                            "summary": "the proxy answered requests with errors ({{ $labels.reason }})",
+                            "fix": "`ucmctl status`; the proxy's log names the instance",
+                        },
+                    },
+                ],
+            }
+        ]
+    }
 
 
 def render(plan: Plan, interval_s: float = 5.0) -> dict[str, str]:
@@ -124,12 +159,19 @@ def write(files: dict[str, str], folder: Path) -> list[Path]:
     known = set((folder / MANIFEST).read_text().split()) if (folder / MANIFEST).is_file() else set()
     if folder.is_dir():
         mine = known | {MANIFEST}
-        theirs = sorted(rel for rel in (str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
-                        if rel not in mine)  # fmt: skip
+        theirs = sorted(
+            rel
+            for rel in (str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
+            if rel not in mine
+        )
         if theirs:
             shown = ", ".join(theirs[:3]) + (f" and {len(theirs) - 3} more" if len(theirs) > 3 else "")
-            raise UcmctlError.one(f"the folder holds files ucmctl did not write ({shown})", file=str(folder),
-                                  key="--prometheus", fix="name an empty or a new folder")  # fmt: skip
+            raise UcmctlError.one(
+                f"the folder holds files ucmctl did not write ({shown})",
+                file=str(folder),
+                key="--prometheus",
+                fix="name an empty or a new folder",
+            )
     written = []
     for rel, text in files.items():
         path = folder / rel

@@ -216,8 +216,10 @@ class SshExecutor:
             if refused is not None:
                 raise HostKeyError(self.node.name, refused) from None
             reason = str(exc) or type(exc).__name__
-            raise NodeError(self.node.name, f"SSH to {self.node.user}@{self.node.host}:{self.node.ssh_port} "
-                            f"failed: {reason}") from None  # fmt: skip
+            raise NodeError(
+                self.node.name,
+                f"SSH to {self.node.user}@{self.node.host}:{self.node.ssh_port} failed: {reason}",
+            ) from None
 
     def run(self, command: str, *, timeout: float = 60) -> Result:
         with self._lock:

@@ -101,8 +101,11 @@ def record(path: Path, hostname: str, key: paramiko.PKey) -> None:
 
 def describe(exc: BaseException, host: str, port: int) -> str | None:
     """One line for a host-key refusal, with what to do; None for any other error."""
-    keyscan = f"ssh-keyscan -p {port} {host} >> ~/.ssh/known_hosts" if port != 22 else \
-        f"ssh-keyscan {host} >> ~/.ssh/known_hosts"  # fmt: skip
+    keyscan = (
+        f"ssh-keyscan -p {port} {host} >> ~/.ssh/known_hosts"
+        if port != 22
+        else f"ssh-keyscan {host} >> ~/.ssh/known_hosts"
+    )
     if isinstance(exc, UnknownHostKey):
         return (
             f"unknown SSH host key for {exc.hostname} ({exc.key.get_name()} {fingerprint(exc.key)}); "

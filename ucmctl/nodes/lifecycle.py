@@ -156,12 +156,17 @@ done
     done = ex.run(script, timeout=60)
     found = [line.split(" ", 2)[1:] for line in done.stdout.splitlines() if line.startswith("stray ")]
     return [
-        template.model_copy(update={
-            "name": n, "pidfile": f"{run_dir}/{n}/{pid}", "launch": f"{run_dir}/{n}/{launch}",
-            "log": f"{run_dir}/{n}/{posixpath.basename(template.log)}",
-        })
-        for launch, n in found if n not in known and _NAME.fullmatch(n)
-    ]  # fmt: skip
+        template.model_copy(
+            update={
+                "name": n,
+                "pidfile": f"{run_dir}/{n}/{pid}",
+                "launch": f"{run_dir}/{n}/{launch}",
+                "log": f"{run_dir}/{n}/{posixpath.basename(template.log)}",
+            }
+        )
+        for launch, n in found
+        if n not in known and _NAME.fullmatch(n)
+    ]
 
 
 def stop(ex: Executor, process: Process, *, grace: float = 10) -> Stopped:

@@ -2,38 +2,35 @@
 
 from __future__ import annotations
 
-import ipaddress
 import posixpath
-from typing import Any, Literal
 
-from ucmctl.core.names import SERVER_ROLES
 from ucmctl.core.platforms import DEVICE_VARIABLE, NIC_VARIABLES, Platform
 from ucmctl.core.ucm_config import CONNECTOR_NAMES, ConnectorEntry, StoreConfig, UcmConfig
 from ucmctl.engines import KvTransfer, MooncakeLeg, ServerSpec, engine_for
 from ucmctl.engines.mooncake import ASCEND_MOONCAKE, MooncakeConnectorFacts, connector_for, protocol_for
-from ucmctl.plan.containers import container_plan, oci_plan, pyxis_plan, work_mounts
 from ucmctl.plan.model import (
     UCM_CONFIG_FILE,
-    ContainerPlan,
     NodePlan,
-    PlacedFile,
     Plan,
     Process,
-    RestartPlan,
-    Role,
     SlurmPlan,
     SshClusterPlan,
     Stage,
     StorePlan,
-    default_health_timeout,
-    process_marker,
+)
+from ucmctl.plan.processes import (
+    bind_address,
+    place_process,
+    python_of,
+    reach_address,
+    side_uses_store,
+    store_backends,
+    tool_path,
 )
 from ucmctl.plan.render import render
-from ucmctl.topology.container import Container, Mount
+from ucmctl.topology.container import Container
 from ucmctl.topology.layout import Server, is_external_dp, servers
-from ucmctl.topology.model import Mode, Node, Restart, Side, SlurmCluster, Storage, Topology, Transport
-
-LOCAL_ADDRESS = "127.0.0.1"
+from ucmctl.topology.model import Mode, Node, Side, SlurmCluster, Storage, Topology, Transport
 
 
 def build_plan(t: Topology, slurm_nodes: dict[str, tuple[str, str]] | None = None) -> Plan:
@@ -44,8 +41,10 @@ def build_plan(t: Topology, slurm_nodes: dict[str, tuple[str, str]] | None = Non
     to ask Slurm with, whose processes never start."""
     bound = slurm_nodes or {}
     t = _bound(t, bound)
-    nodes = {name: _node_plan(t, name, node, bound[name][0] if name in bound else None)
-             for name, node in t.nodes.items()}  # fmt: skip
+    nodes = {
+        name: _node_plan(t, name, node, bound[name][0] if name in bound else None)
+        for name, node in t.nodes.items()
+    }
     processes: list[Process] = []
     master: Process | None = None
     if t.mode is Mode.p2p and t.mooncake is not None:
@@ -72,23 +71,26 @@ def _cluster(t: Topology) -> SshClusterPlan | SlurmPlan:
     if not isinstance(t.cluster, SlurmCluster):
         return SshClusterPlan()
     c = t.cluster
-    return SlurmPlan(partition=c.partition, account=c.account, qos=c.qos, time_limit=c.time_limit,
-                     wait_allocation=c.wait_allocation, choose_nodes=c.choose_nodes, gres=c.gres)  # fmt: skip
+    return SlurmPlan(
+        partition=c.partition,
+        account=c.account,
+        qos=c.qos,
+        time_limit=c.time_limit,
+        wait_allocation=c.wait_allocation,
+        choose_nodes=c.choose_nodes,
+        gres=c.gres,
+    )
 
 
 def _bound(t: Topology, bound: dict[str, tuple[str, str]]) -> Topology:
     """The topology with an address for every node Slurm chose (its own name until bound)."""
     if all(node.host for node in t.nodes.values()):
         return t
-    nodes = {name: node if node.host else node.model_copy(update={"host": bound.get(name, (name, name))[1]})
-             for name, node in t.nodes.items()}  # fmt: skip
+    nodes = {
+        name: node if node.host else node.model_copy(update={"host": bound.get(name, (name, name))[1]})
+        for name, node in t.nodes.items()
+    }
     return t.model_copy(update={"nodes": nodes})
-
-
-def _uses_store(t: Topology, side: str) -> bool:
-    """Whether a server of `side` loads the UCM connector: every one when there is storage, but
-    P2P decode (it gets its KV from prefill through Mooncake)."""
-    return t.storage is not None and not (t.mode is Mode.p2p and side == "decode")
 
 
 def _store(t: Topology, processes: list[Process]) -> StorePlan | None:
@@ -96,16 +98,12 @@ def _store(t: Topology, processes: list[Process]) -> StorePlan | None:
         return None
     return StorePlan(
         pipeline=t.storage.store_pipeline,
-        backends=_backends(t.storage),
+        backends=store_backends(t.storage),
         cache_buffer_capacity_gb=t.storage.cache_buffer_capacity_gb,
         io_direct=t.storage.io_direct,
         pack_blocks=t.storage.pack_blocks,
-        users=[p.name for p in processes if p.is_server and _uses_store(t, p.role)],
+        users=[p.name for p in processes if p.is_server and side_uses_store(t, p.role)],
     )
-
-
-def _backends(storage: Storage) -> list[str]:
-    return StoreConfig.model_validate(storage.ucm_store_values()).storage_backends
 
 
 def _node_plan(t: Topology, name: str, node: Node, slurm_node: str | None) -> NodePlan:
@@ -119,152 +117,12 @@ def _node_plan(t: Topology, name: str, node: Node, slurm_node: str | None) -> No
         key=node.key,
         platform=node.platform.value,
         devices=node.devices,
-        python=_python(node),
+        python=python_of(node),
         run_dir=posixpath.join(workdir, t.name),
-        bind=_bind(node),
+        bind=bind_address(node),
         slurm_node=slurm_node,
         systemd=node.systemd,
     )
-
-
-def _python(node: Node, container: Container | None = None) -> str:
-    if container is not None and container.contained:
-        return container.python
-    return f"{node.venv}/bin/python" if node.venv else node.python
-
-
-def _tool(node: Node, name: str, container: Container | None = None) -> str:
-    """A console script next to the node's Python (or on PATH when Python is a bare command);
-    in a container, on the image's PATH."""
-    if container is not None and container.contained:
-        return name
-    if node.venv:
-        return f"{node.venv}/bin/{name}"
-    if node.python.startswith("/"):
-        return posixpath.join(posixpath.dirname(node.python), name)
-    return name
-
-
-def _address(node: Node) -> str:
-    """Where others reach the node's listeners: the address they bind, when the topology names
-    one (nothing else answers then), else the node's host."""
-    if node.bind is not None and not ipaddress.ip_address(node.bind).is_unspecified:
-        return node.bind
-    return LOCAL_ADDRESS if node.transport is Transport.local else node.host
-
-
-def _bind(node: Node) -> str:
-    """What every listener on the node binds: the topology's `bind`, else the address the node is
-    reached at, never every interface unless the topology asks for it."""
-    if node.bind is not None:
-        return node.bind
-    return LOCAL_ADDRESS if node.transport is Transport.local else node.host
-
-
-def _process(
-    t: Topology,
-    nodes: dict[str, NodePlan],
-    *,
-    name: str,
-    role: Role,
-    node: str,
-    stage: Stage,
-    argv: list[str],
-    env: dict[str, str],
-    extra_files: dict[str, str],
-    container: Container,
-    cache_dirs: list[str] | None = None,
-    restart: Restart | None = None,
-    **fields: Any,
-) -> Process:
-    work = posixpath.join(nodes[node].run_dir, name)
-    on_failure = restart is not None and restart.on
-    files = [PlacedFile(path=posixpath.join(work, f), content=c) for f, c in extra_files.items()]
-    launch = posixpath.join(work, "launch.sh")
-    pidfile, log = posixpath.join(work, "pid"), posixpath.join(work, "output.log")
-    contained = None
-    uses_store = t.storage is not None and role in SERVER_ROLES and _uses_store(t, role)
-    backends = _backends(t.storage) if t.storage is not None and uses_store else []
-    mounts = work_mounts(work, t.model.path if role in SERVER_ROLES else None, backends)
-    mounts += [Mount(host=d, container=d) for d in cache_dirs or []]
-    if container.detached:
-        contained, env = container_plan(
-            container, deployment=t.name, process=name, topology_digest=t.digest(),
-            platform=t.nodes[node].platform, argv=argv, env=env, cards=list(fields.get("devices", [])),
-            device_variable=fields.get("device_variable"), workdir=work, mounts=mounts,
-            max_restarts=restart.max_restarts if restart is not None and on_failure else None,
-        )  # fmt: skip
-        options = contained.argv[: len(contained.argv) - len(argv) - 1]
-        script = render("container.sh.j2", deployment=t.name, process=name, container=contained,
-                        options=options, command=argv, make_dirs=cache_dirs or [])  # fmt: skip
-    else:
-        if container.runtime == "pyxis":  # a Slurm job step in the image: the launch script runs inside
-            contained = pyxis_plan(container, deployment=t.name, process=name, workdir=work, mounts=mounts)
-        elif container.runtime == "oci":  # ... or in an OCI bundle: one a node's processes share
-            every = _backends(t.storage) if t.storage else []
-            contained = oci_plan(container, deployment=t.name, process=name, run_dir=nodes[node].run_dir,
-                                 model=t.model.path, backends=every)  # fmt: skip
-        script = render("launch.sh.j2", deployment=t.name, process=name, workdir=work, env=env, argv=argv)
-    files.append(PlacedFile(path=launch, content=script, mode=0o755))
-    planned = None
-    if restart is not None and on_failure:
-        planned, launch = _restart_plan(
-            t.name, name, work, launch, restart, contained, systemd=nodes[node].systemd, files=files
-        )
-    return Process(
-        name=name,
-        role=role,
-        node=node,
-        stage=stage,
-        argv=argv,
-        env=env,
-        launch=launch,
-        files=files,
-        log=log,
-        pidfile=pidfile,
-        health_timeout=default_health_timeout(role, t.engine.value),
-        container=contained,
-        restart=planned,
-        **fields,
-    )
-
-
-def _restart_plan(
-    deployment: str,
-    name: str,
-    work: str,
-    launch: str,
-    restart: Restart,
-    contained: ContainerPlan | None,
-    *,
-    systemd: bool,
-    files: list[PlacedFile],
-) -> tuple[RestartPlan, str]:
-    """What restarts the process `name` on failure, and the script its node starts: a podman or
-    docker container restarts itself; on a systemd node a transient unit runs the launch script;
-    else ucmctl's supervisor does (what a Slurm step or the node starts). The scripts this takes
-    are added to `files`."""
-    pidfile, log = posixpath.join(work, "pid"), posixpath.join(work, "output.log")
-    if contained is not None and contained.runtime in ("podman", "docker"):
-        runtime: Literal["podman", "docker"] = "podman" if contained.runtime == "podman" else "docker"
-        return RestartPlan(by=runtime, max_restarts=restart.max_restarts, backoff_s=None), launch
-    if systemd and contained is None:  # a transient unit runs the launch script
-        unit_script = posixpath.join(work, "unit.sh")
-        planned = RestartPlan(by="systemd", max_restarts=restart.max_restarts,
-                              backoff_s=restart.backoff_s, script=unit_script)  # fmt: skip
-        script = render("unit.sh.j2", deployment=deployment, process=name, launch=launch,
-                        pidfile=pidfile, log=log, marker=process_marker(name, launch))  # fmt: skip
-        files.append(PlacedFile(path=unit_script, content=script, mode=0o755))
-        return planned, launch
-    state = posixpath.join(work, "restarts")
-    planned = RestartPlan(by="supervisor", max_restarts=restart.max_restarts,
-                          backoff_s=restart.backoff_s, state=state)  # fmt: skip
-    supervise = posixpath.join(work, "supervise.sh")
-    script = render("supervise.sh.j2", deployment=deployment, process=name, launch=launch,
-                    state=state, max_restarts=restart.max_restarts,
-                    backoff_s=f"{restart.backoff_s:g}")  # fmt: skip
-    files.append(PlacedFile(path=supervise, content=script, mode=0o755))
-    return planned, supervise
 
 
 def _mooncake_master(t: Topology, nodes: dict[str, NodePlan]) -> Process:
@@ -273,24 +131,33 @@ def _mooncake_master(t: Topology, nodes: dict[str, NodePlan]) -> Process:
     node = t.nodes[mc.master_node]
     container = t.container_of(mc.master_node)
     argv = [
-        _tool(node, "mooncake_master", container),
+        tool_path(node, "mooncake_master", container),
         "--port", str(mc.port),
         "--eviction_high_watermark_ratio", str(mc.eviction_high_watermark_ratio),
         "--eviction_ratio", str(mc.eviction_ratio),
         "--default_kv_lease_ttl", str(mc.default_kv_lease_ttl),
         # Both listeners default to 0.0.0.0 in mooncake_master; its HTTP metadata server (also
         # 0.0.0.0) stays off: P2PHANDSHAKE needs none.
-        "--rpc_address", _bind(node),
-        "--metrics_host", _bind(node),
+        "--rpc_address", bind_address(node),
+        "--metrics_host", bind_address(node),
         "--metrics_port", str(mc.metrics_port),
     ]  # fmt: skip
-    base = f"http://{_address(node)}:{mc.metrics_port}"
-    return _process(
-        t, nodes, name="mooncake-master", role="mooncake", node=mc.master_node, stage=Stage.mooncake,
-        argv=argv, env=dict(node.env), extra_files={}, container=container,
+    base = f"http://{reach_address(node)}:{mc.metrics_port}"
+    return place_process(
+        t,
+        nodes,
+        name="mooncake-master",
+        role="mooncake",
+        node=mc.master_node,
+        stage=Stage.mooncake,
+        argv=argv,
+        env=dict(node.env),
+        extra_files={},
+        container=container,
         ports={"master": mc.port, "metrics": mc.metrics_port},
-        url=base, health=[f"{base}/metrics"],
-    )  # fmt: skip
+        url=base,
+        health=[f"{base}/metrics"],
+    )
 
 
 def _side(t: Topology, name: str) -> Side:
@@ -314,7 +181,7 @@ def _server(t: Topology, nodes: dict[str, NodePlan], s: Server, deps: list[str])
     env.update(engine.platform_env(node.platform.value, nodes[s.node].run_dir))
 
     ucm_config = None
-    if t.storage is not None and _uses_store(t, s.side):
+    if t.storage is not None and side_uses_store(t, s.side):
         ucm_config = posixpath.join(work, UCM_CONFIG_FILE)
         # Centralized PD: prefill answers only once decode can find the blocks on disk.
         ucm = _ucm_config(t.storage, wait_persisted=t.mode is Mode.centralized and s.side == "prefill")
@@ -328,7 +195,7 @@ def _server(t: Topology, nodes: dict[str, NodePlan], s: Server, deps: list[str])
     if announces and (node.transport is Transport.local or _is_ip(node.host)):
         # the address vLLM's Mooncake transfer engine and side channel announce to peers (both
         # sides: prefill pushes to the address decode announces)
-        env[engine.host_ip_variable] = _address(node)
+        env[engine.host_ip_variable] = reach_address(node)
     env.update(node.env)
     env.update(side.env)
     cache_dirs: list[str] = []
@@ -338,12 +205,50 @@ def _server(t: Topology, nodes: dict[str, NodePlan], s: Server, deps: list[str])
         default = posixpath.join(nodes[s.node].run_dir, "vllm-cache")
         cache_dirs.append(env.setdefault(engine.cache_root_variable, default))
 
+    spec = _server_spec(t, s, node, container, ucm_config)
+    argv = engine.argv(spec)
+
+    base = f"http://{reach_address(node)}:{s.port}"
+    ports = _server_ports(s)
+    return place_process(
+        t,
+        nodes,
+        name=s.name,
+        role=s.side,
+        node=s.node,
+        stage=Stage.servers,
+        argv=argv,
+        env=env,
+        extra_files=files,
+        container=container,
+        cache_dirs=cache_dirs,
+        restart=side.restart,
+        ports=ports,
+        url=base,
+        health=[f"{base}/health", f"{base}/v1/models"],
+        depends_on=deps,
+        devices=list(s.devices),
+        device_variable=device_variable,
+        dp_rank=s.dp_rank,
+        server=spec,
+    )
+
+
+def _server_spec(
+    t: Topology, s: Server, node: Node, container: Container, ucm_config: str | None
+) -> ServerSpec:
+    """What the engine is told to serve for the server `s`: its model, listener, parallelism and
+    KV connectors."""
+    side = _side(t, s.side)
+    engine = engine_for(t.engine.value)
     dtype = side.dtype or t.model.dtype
     external = is_external_dp(side)  # one API server per DP rank: each is told its rank
-    spec = ServerSpec(
-        executable=engine.executable(_python(node, container), lambda name: _tool(node, name, container)),
+    return ServerSpec(
+        executable=engine.executable(
+            python_of(node, container), lambda name: tool_path(node, name, container)
+        ),
         model=t.model.path,
-        host=_bind(node),
+        host=bind_address(node),
         port=s.port,
         served_model_name=t.model.served_name,
         dtype=None if dtype == "auto" else dtype,
@@ -356,9 +261,10 @@ def _server(t: Topology, nodes: dict[str, NodePlan], s: Server, deps: list[str])
         flags=dict(side.flags),
         kv_transfer_config=engine.kv_transfer_config(_kv_transfer(t, s, ucm_config)),
     )
-    argv = engine.argv(spec)
 
-    base = f"http://{_address(node)}:{s.port}"
+
+def _server_ports(s: Server) -> dict[str, int]:
+    """The ports the server `s` listens on, by what they serve."""
     ports = {"http": s.port}
     if s.kv_port:
         ports["kv"] = s.kv_port
@@ -366,13 +272,7 @@ def _server(t: Topology, nodes: dict[str, NodePlan], s: Server, deps: list[str])
         ports["bootstrap"] = s.bootstrap_port
     if s.dp_rank == 0 and s.dp_rpc_port:
         ports["dp_rpc"] = s.dp_rpc_port
-    return _process(
-        t, nodes, name=s.name, role=s.side, node=s.node, stage=Stage.servers, argv=argv, env=env,
-        extra_files=files, container=container, cache_dirs=cache_dirs, restart=side.restart, ports=ports,
-        url=base, health=[f"{base}/health", f"{base}/v1/models"],
-        depends_on=deps, devices=list(s.devices), device_variable=device_variable,
-        dp_rank=s.dp_rank, server=spec,
-    )  # fmt: skip
+    return ports
 
 
 def _ucm_config(storage: Storage, *, wait_persisted: bool) -> UcmConfig:
@@ -465,8 +365,8 @@ def _proxy(t: Topology, nodes: dict[str, NodePlan], upstream: list[Process]) -> 
     assert proxy is not None
     node = t.nodes[proxy.node]
     container = t.container_of(proxy.node)
-    listen = proxy.host or _bind(node)
-    argv = [_python(node, container), "-m", "ucmctl", "proxy", "--host", listen, "--port", str(proxy.port)]
+    listen = proxy.host or bind_address(node)
+    argv = [python_of(node, container), "-m", "ucmctl", "proxy", "--host", listen, "--port", str(proxy.port)]
     if t.mode is Mode.mixed:
         argv += ["--mode", "mixed"]
         for p in upstream:
@@ -482,14 +382,25 @@ def _proxy(t: Topology, nodes: dict[str, NodePlan], upstream: list[Process]) -> 
         if router == "mooncake":  # the router asks each prefiller's bootstrap server for its engine
             for p in upstream:
                 if p.role == "prefill":
-                    host = _address(t.nodes[p.node])
+                    host = reach_address(t.nodes[p.node])
                     argv += ["--bootstrap", f"http://{host}:{p.ports['bootstrap']}"]
     if proxy.routing == "prefix":
         argv.append("--prefix-affinity")
-    base = f"http://{_address(node)}:{proxy.port}"
-    return _process(
-        t, nodes, name="proxy", role="proxy", node=proxy.node, stage=Stage.proxy, argv=argv,
-        env=dict(node.env), extra_files={}, container=container, restart=proxy.restart,
-        ports={"http": proxy.port}, url=base, health=[f"{base}/health"],
+    base = f"http://{reach_address(node)}:{proxy.port}"
+    return place_process(
+        t,
+        nodes,
+        name="proxy",
+        role="proxy",
+        node=proxy.node,
+        stage=Stage.proxy,
+        argv=argv,
+        env=dict(node.env),
+        extra_files={},
+        container=container,
+        restart=proxy.restart,
+        ports={"http": proxy.port},
+        url=base,
+        health=[f"{base}/health"],
         depends_on=[p.name for p in upstream],
-    )  # fmt: skip
+    )

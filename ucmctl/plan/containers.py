@@ -169,8 +169,12 @@ def pyxis_plan(
     gives the step its cards."""
     assert spec.runtime == "pyxis" and spec.image is not None
     options = step_mounts([*mounts, *spec.mounts])
-    argv = [f"--container-image={spec.image}", "--container-mounts=" + ",".join(options),
-            f"--container-workdir={workdir}", "--no-container-mount-home"]  # fmt: skip
+    argv = [
+        f"--container-image={spec.image}",
+        "--container-mounts=" + ",".join(options),
+        f"--container-workdir={workdir}",
+        "--no-container-mount-home",
+    ]
     return ContainerPlan(
         runtime="pyxis",
         image=spec.image,

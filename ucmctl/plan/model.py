@@ -97,11 +97,15 @@ class RestartPlan(Frozen):
     def words(self) -> str:
         """How `ucmctl plan` says it."""
         if self.by == "supervisor":
-            return (f"on-failure, at most {self.max_restarts}x, {self.backoff_s:g} s apart, by "
-                    "ucmctl's supervisor on the node")  # fmt: skip
+            return (
+                f"on-failure, at most {self.max_restarts}x, {self.backoff_s:g} s apart, by "
+                "ucmctl's supervisor on the node"
+            )
         if self.by == "systemd":
-            return (f"on-failure, at most {self.max_restarts}x, {self.backoff_s:g} s apart, by "
-                    "systemd (a transient unit)")  # fmt: skip
+            return (
+                f"on-failure, at most {self.max_restarts}x, {self.backoff_s:g} s apart, by "
+                "systemd (a transient unit)"
+            )
         return (
             f"on-failure, at most {self.max_restarts}x, by {self.by} --restart=on-failure:{self.max_restarts}"
         )

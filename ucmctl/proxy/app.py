@@ -58,10 +58,13 @@ async def _session_ctx(app: web.Application) -> AsyncIterator[None]:
     )
     task = asyncio.create_task(
         health_loop(
-            state.session, state.pool, interval=cfg.health_interval, timeout=cfg.health_timeout,
+            state.session,
+            state.pool,
+            interval=cfg.health_interval,
+            timeout=cfg.health_timeout,
             unhealthy_after=cfg.unhealthy_after,
         )
-    )  # fmt: skip
+    )
     try:
         yield
     finally:
@@ -247,10 +250,17 @@ async def instances_list(request: web.Request) -> web.Response:
 
 def _describe(insts: list[Instance]) -> list[dict[str, object]]:
     return [
-        {"url": i.url, "role": i.role, "healthy": i.healthy, "draining": i.draining,
-         "requests_in_flight": i.requests, "requests_streaming": i.streaming, "tokens_in_flight": i.tokens}
+        {
+            "url": i.url,
+            "role": i.role,
+            "healthy": i.healthy,
+            "draining": i.draining,
+            "requests_in_flight": i.requests,
+            "requests_streaming": i.streaming,
+            "tokens_in_flight": i.tokens,
+        }
         for i in insts
-    ]  # fmt: skip
+    ]
 
 
 def run(config: ProxyConfig) -> None:
@@ -275,9 +285,15 @@ def run(config: ProxyConfig) -> None:
 
     try:
         web.run_app(
-            make_app(config), host=config.host, port=config.port, loop=loop, handler_cancellation=True,
-            access_log=None, print=announce, shutdown_timeout=5.0,
-        )  # fmt: skip
+            make_app(config),
+            host=config.host,
+            port=config.port,
+            loop=loop,
+            handler_cancellation=True,
+            access_log=None,
+            print=announce,
+            shutdown_timeout=5.0,
+        )
     except OSError as exc:
         raise UcmctlError.one(
             f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}",

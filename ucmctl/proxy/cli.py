@@ -51,13 +51,27 @@ def proxy(
     from ucmctl.proxy.config import make_config
 
     config = make_config(
-        host=host, port=port, mode=mode, p2p=p2p, prefillers=prefiller, bootstraps=bootstrap,
-        decoders=decoder, instances=instance,
-        prefix_affinity=prefix_affinity, env=dict(os.environ), affinity_tokens=affinity_tokens,
-        deployment=deployment, health_interval=health_interval, health_timeout=health_timeout,
-        unhealthy_after=unhealthy_after, retries=retries, retry_backoff=retry_backoff,
-        connect_timeout=connect_timeout, read_timeout=read_timeout, max_connections=max_connections,
-    )  # fmt: skip
+        host=host,
+        port=port,
+        mode=mode,
+        p2p=p2p,
+        prefillers=prefiller,
+        bootstraps=bootstrap,
+        decoders=decoder,
+        instances=instance,
+        prefix_affinity=prefix_affinity,
+        env=dict(os.environ),
+        affinity_tokens=affinity_tokens,
+        deployment=deployment,
+        health_interval=health_interval,
+        health_timeout=health_timeout,
+        unhealthy_after=unhealthy_after,
+        retries=retries,
+        retry_backoff=retry_backoff,
+        connect_timeout=connect_timeout,
+        read_timeout=read_timeout,
+        max_connections=max_connections,
+    )
     from ucmctl.proxy.app import run
 
     run(config)

@@ -103,6 +103,39 @@ def make_config(
         _urls(decoders, "--decoder"),
         _urls(instances, "--instance"),
     )
+    _check_upstreams(mode, p2p, pre, dec, mix)
+    boot = _urls(bootstraps, "--bootstrap")
+    if p2p == "mooncake" and len(boot) != len(pre):
+        raise UcmctlError.one(
+            f"--p2p mooncake needs one --bootstrap per --prefiller ({len(pre)}), got {len(boot)}",
+            fix="add --bootstrap http://HOST:VLLM_MOONCAKE_BOOTSTRAP_PORT for each prefiller, same order",
+        )
+    if boot and p2p != "mooncake":
+        raise UcmctlError.one(
+            "--bootstrap is for --p2p mooncake", fix="drop --bootstrap or add --p2p mooncake"
+        )
+    _check_tuning(tuning)
+    env = env or {}
+    return ProxyConfig(
+        host=host,
+        port=port,
+        mode=mode,
+        p2p=p2p,
+        prefillers=pre,
+        bootstraps=boot,
+        decoders=dec,
+        instances=mix,
+        prefix_affinity=prefix_affinity,
+        api_key=env.get(API_KEY_ENV) or None,
+        upstream_api_key=env.get(UPSTREAM_API_KEY_ENV) or None,
+        **tuning,  # type: ignore[arg-type]
+    )
+
+
+def _check_upstreams(
+    mode: str, p2p: str | None, pre: tuple[str, ...], dec: tuple[str, ...], mix: tuple[str, ...]
+) -> None:
+    """Raise one UcmctlError unless the upstream URLs fit the mode and the P2P protocol is known."""
     if mode == "pd":
         if mix:
             raise UcmctlError.one(
@@ -128,16 +161,10 @@ def make_config(
         raise UcmctlError.one(
             f"--p2p {p2p!r} is not a P2P protocol", fix=f"use --p2p {' or --p2p '.join(P2P_PROTOCOLS)}"
         )
-    boot = _urls(bootstraps, "--bootstrap")
-    if p2p == "mooncake" and len(boot) != len(pre):
-        raise UcmctlError.one(
-            f"--p2p mooncake needs one --bootstrap per --prefiller ({len(pre)}), got {len(boot)}",
-            fix="add --bootstrap http://HOST:VLLM_MOONCAKE_BOOTSTRAP_PORT for each prefiller, same order",
-        )
-    if boot and p2p != "mooncake":
-        raise UcmctlError.one(
-            "--bootstrap is for --p2p mooncake", fix="drop --bootstrap or add --p2p mooncake"
-        )
+
+
+def _check_tuning(tuning: dict[str, object]) -> None:
+    """Raise one UcmctlError for a tuning value out of range; TypeError for an unknown setting."""
     for name in ("health_interval", "health_timeout", "connect_timeout"):
         if name in tuning:
             _positive("--" + name.replace("_", "-"), float(tuning[name]))  # type: ignore[arg-type]
@@ -153,9 +180,3 @@ def make_config(
     unknown = set(tuning) - set(ProxyConfig.__dataclass_fields__)
     if unknown:
         raise TypeError(f"unknown proxy settings: {sorted(unknown)}")
-    env = env or {}
-    return ProxyConfig(
-        host=host, port=port, mode=mode, p2p=p2p, prefillers=pre, bootstraps=boot, decoders=dec,
-        instances=mix, prefix_affinity=prefix_affinity, api_key=env.get(API_KEY_ENV) or None,
-        upstream_api_key=env.get(UPSTREAM_API_KEY_ENV) or None, **tuning,  # type: ignore[arg-type]
-    )  # fmt: skip

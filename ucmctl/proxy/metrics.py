@@ -12,8 +12,24 @@ from ucmctl.proxy.balancer import Instance
 __all__ = ["HANDOVER_BUCKETS", "LATENCY_BUCKETS", "Histogram", "Metrics", "escape"]
 
 LATENCY_BUCKETS = (
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
-)  # fmt: skip
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+)
 
 
 # The KV handover is milliseconds to seconds: 25% steps from 0.5 ms to ~60 s, so that a quantile

@@ -42,10 +42,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--prefill-us-per-token", type=float, help="override the profile")
     p.add_argument("--decode-step-ms", type=float, help="override the profile")
     p.add_argument("--kv-bytes-per-token", type=int, help="override the profile")
-    p.add_argument("--kv-cache-gib", type=float,
-                   help="local KV capacity (default: $VLLM_CPU_KVCACHE_SPACE or 4)")  # fmt: skip
-    p.add_argument("--load-seconds", type=float, default=0.0,
-                   help="wait this long before opening the port, as a real server loads weights")  # fmt: skip
+    p.add_argument(
+        "--kv-cache-gib", type=float, help="local KV capacity (default: $VLLM_CPU_KVCACHE_SPACE or 4)"
+    )
+    p.add_argument(
+        "--load-seconds",
+        type=float,
+        default=0.0,
+        help="wait this long before opening the port, as a real server loads weights",
+    )
     for flag in ACCEPTED_SILENTLY:
         if flag == "--trust-remote-code":
             p.add_argument(flag, action="store_true")
@@ -80,8 +85,14 @@ def parse_serve_args(argv: list[str]) -> tuple[SimConfig, list[str]]:
     if gib is None:
         gib = float(os.environ.get("VLLM_CPU_KVCACHE_SPACE") or 4)
     block_bytes = profile.kv_bytes_per_token * args.block_size
-    for name in ("port", "max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size",
-                 "data_parallel_size"):  # fmt: skip
+    for name in (
+        "port",
+        "max_num_seqs",
+        "max_num_batched_tokens",
+        "max_model_len",
+        "block_size",
+        "data_parallel_size",
+    ):
         if getattr(args, name) < 1:
             raise UcmctlError.one(f"--{name.replace('_', '-')} must be at least 1")
     if not 0 <= args.load_seconds <= 3600:

@@ -18,11 +18,18 @@ import numpy as np
 from ucmctl.sim.profile import Profile
 
 
-async def _stream(session: aiohttp.ClientSession, url: str, model: str, prompt: list[int],
-                  max_tokens: int) -> list[float]:  # fmt: skip
+async def _stream(
+    session: aiohttp.ClientSession, url: str, model: str, prompt: list[int], max_tokens: int
+) -> list[float]:
     """Arrival times (seconds after sending) of every streamed chunk that carries text."""
-    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True,
-            "ignore_eos": True, "temperature": 0}  # fmt: skip
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "stream": True,
+        "ignore_eos": True,
+        "temperature": 0,
+    }
     start = time.perf_counter()
     times: list[float] = []
     async with session.post(f"{url}/v1/completions", json=body) as r:
@@ -39,8 +46,9 @@ def _prompt(rng: random.Random, n: int, vocab: int) -> list[int]:
     return [rng.randrange(10, vocab) for _ in range(n)]
 
 
-async def measure(url: str, lengths: list[int], batches: list[int], vocab: int, seed: int = 0,
-                  repeats: int = 3) -> dict[str, list[tuple[float, float]]]:  # fmt: skip
+async def measure(
+    url: str, lengths: list[int], batches: list[int], vocab: int, seed: int = 0, repeats: int = 3
+) -> dict[str, list[tuple[float, float]]]:
     """Raw points: prefill (tokens, ms), decode (batch, ms per step), context (tokens, ms)."""
     rng = random.Random(seed)
     timeout = aiohttp.ClientTimeout(total=1800)
@@ -97,15 +105,30 @@ def kv_bytes_from_model(model_dir: Path, dtype_bytes: int = 2) -> int:
     return int(cfg["num_hidden_layers"] * 2 * kv_heads * head_dim * dtype_bytes)
 
 
-def calibrate(url: str, out: Path, *, lengths: list[int], batches: list[int], vocab: int,
-              kv_bytes_per_token: int, name: str) -> Profile:  # fmt: skip
+def calibrate(
+    url: str,
+    out: Path,
+    *,
+    lengths: list[int],
+    batches: list[int],
+    vocab: int,
+    kv_bytes_per_token: int,
+    name: str,
+) -> Profile:
     points = asyncio.run(measure(url.rstrip("/"), lengths, batches, vocab))
     source = (
         f"ucmctl sim calibrate against {points['name']} on {date.today().isoformat()}: "
         f"prefill lengths {lengths}, decode batches {batches}"
     )
     profile = fit(points, kv_bytes_per_token, source).model_copy(update={"name": name})
-    out.write_text(json.dumps({**profile.model_dump(), "points": {k: v for k, v in points.items()
-                                                                  if k in ("prefill", "decode", "context")}},
-                              indent=2) + "\n")  # fmt: skip
+    out.write_text(
+        json.dumps(
+            {
+                **profile.model_dump(),
+                "points": {k: v for k, v in points.items() if k in ("prefill", "decode", "context")},
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     return profile

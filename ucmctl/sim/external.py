@@ -46,8 +46,9 @@ class ExternalTier:
         self.loaded_blocks = 0
         self.block_bytes = block_bytes
         # What moved, as the connector counts it (vllm:ucm_{load,save}_{blocks,bytes,seconds}_total)
-        self.moved: dict[str, float] = {f"{op}_{what}": 0.0 for op in ("load", "save")
-                                        for what in ("blocks", "bytes", "seconds")}  # fmt: skip
+        self.moved: dict[str, float] = {
+            f"{op}_{what}": 0.0 for op in ("load", "save") for what in ("blocks", "bytes", "seconds")
+        }
         self.load_failures = 0
         self.saved_blocks = 0
         # The connector's counters (ucm_connector.stats): load_errors, load_errors_<kind>, ...

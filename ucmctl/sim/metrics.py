@@ -17,20 +17,43 @@ if TYPE_CHECKING:
 # str() of each value), here at CacheConfig()'s defaults, plus `engine`. exposition() fills in
 # what the simulator knows; the rest keeps vLLM's default.
 CACHE_CONFIG_DEFAULTS = {
-    "_block_size_resolved": "True", "block_size": "16", "cache_dtype": "auto",
-    "cache_hit_alignment_tokens": "None", "effective_attention_block_size": "None",
-    "enable_mamba_shared_prefix_checkpoint": "False", "enable_prefix_caching": "True",
-    "gpu_memory_utilization": "0.92", "hash_block_size": "None", "is_attention_free": "False",
-    "kv_cache_dtype_skip_layers": "[]", "kv_cache_layout": "None", "kv_cache_max_concurrency": "None",
-    "kv_cache_memory_bytes": "None", "kv_cache_size_tokens": "None", "kv_offloading_backend": "native",
-    "kv_offloading_size": "None", "kv_sharing_fast_prefill": "False", "mamba_block_size": "None",
-    "mamba_cache_dtype": "auto", "mamba_cache_mode": "none", "mamba_page_size_padded": "None",
-    "mamba_ssm_cache_dtype": "auto", "num_cpu_blocks": "None", "num_gpu_blocks": "None",
-    "num_gpu_blocks_override": "None", "prefix_cache_retention_interval": "0",
-    "prefix_caching_hash_algo": "sha256", "prefix_match_unit": "None", "replayssm_buffer_len": "16",
-    "skip_page_size_padded": "None", "sliding_window": "None", "swa_bounded_replay": "True",
-    "use_kda_recoverssm": "False", "use_replayssm": "False", "user_specified_block_size": "True",
-}  # fmt: skip
+    "_block_size_resolved": "True",
+    "block_size": "16",
+    "cache_dtype": "auto",
+    "cache_hit_alignment_tokens": "None",
+    "effective_attention_block_size": "None",
+    "enable_mamba_shared_prefix_checkpoint": "False",
+    "enable_prefix_caching": "True",
+    "gpu_memory_utilization": "0.92",
+    "hash_block_size": "None",
+    "is_attention_free": "False",
+    "kv_cache_dtype_skip_layers": "[]",
+    "kv_cache_layout": "None",
+    "kv_cache_max_concurrency": "None",
+    "kv_cache_memory_bytes": "None",
+    "kv_cache_size_tokens": "None",
+    "kv_offloading_backend": "native",
+    "kv_offloading_size": "None",
+    "kv_sharing_fast_prefill": "False",
+    "mamba_block_size": "None",
+    "mamba_cache_dtype": "auto",
+    "mamba_cache_mode": "none",
+    "mamba_page_size_padded": "None",
+    "mamba_ssm_cache_dtype": "auto",
+    "num_cpu_blocks": "None",
+    "num_gpu_blocks": "None",
+    "num_gpu_blocks_override": "None",
+    "prefix_cache_retention_interval": "0",
+    "prefix_caching_hash_algo": "sha256",
+    "prefix_match_unit": "None",
+    "replayssm_buffer_len": "16",
+    "skip_page_size_padded": "None",
+    "sliding_window": "None",
+    "swa_bounded_replay": "True",
+    "use_kda_recoverssm": "False",
+    "use_replayssm": "False",
+    "user_specified_block_size": "True",
+}
 
 
 def cache_config_labels(engines: Sequence[Engine], engine: Engine) -> str:
@@ -48,19 +71,81 @@ def cache_config_labels(engines: Sequence[Engine], engine: Engine) -> str:
 
 
 def ttft_buckets() -> list[float]:
-    return [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
-            10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]  # fmt: skip
+    return [
+        0.001,
+        0.005,
+        0.01,
+        0.02,
+        0.04,
+        0.06,
+        0.08,
+        0.1,
+        0.25,
+        0.5,
+        0.75,
+        1.0,
+        2.5,
+        5.0,
+        7.5,
+        10.0,
+        20.0,
+        40.0,
+        80.0,
+        160.0,
+        640.0,
+        2560.0,
+    ]
 
 
 def inter_token_buckets() -> list[float]:
-    return [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
-            10.0, 20.0, 40.0, 80.0]  # fmt: skip
+    return [
+        0.01,
+        0.025,
+        0.05,
+        0.075,
+        0.1,
+        0.15,
+        0.2,
+        0.3,
+        0.4,
+        0.5,
+        0.75,
+        1.0,
+        2.5,
+        5.0,
+        7.5,
+        10.0,
+        20.0,
+        40.0,
+        80.0,
+    ]
 
 
 def request_latency_buckets() -> list[float]:
     """vLLM's buckets of the whole-request latencies (e2e, queue, prefill, decode)."""
-    return [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
-            240.0, 480.0, 960.0, 1920.0, 7680.0]  # fmt: skip
+    return [
+        0.3,
+        0.5,
+        0.8,
+        1.0,
+        1.5,
+        2.0,
+        2.5,
+        5.0,
+        10.0,
+        15.0,
+        20.0,
+        30.0,
+        40.0,
+        50.0,
+        60.0,
+        120.0,
+        240.0,
+        480.0,
+        960.0,
+        1920.0,
+        7680.0,
+    ]
 
 
 STARTED = time.time()  # the process's start, as prometheus_client's process collector says it
@@ -149,8 +234,11 @@ def _prompt_tokens_by_source(page: _Page, engines: Sequence[Engine]) -> None:
     for e in engines:
         st = e.stats
         local = st.prompt_tokens - st.prefix_hits - st.external_hits
-        for source, tokens in (("local_compute", local), ("local_cache_hit", st.prefix_hits),
-                               (names.KV_TRANSFER_SOURCE, st.external_hits)):  # fmt: skip
+        for source, tokens in (
+            ("local_compute", local),
+            ("local_cache_hit", st.prefix_hits),
+            (names.KV_TRANSFER_SOURCE, st.external_hits),
+        ):
             page.out.append(f'{name}{{{page.labels(e)},source="{source}"}} {tokens}')
 
 

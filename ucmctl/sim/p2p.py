@@ -100,8 +100,9 @@ async def pull(session: aiohttp.ClientSession, params: Any) -> str:
     try:
         async with session.get(base + "/query", timeout=timeout) as resp:
             engines = await resp.json(content_type=None) if resp.status == 200 else {}
-        if not any(isinstance(e, dict) and e.get("engine_id") == params["remote_engine_id"]
-                   for e in engines.values()):  # fmt: skip
+        if not any(
+            isinstance(e, dict) and e.get("engine_id") == params["remote_engine_id"] for e in engines.values()
+        ):
             log.error("pulling kv_caches failed: engine %s is not at %s", params["remote_engine_id"], base)
             return FAILED
         async with session.get(f"{base}/sim/transfers/{params['transfer_id']}", timeout=timeout) as resp:

@@ -52,13 +52,18 @@ async def many(
         body["usage"] = usage(rs[0], rs[1:])
         body["kv_transfer_params"] = ctx.kv_transfer_params
         return web.json_response(body)
-    response = web.StreamResponse(
-        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-    )
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await response.prepare(request)
     if ctx.chat:  # each choice's first chunk names its role
-        roles = [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                  "finish_reason": None} for i in range(len(rs))]  # fmt: skip
+        roles = [
+            {
+                "index": i,
+                "delta": {"role": "assistant", "content": ""},
+                "logprobs": None,
+                "finish_reason": None,
+            }
+            for i in range(len(rs))
+        ]
         await response.write(ctx.sse(roles))
     lock = asyncio.Lock()
 
@@ -88,8 +93,13 @@ async def whole(r: SimRequest, ctx: Reply, decoder: Decoder) -> web.Response:
     finish = "length" if len(tokens) >= r.max_tokens else "abort"
     choice: dict[str, Any]
     if ctx.chat:
-        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                  "finish_reason": finish, "stop_reason": None}  # fmt: skip
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "logprobs": None,
+            "finish_reason": finish,
+            "stop_reason": None,
+        }
     else:
         choice = {
             "index": 0,
@@ -110,9 +120,7 @@ async def stream(
     request: web.Request, r: SimRequest, ctx: Reply, decoder: Decoder, include_usage: bool
 ) -> web.StreamResponse:
     """The answer of one choice, streamed: a chunk per token, what is ready sent in one write."""
-    response = web.StreamResponse(
-        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-    )
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await response.prepare(request)
     if ctx.chat:
         first = {
@@ -168,17 +176,28 @@ class Reply:
     def token_ids_chunk(self, text: str, token: int, last: bool, r: Any, first: bool) -> bytes:
         """A completion chunk as vLLM sends it with return_token_ids: the prompt's ids in the
         first one, the new token's id in each."""
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": "length" if last else None,
-                  "stop_reason": None, "prompt_token_ids": list(r.prompt) if first else None,
-                  "token_ids": [token]}  # fmt: skip
+        choice = {
+            "index": 0,
+            "text": text,
+            "logprobs": None,
+            "finish_reason": "length" if last else None,
+            "stop_reason": None,
+            "prompt_token_ids": list(r.prompt) if first else None,
+            "token_ids": [token],
+        }
         return self.sse([choice])
 
     def choice(self, i: int, text: str, length: bool) -> dict[str, Any]:
         """Choice `i` of a whole answer."""
         finish = "length" if length else "abort"
         if self.chat:
-            return {"index": i, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                    "finish_reason": finish, "stop_reason": None}  # fmt: skip
+            return {
+                "index": i,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": finish,
+                "stop_reason": None,
+            }
         return {"index": i, "text": text, "logprobs": None, "finish_reason": finish, "stop_reason": None}
 
     def delta(self, i: int, text: str, last: bool) -> dict[str, Any]:
@@ -202,11 +221,20 @@ class Reply:
         """The bytes of a one-token chunk around its JSON text and its finish reason."""
         marker_text, marker_finish = "\x00TEXT\x00", "\x00FINISH\x00"
         if self.chat:
-            choice: dict[str, Any] = {"index": 0, "delta": {"content": marker_text}, "logprobs": None,
-                                      "finish_reason": marker_finish}  # fmt: skip
+            choice: dict[str, Any] = {
+                "index": 0,
+                "delta": {"content": marker_text},
+                "logprobs": None,
+                "finish_reason": marker_finish,
+            }
         else:
-            choice = {"index": 0, "text": marker_text, "logprobs": None, "finish_reason": marker_finish,
-                      "stop_reason": None}  # fmt: skip
+            choice = {
+                "index": 0,
+                "text": marker_text,
+                "logprobs": None,
+                "finish_reason": marker_finish,
+                "stop_reason": None,
+            }
         frame = self.sse([choice]).decode()
         head, rest = frame.split(json.dumps(marker_text), 1)
         middle, tail = rest.split(json.dumps(marker_finish), 1)
@@ -248,4 +276,3 @@ def error_reply(message: str, param: str | None, status: int = 400) -> web.Respo
     kind = "NotFoundError" if status == 404 else "BadRequestError"
     error = {"message": message, "type": kind, "param": param, "code": status}
     return web.json_response({"error": error}, status=status)
-

@@ -184,10 +184,15 @@ class SimServer:
         )
         # n > 1: vLLM's parallel sampling, one more sequence of the same prompt per choice
         others = [
-            dataclasses.replace(sim_request, request_id=f"{request_id}-{i}", keys=list(sim_request.keys),
-                                out=asyncio.Queue(), output=[])
+            dataclasses.replace(
+                sim_request,
+                request_id=f"{request_id}-{i}",
+                keys=list(sim_request.keys),
+                out=asyncio.Queue(),
+                output=[],
+            )
             for i in range(1, n)
-        ]  # fmt: skip
+        ]
         engine = self._pick_engine()
         for r in (sim_request, *others):
             engine.submit(r)
@@ -203,8 +208,14 @@ class SimServer:
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         try:
             if others:
-                return await replies.many(request, [sim_request, *others], ctx, self.decoder,
-                                          bool(body.get("stream")), include_usage)  # fmt: skip
+                return await replies.many(
+                    request,
+                    [sim_request, *others],
+                    ctx,
+                    self.decoder,
+                    bool(body.get("stream")),
+                    include_usage,
+                )
             if body.get("stream"):
                 return await replies.stream(request, sim_request, ctx, self.decoder, include_usage)
             return await replies.whole(sim_request, ctx, self.decoder)
@@ -227,8 +238,11 @@ class SimServer:
         model = body.get("model")
         if not model or model == self.config.served_name or os.environ.get("VLLM_SKIP_MODEL_NAME_VALIDATION"):
             return
-        raise BadRequest(f"The model `{model}` does not exist. Valid aliases: {self.config.served_name}.",
-                         "model", status=404)  # fmt: skip
+        raise BadRequest(
+            f"The model `{model}` does not exist. Valid aliases: {self.config.served_name}.",
+            "model",
+            status=404,
+        )
 
     def _salted(self, body: dict[str, Any]) -> bytes:
         """The request's key namespace: vLLM's `cache_salt` enters its first block's hash, so
@@ -240,8 +254,11 @@ class SimServer:
         if not isinstance(salt, str) or not salt:
             raise BadRequest("Parameter 'cache_salt' must be a non-empty string if provided.", "cache_salt")
         if len(salt) > 128 or any(c in "@/\\\0" for c in salt):
-            raise BadRequest("Parameter 'cache_salt' must be at most 128 characters and must not contain "
-                             "'@', '/', '\\\\', or NUL.", "cache_salt")  # fmt: skip
+            raise BadRequest(
+                "Parameter 'cache_salt' must be at most 128 characters and must not contain "
+                "'@', '/', '\\\\', or NUL.",
+                "cache_salt",
+            )
         return self.namespace + b"|salt|" + salt.encode()
 
     def _prompt(self, body: dict[str, Any], chat: bool) -> list[int]:

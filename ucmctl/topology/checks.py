@@ -56,18 +56,24 @@ def _check_containers(t: Topology, bad) -> None:
     """podman and docker run over SSH (or on this machine); on Slurm each job step runs in its
     image through pyxis, or in an OCI bundle through Slurm's own container support."""
     slurm = isinstance(t.cluster, SlurmCluster)
-    places: list[tuple[tuple[str, ...], str]] = [(("nodes", n), node.container.runtime)
-                                                 for n, node in t.nodes.items()]  # fmt: skip
+    places: list[tuple[tuple[str, ...], str]] = [
+        (("nodes", n), node.container.runtime) for n, node in t.nodes.items()
+    ]
     places += [((role,), side.container.runtime) for role, side in t.sides() if side.container is not None]
     for path, runtime in places:
         if slurm and runtime in ("podman", "docker"):
-            bad((*path, "container", "runtime"),
+            bad(
+                (*path, "container", "runtime"),
                 f"on Slurm a job step runs in its image through pyxis or oci, not {runtime}",
                 fix="set runtime pyxis (srun --container-image) or oci (srun --container), or use "
-                    "cluster kind ssh")  # fmt: skip
+                "cluster kind ssh",
+            )
         elif not slurm and runtime in ("pyxis", "oci"):
-            bad((*path, "container", "runtime"), f"{runtime} runs Slurm job steps: it needs cluster kind "
-                "slurm", fix="set runtime podman or docker, or cluster: {kind: slurm}")  # fmt: skip
+            bad(
+                (*path, "container", "runtime"),
+                f"{runtime} runs Slurm job steps: it needs cluster kind slurm",
+                fix="set runtime podman or docker, or cluster: {kind: slurm}",
+            )
 
 
 def _check_nodes(t: Topology, bad) -> None:
@@ -81,11 +87,17 @@ def _check_nodes(t: Topology, bad) -> None:
             )
         chosen = isinstance(t.cluster, SlurmCluster) and t.cluster.choose_nodes
         if chosen and node.host:
-            bad(("nodes", name, "host"), "Slurm chooses this node (cluster.choose_nodes): its address "
-                "comes from Slurm", "remove `host`, or drop choose_nodes and name Slurm's nodes")  # fmt: skip
+            bad(
+                ("nodes", name, "host"),
+                "Slurm chooses this node (cluster.choose_nodes): its address comes from Slurm",
+                "remove `host`, or drop choose_nodes and name Slurm's nodes",
+            )
         if not chosen and not node.host:
-            bad(("nodes", name), "the node has no `host`",
-                "add `host:` (the address the control machine reaches it at)")  # fmt: skip
+            bad(
+                ("nodes", name),
+                "the node has no `host`",
+                "add `host:` (the address the control machine reaches it at)",
+            )
         if not node.host:
             continue
         if node.host in seen_hosts:
@@ -99,14 +111,20 @@ def _check_nodes(t: Topology, bad) -> None:
             bad(("nodes", name, "host"), "a local node must have host localhost or 127.0.0.1")
     local = [n for n, node in t.nodes.items() if node.transport is Transport.local]
     if t.cluster.kind == "slurm" and local:
-        bad(("nodes", local[0], "transport"), "a Slurm deployment runs every process as a job step",
-            "remove `transport: local`: name the Slurm node and give its address as `host`")  # fmt: skip
+        bad(
+            ("nodes", local[0], "transport"),
+            "a Slurm deployment runs every process as a job step",
+            "remove `transport: local`: name the Slurm node and give its address as `host`",
+        )
     if len(local) > 1:
         bad(("nodes", local[1], "transport"), "only one node can be local (this machine)")
     with_systemd = [n for n, node in t.nodes.items() if node.systemd]
     if t.cluster.kind == "slurm" and with_systemd:
-        bad(("nodes", with_systemd[0], "systemd"), "on Slurm every process is a job step, not a systemd unit",
-            "remove `systemd: true`: ucmctl's supervisor restarts a step's process")  # fmt: skip
+        bad(
+            ("nodes", with_systemd[0], "systemd"),
+            "on Slurm every process is a job step, not a systemd unit",
+            "remove `systemd: true`: ucmctl's supervisor restarts a step's process",
+        )
 
 
 def _check_sides(t: Topology, bad) -> None:

@@ -54,11 +54,30 @@ USER_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}(?::[A-Za-z0-9_][A-Za-z0-
 OPTION_RE = re.compile(r"--[a-z][a-z0-9-]*(?:=[A-Za-z0-9_.,:/=@+%-]*)?")
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # `run` options ucmctl sets itself from the keys above (and the process): not given twice.
-MANAGED_OPTIONS = frozenset({
-    "--name", "--label", "--network", "--net", "--ipc", "--shm-size", "--env", "--env-file", "--volume",
-    "--mount", "--device", "--gpus", "--init", "--detach", "--rm", "--user", "--pull", "--replace",
-    "--workdir", "--entrypoint",
-})  # fmt: skip
+MANAGED_OPTIONS = frozenset(
+    {
+        "--name",
+        "--label",
+        "--network",
+        "--net",
+        "--ipc",
+        "--shm-size",
+        "--env",
+        "--env-file",
+        "--volume",
+        "--mount",
+        "--device",
+        "--gpus",
+        "--init",
+        "--detach",
+        "--rm",
+        "--user",
+        "--pull",
+        "--replace",
+        "--workdir",
+        "--entrypoint",
+    }
+)
 
 
 def _absolute_path(v: str, what: str) -> str:
@@ -171,8 +190,9 @@ class Container(BaseModel):
             if v.startswith("/"):
                 return _absolute_path(v, "the image file")
             registry, _, rest = v.rpartition("#")
-            if (not registry or re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9.-]*(?::[0-9]{1,5})?", registry)) and \
-                    IMAGE_RE.fullmatch(rest):  # fmt: skip
+            if (
+                not registry or re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9.-]*(?::[0-9]{1,5})?", registry)
+            ) and IMAGE_RE.fullmatch(rest):
                 return v
             raise ValueError(
                 "is not a pyxis image: write [REGISTRY#]REPOSITORY[:TAG] or the absolute path of a "

@@ -31,10 +31,20 @@ class Newer(NamedTuple):
 
 # A node that runs bare: its container section at its defaults (`Container()`).
 BARE: dict[str, Any] = {
-    "runtime": "bare", "image": None, "derived": True, "python": "python3", "mounts": [],
-    "devices": [], "env": {}, "shm_size": None, "ipc": None, "network": "host", "user": None,
-    "pull": "missing", "options": [],
-}  # fmt: skip
+    "runtime": "bare",
+    "image": None,
+    "derived": True,
+    "python": "python3",
+    "mounts": [],
+    "devices": [],
+    "env": {},
+    "shm_size": None,
+    "ipc": None,
+    "network": "host",
+    "user": None,
+    "pull": "missing",
+    "options": [],
+}
 NEVER: dict[str, Any] = {"policy": "never", "max_restarts": 3, "backoff_s": 5.0}  # the default restart policy
 
 FIELDS: tuple[Newer, ...] = (

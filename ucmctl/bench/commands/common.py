@@ -21,10 +21,14 @@ if TYPE_CHECKING:
     from ucmctl.bench.results import Cell
     from ucmctl.bench.workloads import WorkloadSpec
 
-SALT_HELP = ("vLLM's cache_salt in every request (default: one of this run's own, so no block of an "
-             "earlier run is a hit; a value reuses its blocks on purpose; off: none)")  # fmt: skip
-HISTORY_HELP = ("results history this run is appended to (default $UCMCTL_HISTORY, else "
-                "~/.ucmctl/history.sqlite; off: none)")  # fmt: skip
+SALT_HELP = (
+    "vLLM's cache_salt in every request (default: one of this run's own, so no block of an "
+    "earlier run is a hit; a value reuses its blocks on purpose; off: none)"
+)
+HISTORY_HELP = (
+    "results history this run is appended to (default $UCMCTL_HISTORY, else "
+    "~/.ucmctl/history.sqlite; off: none)"
+)
 out = Console(highlight=False, soft_wrap=True, emoji=False)
 err = Console(stderr=True, highlight=False, emoji=False)
 
@@ -100,8 +104,9 @@ def cache_salt_of(value: str | None) -> str | None:
     if value.strip().lower() == "off":
         return None
     if not 1 <= len(value) <= 128 or any(c in "@/\\\0" for c in value):
-        raise UcmctlError.one("a cache salt is 1 to 128 characters, none of @ / \\ or NUL (vLLM's rule)",
-                              key="--cache-salt")  # fmt: skip
+        raise UcmctlError.one(
+            "a cache salt is 1 to 128 characters, none of @ / \\ or NUL (vLLM's rule)", key="--cache-salt"
+        )
     return value
 
 
@@ -220,8 +225,11 @@ def _write_plots(cells: list[Cell], plot: Path, sweep: bool) -> None:
         from ucmctl.bench.capacity_plot import save_capacity_plot
 
         capacity = plot.with_name(f"{plot.stem}-capacity{plot.suffix or '.png'}")
-        rows = [{**c.measure.document(), "label": c.label} for c in cells
-                if c.primary and c.measure is not None and c.measure.given()]  # fmt: skip
+        rows = [
+            {**c.measure.document(), "label": c.label}
+            for c in cells
+            if c.primary and c.measure is not None and c.measure.given()
+        ]
         save_capacity_plot(rows, capacity, title="throughput vs latency per sweep point")
         err.print(f"wrote {capacity}")
 

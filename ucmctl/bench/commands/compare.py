@@ -14,6 +14,37 @@ if TYPE_CHECKING:
     from ucmctl.bench.compare import Docs
 
 
+MAX_REGRESSION = typer.Option(
+    None,
+    "--max-regression",
+    help="limits, e.g. ttft_p50=5%,tpot_mean=3% (default "
+    "ttft_mean, tpot_mean, e2el_mean and output_throughput "
+    "at 10%)",
+)
+ALLOW_LOST = typer.Option(
+    False,
+    "--allow-lost",
+    help="gate also on phases that lost a process of the deployment (or had --fault)",
+)
+VARY = typer.Option(
+    None,
+    "--vary",
+    help="the one parameter of the provenance the sides may differ in, e.g. engine, torch, "
+    "topology, input_lens (any other difference is refused)",
+)
+LAST = typer.Option(
+    5,
+    "--last",
+    min=2,
+    help="with one result: the last N runs of the history of its setup are the baseline",
+)
+BASELINE_LABEL = typer.Option(
+    None,
+    "--baseline-label",
+    help="with one result: only the history's runs given this --label, e.g. main",
+)
+
+
 def compare(
     baseline: Path = typer.Argument(
         ...,
@@ -23,43 +54,19 @@ def compare(
     new: Path | None = typer.Argument(
         None, help="saved result, or a folder of repeated results", show_default=False
     ),
-    max_regression: str | None = typer.Option(
-        None,
-        "--max-regression",
-        help="limits, e.g. ttft_p50=5%,tpot_mean=3% (default "
-        "ttft_mean, tpot_mean, e2el_mean and output_throughput "
-        "at 10%)",
-    ),
+    max_regression: str | None = MAX_REGRESSION,
     repeats: int = typer.Option(
         1, "--repeats", min=1, help="samples each cell must have on each side (judged by mean and 95% CI)"
     ),
     summary: Path | None = typer.Option(None, "--markdown", help="also write the Markdown summary here"),
     junit_path: Path | None = typer.Option(None, "--junit", help="JUnit XML for CI"),
-    allow_lost: bool = typer.Option(
-        False,
-        "--allow-lost",
-        help="gate also on phases that lost a process of the deployment (or had --fault)",
-    ),
-    vary: str | None = typer.Option(
-        None,
-        "--vary",
-        help="the one parameter of the provenance the sides may differ in, e.g. engine, torch, "
-        "topology, input_lens (any other difference is refused)",
-    ),
-    last: int = typer.Option(
-        5,
-        "--last",
-        min=2,
-        help="with one result: the last N runs of the history of its setup are the baseline",
-    ),
+    allow_lost: bool = ALLOW_LOST,
+    vary: str | None = VARY,
+    last: int = LAST,
     history_file: str | None = typer.Option(
         None, "--history", help="the history (default $UCMCTL_HISTORY, else ~/.ucmctl/history.sqlite)"
     ),
-    baseline_label: str | None = typer.Option(
-        None,
-        "--baseline-label",
-        help="with one result: only the history's runs given this --label, e.g. main",
-    ),
+    baseline_label: str | None = BASELINE_LABEL,
 ) -> None:
     """Exit 0 within limits, 5 on a regression, 2 on bad input; prints a Markdown summary. With
     one result, its baseline is the last --last runs of the results history with its provenance
@@ -67,8 +74,12 @@ def compare(
     from ucmctl.bench import compare as cmp
 
     if junit_path is not None and not junit_path.parent.is_dir():
-        raise UcmctlError.one("the folder does not exist", file=str(junit_path.parent), key="--junit",
-                              fix="create it, or name a file in a folder that exists")  # fmt: skip
+        raise UcmctlError.one(
+            "the folder does not exist",
+            file=str(junit_path.parent),
+            key="--junit",
+            fix="create it, or name a file in a folder that exists",
+        )
     limits = cmp.parse_limits(max_regression or cmp.DEFAULT_LIMITS)
     if new is None:
         base_docs, new_docs, against = _history_sides(

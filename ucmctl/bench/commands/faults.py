@@ -29,8 +29,11 @@ def fault_spec(
 
     spec = parse_fault(text)
     if url is not None:
-        raise UcmctlError.one("--fault signals a process of a deployment; with --url there is none",
-                              key="--fault", fix="bench a deployment (-d NAME)")  # fmt: skip
+        raise UcmctlError.one(
+            "--fault signals a process of a deployment; with --url there is none",
+            key="--fault",
+            fix="bench a deployment (-d NAME)",
+        )
     if "--fault" not in workload.own_options:
         raise foreign_option(workload.kind, "--fault")
     if not math.isinf(rates[0]) and spec.at_s >= num_prompts / rates[0]:

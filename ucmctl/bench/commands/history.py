@@ -40,8 +40,11 @@ def history_command(
     metrics = [m.strip() for m in metric.split(",") if m.strip()]
     unknown = [m for m in metrics if m not in METRIC_NAMES]
     if unknown or not metrics:
-        raise UcmctlError.one(f"unknown metric '{', '.join(unknown)}'", key="--metric",
-                              fix="one or more of " + ", ".join(METRIC_NAMES))  # fmt: skip
+        raise UcmctlError.one(
+            f"unknown metric '{', '.join(unknown)}'",
+            key="--metric",
+            fix="one or more of " + ", ".join(METRIC_NAMES),
+        )
     if key is not None and len(key) < 8:
         raise UcmctlError.one(
             "a provenance key is 8 or more characters", key="--key", fix="copy it from the list"
@@ -75,4 +78,3 @@ def history_command(
     if plot:
         for written in history_view.save_trend_plots(found, cells, plot, metrics):
             err.print(f"wrote {written}", markup=False, highlight=False)
-

@@ -56,5 +56,3 @@ def make_trace(
         f"{ideal.total_tokens:,} prompt tokens, ideal hit ratio {ratio}",
         soft_wrap=True,
     )
-
-

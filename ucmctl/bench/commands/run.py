@@ -220,9 +220,7 @@ def url_target(opts: RunOptions) -> Target:
     url = opts.url or ""
     base = url.rstrip("/")
     if not base.startswith(("http://", "https://")):
-        raise UcmctlError.one(
-            f"'{url}' is not an http(s) URL", key="--url", fix="e.g. http://127.0.0.1:8000"
-        )
+        raise UcmctlError.one(f"'{url}' is not an http(s) URL", key="--url", fix="e.g. http://127.0.0.1:8000")
     urls = opts.metrics_url or [base]
     return Target(
         base,
@@ -279,9 +277,7 @@ def configure(opts: RunOptions, checked: Checked, where: Where) -> tuple[BenchCo
     return cfg, model
 
 
-def input_lengths(
-    opts: RunOptions, spec: WorkloadSpec, max_model_len: int | None, out_len: int
-) -> list[int]:
+def input_lengths(opts: RunOptions, spec: WorkloadSpec, max_model_len: int | None, out_len: int) -> list[int]:
     """The input lengths of a workload that takes --input-len: its values, else the default that
     fits the server's context; none for another workload, which refuses --input-len."""
     if "--input-len" not in spec.own_options:

@@ -20,12 +20,9 @@ def param_option(param: defaults.Param) -> Any:
     """A workload parameter's option: `--name`, its default, its lower bound and its help."""
     return typer.Option(param.default, param.option, min=param.ge, help=param.help)
 
-DEPLOYMENT = typer.Option(
-    None, "--deployment", "-d", help="a deployment started by `ucmctl up`"
-)
-URL = typer.Option(
-    None, "--url", help="any OpenAI-compatible server, e.g. http://127.0.0.1:8000"
-)
+
+DEPLOYMENT = typer.Option(None, "--deployment", "-d", help="a deployment started by `ucmctl up`")
+URL = typer.Option(None, "--url", help="any OpenAI-compatible server, e.g. http://127.0.0.1:8000")
 ENGINE = typer.Option(
     None,
     "--engine",
@@ -90,9 +87,7 @@ BACK_TO_BACK = typer.Option(
     False, "--back-to-back", help="trace: ignore the timestamps, keep --concurrency requests in flight"
 )
 DOCUMENTS, DOC_TOKENS, REPEAT_COUNT, REPEAT_MODE = map(param_option, defaults.LONG_DOC_PARAMS.values())
-IGNORE_EOS = typer.Option(
-    True, "--ignore-eos/--no-ignore-eos", help="always generate --output-len"
-)
+IGNORE_EOS = typer.Option(True, "--ignore-eos/--no-ignore-eos", help="always generate --output-len")
 SEED = typer.Option(0, "--seed", min=0, help="prompts of different seeds share no prefix")
 RESET_HBM = typer.Option(
     False,
@@ -102,9 +97,7 @@ RESET_HBM = typer.Option(
 )
 REPEATS = typer.Option(1, "--repeats", min=1, help="prefix: run everything N times (fresh prompts)")
 MODEL = typer.Option(None, "--model", help="served model name (default: /v1/models' first)")
-MODEL_DIR = typer.Option(
-    None, "--model-dir", help="model folder: its vocabulary bounds the ids"
-)
+MODEL_DIR = typer.Option(None, "--model-dir", help="model folder: its vocabulary bounds the ids")
 VOCAB = typer.Option(
     None,
     "--vocab",
@@ -120,9 +113,7 @@ TIMEOUT = typer.Option(6 * 3600, "--timeout", help="seconds one request may take
 SAVE = typer.Option(None, "--save", help="JSON result (vllm bench serve's key names)")
 CSV = typer.Option(None, "--csv")
 MARKDOWN = typer.Option(None, "--markdown")
-PLOT = typer.Option(
-    None, "--plot", help="PNG of TTFT and E2EL by cell; with a sweep also NAME-capacity.png"
-)
+PLOT = typer.Option(None, "--plot", help="PNG of TTFT and E2EL by cell; with a sweep also NAME-capacity.png")
 QUIET = typer.Option(False, "--quiet", "-q", help="no progress bars")
 FAIL_FAST = typer.Option(
     False, "--fail-fast", help="stop at once when a process of the deployment dies or turns unhealthy"
@@ -140,8 +131,7 @@ SAMPLE_INTERVAL = typer.Option(
     1.0,
     "--sample-interval",
     min=0.0,
-    help="seconds between two reads of every instance's /metrics in a phase, kept in the result "
-    "(0: none)",
+    help="seconds between two reads of every instance's /metrics in a phase, kept in the result (0: none)",
 )
 
 

@@ -80,18 +80,20 @@ def suite(
             return strip_private(loop.run(workload.run(cfg, target, progress, err.print)))
 
     salt = cache_salt_of(cache_salt)
-    cells = cells_of(run_suite(
-        the_suite,
-        topology,
-        str(topo_path),
-        results_file,
-        run_cell,
-        DeployApi(),
-        vocab,
-        err.print,
-        cache_salt=salt,
-        fail_fast=fail_fast,
-    ))  # fmt: skip  # the suite's cells, read once
+    cells = cells_of(
+        run_suite(
+            the_suite,
+            topology,
+            str(topo_path),
+            results_file,
+            run_cell,
+            DeployApi(),
+            vocab,
+            err.print,
+            cache_salt=salt,
+            fail_fast=fail_fast,
+        )
+    )  # the suite's cells, read once
     report.print_cells(cells, out)
     out.print(report.markdown(cells))
     prov = provenance.provenance(topology.digest(), str(topo_path))

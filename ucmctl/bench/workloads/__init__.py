@@ -26,5 +26,13 @@ if TYPE_CHECKING:
 else:
     AnyWorkload = Annotated[Union[SPECS], Field(discriminator="kind")]  # noqa: UP007
 
-__all__ = ["BY_KIND", "SPECS", "AnyWorkload", "LongDocSpec", "MultiTurnSpec", "PrefixSpec", "TraceSpec",
-           "WorkloadSpec"]  # fmt: skip
+__all__ = [
+    "BY_KIND",
+    "SPECS",
+    "AnyWorkload",
+    "LongDocSpec",
+    "MultiTurnSpec",
+    "PrefixSpec",
+    "TraceSpec",
+    "WorkloadSpec",
+]

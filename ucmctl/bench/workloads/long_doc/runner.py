@@ -50,16 +50,26 @@ async def run_long_doc(
 
     async with client.session(cfg.concurrency, cfg.timeout_s) as http:
         warm = await measure(
-            http, cfg, target, "warm-up", [body(i, 1) for i in range(spec.documents)],
-            [spec.doc_tokens] * spec.documents, progress,
-        )  # fmt: skip
+            http,
+            cfg,
+            target,
+            "warm-up",
+            [body(i, 1) for i in range(spec.documents)],
+            [spec.doc_tokens] * spec.documents,
+            progress,
+        )
         warm.update({"input_len": spec.doc_tokens, "output_len": 1})
         if cfg.settle_s > 0:
             await asyncio.sleep(cfg.settle_s)
         query = await measure(
-            http, cfg, target, "query", lambda k: body(order[k], cfg.output_len),
-            [spec.doc_tokens] * len(order), progress,
-        )  # fmt: skip
+            http,
+            cfg,
+            target,
+            "query",
+            lambda k: body(order[k], cfg.output_len),
+            [spec.doc_tokens] * len(order),
+            progress,
+        )
         query.update({"input_len": spec.doc_tokens, "output_len": cfg.output_len})
     total = spec.doc_tokens * len(order)
     return [

@@ -65,9 +65,15 @@ async def run_multi_turn(
                 for p in asked
             ]
             phase = await measure(
-                http, cfg, target, f"round {r + 1}/{spec.rounds}", bodies, [len(p) for p in asked],
-                progress, collect_tokens=True,
-            )  # fmt: skip
+                http,
+                cfg,
+                target,
+                f"round {r + 1}/{spec.rounds}",
+                bodies,
+                [len(p) for p in asked],
+                progress,
+                collect_tokens=True,
+            )
             for u, p, res in zip(users, asked, phase["_results"], strict=True):
                 if res.ok and res.token_ids is not None:
                     history[u] = p[len(system) :] + res.token_ids
@@ -88,19 +94,7 @@ async def run_multi_turn(
                     *phase["errors"],
                     {"error": "an earlier round of this user failed", "count": lost},
                 ]
-            cell = {
-                "workload": spec.kind,
-                "label": f"round {r + 1}",
-                "round": r + 1,
-                "input_len": phase["input_len"],
-                "repeat": 0,
-                "stream": stream,
-                "preseed": None,
-                "measure": phase,
-                "ideal_hit_rate": reusable / total if total else None,
-                "ideal_reused_tokens": reusable,
-                "ideal_total_tokens": total,
-            }
+            cell = _round_cell(spec, r, stream, phase, reusable, total)
             cells.append(cell)
             if r > 0:
                 later.append(cell)
@@ -110,6 +104,25 @@ async def run_multi_turn(
         cell["prompts_digest"] = digest.hexdigest()[:16]
     (cells[-1] if len(cells) > 1 else cells[0])["primary"] = True
     return cells
+
+
+def _round_cell(
+    spec: MultiTurnSpec, r: int, stream: int, phase: dict[str, Any], reusable: int, total: int
+) -> dict[str, Any]:
+    """The cell of round r + 1: its measurement and the ideal hit rate of its prompts."""
+    return {
+        "workload": spec.kind,
+        "label": f"round {r + 1}",
+        "round": r + 1,
+        "input_len": phase["input_len"],
+        "repeat": 0,
+        "stream": stream,
+        "preseed": None,
+        "measure": phase,
+        "ideal_hit_rate": reusable / total if total else None,
+        "ideal_reused_tokens": reusable,
+        "ideal_total_tokens": total,
+    }
 
 
 def _later_rounds(cells: list[dict[str, Any]], cfg: BenchConfig) -> dict[str, Any]:

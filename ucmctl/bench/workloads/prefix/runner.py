@@ -32,8 +32,11 @@ async def _phase(
     for i in range(cfg.num_prompts):
         ids = prompts.prompt_ids(cfg.seed, i, length, cfg.vocab, stream)
         digest.update(array("q", ids).tobytes())
-        bodies.append(client.make_body(ids, max_tokens, cfg.model, cfg.ignore_eos, cfg.temperature,
-                                       cache_salt=cfg.cache_salt))  # fmt: skip
+        bodies.append(
+            client.make_body(
+                ids, max_tokens, cfg.model, cfg.ignore_eos, cfg.temperature, cache_salt=cfg.cache_salt
+            )
+        )
     summary = await measure(http, cfg, target, label, bodies, [length] * cfg.num_prompts, progress)
     summary.update(
         {"input_len": length, "output_len": max_tokens, "_prompts_digest": digest.hexdigest()[:16]}

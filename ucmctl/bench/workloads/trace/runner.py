@@ -77,9 +77,15 @@ async def run_trace(
     async with client.session(cfg.concurrency, cfg.timeout_s) as http:
         await _open_connections(http, target.url, min(cfg.concurrency, WARM_CONNECTIONS))
         phase = await measure(
-            http, cfg, target, "replay", body, [r.input_length for r in reqs], progress,
+            http,
+            cfg,
+            target,
+            "replay",
+            body,
+            [r.input_length for r in reqs],
+            progress,
             schedule=schedule if spec.speedup is not None else None,
-        )  # fmt: skip
+        )
     lags = [r.lag for r in phase["_results"] if r.lag is not None]
     phase.update(
         {

@@ -39,8 +39,11 @@ class TraceSpec(WorkloadSpec):
     def from_options(cls, options: dict[str, Any]) -> WorkloadSpec:
         """`--trace FILE` (required), `--speedup` or `--back-to-back` (no speedup)."""
         if options["trace"] is None:
-            raise UcmctlError.one("the trace workload needs a trace", key="--trace", fix="--trace FILE.jsonl "
-                                  "(`ucmctl bench make-trace` writes one)")  # fmt: skip
+            raise UcmctlError.one(
+                "the trace workload needs a trace",
+                key="--trace",
+                fix="--trace FILE.jsonl (`ucmctl bench make-trace` writes one)",
+            )
         values = {
             **options,
             "trace": str(options["trace"]),
