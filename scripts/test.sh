@@ -20,6 +20,7 @@ if ((quick)); then
     exec python -m pytest -n auto -m "not slow" --durations=10 tests/unit tests/integration "$@"
 fi
 ruff check .
+ruff format --check ucmctl connector csrc  # the product code as the formatter writes it
 mypy                # the product packages (pyproject's [tool.mypy])
 lint-imports        # the layers import one way (pyproject's [tool.importlinter])
 if (($#)); then
