@@ -140,6 +140,31 @@ class Volume:
                 time.sleep(0.2)
         return time.monotonic() - start
 
+    def wait_writable(self, within: float, times: int = 3, timeout: float = 120) -> float:
+        """Until every client mounted writes and fsyncs 1 MiB into the volume in under `within`
+        seconds `times` times in a row; the seconds it took. Answering a stat is not being back:
+        after a brick's restart a loaded machine saw the first writes take over 2 s for a while
+        (the clients reopen their files, the brick settles), which a store bounded at 2 s
+        counts as failed saves."""
+        start = time.monotonic()
+        for host, at in self.mounted:
+            probe, streak, last = at / f".ucmctl-probe-{host}", 0, "not tried"
+            while streak < times:
+                if time.monotonic() - start > timeout:
+                    raise RuntimeError(f"{at} on {host} did not write 1 MiB in {within} s "
+                                       f"{times} times in a row within {timeout:.0f} s ({last})")  # fmt: skip
+                began = time.monotonic()
+                done = self.on(host, "dd", "if=/dev/zero", f"of={probe}", "bs=1M", "count=1",
+                               "conv=fsync", "status=none", timeout=timeout)  # fmt: skip
+                took = time.monotonic() - began
+                ok = done.returncode == 0 and took < within
+                last = f"last: {took:.2f} s" if done.returncode == 0 else f"last: {done.stderr.strip()}"
+                streak = streak + 1 if ok else 0
+                if not ok:
+                    time.sleep(0.2)
+            self.on(host, "rm", "-f", str(probe))
+        return time.monotonic() - start
+
     def fs_type(self, host: str, at: Path | None = None) -> str:
         return self.on(host, "stat", "-f", "-c", "%T", str(at or self.mount)).stdout.strip()
 
@@ -196,13 +221,21 @@ end-volume
 @contextlib.contextmanager
 def gluster_volume(
     hosts: Cluster, name: str = "kv", server: str = "h1", clients: list[str] | None = None,
-    coherent: bool = True,
+    coherent: bool = True, brick_in_memory: str | None = None,
 ) -> Iterator[Volume]:  # fmt: skip
     """Volume `name` served from `server`, mounted on `clients` (default: every host) at
-    `<hosts.base>/gluster-<name>`; stopped, unmounted and its processes gone afterwards."""
+    `<hosts.base>/gluster-<name>`; stopped, unmounted and its processes gone afterwards.
+
+    `brick_in_memory` (a tmpfs size, "1g"): the brick is a tmpfs of that size rather than a
+    folder of this machine's disk, for tests of the network filesystem's faults whose bounds
+    (seconds) a busy disk's latency would break on a healthy volume (a CI machine writing back
+    gigabytes stalled the brick's file creations past 2 s)."""
     base = hosts.base / f"glusterd-{name}"
     for sub in ("state", "run", "brick"):
         (base / sub).mkdir(parents=True)
+    if brick_in_memory:
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={brick_in_memory},mode=0755",
+                        f"ucmctl-brick-{name}", str(base / "brick")], check=True)  # fmt: skip
     mount = hosts.base / f"gluster-{name}"
     mount.mkdir()
     (base / "glusterd.vol").write_text(_volfile(base))
@@ -251,6 +284,8 @@ def _teardown(vol: Volume) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(vol.glusterd.pid, signal.SIGKILL)
         vol.glusterd.wait(timeout=10)
+    if os.path.ismount(vol.brick):
+        subprocess.run(["umount", "-l", str(vol.brick)], check=False)
     shutil.rmtree(vol.base, ignore_errors=True)
     with contextlib.suppress(OSError):
         vol.mount.rmdir()

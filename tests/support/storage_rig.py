@@ -81,8 +81,9 @@ class Rig:
 def storage_rig(tmp: Path) -> Iterator[Rig]:
     """Three test hosts, the volume from h3 mounted on h1 and h2, the deployment up on them;
     down and gone afterwards. Callers check `gluster.available()` first."""
-    with cluster_or_skip(3) as hosts, gluster.gluster_volume(hosts, "faults", server="h3",
-                                                             clients=["h1", "h2"]) as vol:  # fmt: skip
+    with cluster_or_skip(3) as hosts, gluster.gluster_volume(
+        hosts, "faults", server="h3", clients=["h1", "h2"], brick_in_memory="1g"
+    ) as vol:
         # A client gives up on a server that does not answer after this long (default 42 s).
         vol.gluster("volume", "set", vol.name, "network.ping-timeout", "5")
         cli = Cli(tmp / "home", hosts.ssh_config)
