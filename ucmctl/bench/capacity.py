@@ -25,9 +25,7 @@ from ucmctl.bench.hitrate import METRICS, Instance
 from ucmctl.bench.scrape import SCRAPE_TIMEOUT_S, fetch_metrics
 from ucmctl.core import exposition
 from ucmctl.core.exposition import samples
-
-CACHE_INFO = METRICS.cache_config_info
-PREEMPTIONS = frozenset((METRICS.preemptions + "_total", METRICS.preemptions))
+from ucmctl.engines.base import Metrics
 
 
 @dataclass(frozen=True)
@@ -51,14 +49,16 @@ def _int(value: str | None) -> int | None:
         return None
 
 
-def parse_capacity(text: str) -> tuple[int | None, int | None]:
-    """(the instance's KV blocks, block size) from `vllm:cache_config_info`; (None, None) when
-    absent or unparsable. Engines' lines repeat the instance total; should they ever differ,
-    the largest is taken (never their sum, which would count each block once per engine)."""
+def parse_capacity(text: str, metrics: Metrics = METRICS) -> tuple[int | None, int | None]:
+    """(the instance's KV blocks, block size) from the engine's cache config info
+    (`vllm:cache_config_info`); (None, None) when absent or unparsable. Engines' lines repeat
+    the instance total; should they ever differ, the largest is taken (never their sum, which
+    would count each block once per engine)."""
     blocks: int | None = None
     block_size: int | None = None
-    for s in samples(text, (CACHE_INFO,)):
-        if s.name != CACHE_INFO:
+    info = metrics.cache_config_info
+    for s in samples(text, (info,)):
+        if s.name != info:
             continue
         labels = s.labels
         n, size = _int(labels.get("num_gpu_blocks")), _int(labels.get("block_size"))
@@ -71,17 +71,21 @@ def parse_capacity(text: str) -> tuple[int | None, int | None]:
     return blocks, block_size
 
 
-def parse_preemptions(text: str) -> float:
-    """`vllm:num_preemptions_total` (or without `_total`) summed over engines; 0.0 when absent."""
-    return exposition.total(text, PREEMPTIONS) or 0.0
+def parse_preemptions(text: str, metrics: Metrics = METRICS) -> float:
+    """The engine's preemptions (`vllm:num_preemptions_total`, or without `_total`) summed over
+    engines; 0.0 when absent."""
+    return exposition.total(text, frozenset((metrics.preemptions + "_total", metrics.preemptions))) or 0.0
 
 
-async def read_capacities(http: aiohttp.ClientSession, instances: Sequence[Instance]) -> list[KvCapacity]:
-    """Every instance's capacity, in order; blocks None for one whose /metrics did not answer."""
+async def read_capacities(
+    http: aiohttp.ClientSession, instances: Sequence[Instance], metrics: Metrics = METRICS
+) -> list[KvCapacity]:
+    """Every instance's capacity, in order, as its engine (`metrics`' names) exports it; blocks
+    None for one whose /metrics did not answer."""
 
     async def one(inst: Instance) -> KvCapacity:
         text = await fetch_metrics(http, inst.url, SCRAPE_TIMEOUT_S)
-        blocks, size = parse_capacity(text) if text is not None else (None, None)
+        blocks, size = parse_capacity(text, metrics) if text is not None else (None, None)
         return KvCapacity(inst.name, inst.role, blocks, size)
 
     return list(await asyncio.gather(*(one(i) for i in instances)))

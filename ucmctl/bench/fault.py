@@ -24,6 +24,7 @@ import numpy as np
 from ucmctl.bench import hitrate
 from ucmctl.bench.client import RequestResult
 from ucmctl.bench.scrape import fetch_metrics
+from ucmctl.core import metric_names as m
 from ucmctl.core.errors import UcmctlError
 from ucmctl.core.exposition import samples
 from ucmctl.engines.base import Metrics
@@ -196,18 +197,18 @@ def proxy_samples(text: str, victim: str | None) -> dict[str, float]:
     out = dict.fromkeys(("retries", "first_token_retries", "mid_stream"), 0.0)
     if victim == ALL:
         out.update(streaming=0.0, in_flight=0.0)
-    for s in samples(text, ("ucmctl_proxy_",)):
+    for s in samples(text, (m.PROXY_PREFIX,)):
         name, labels, value = s.name, s.labels, s.value
-        if name == "ucmctl_proxy_retries_total":
+        if name == m.PROXY_RETRIES:
             out["retries"] += value
-        elif name == "ucmctl_proxy_first_token_retries_total":
+        elif name == m.PROXY_FIRST_TOKEN_RETRIES:
             out["first_token_retries"] += value
-        elif name == "ucmctl_proxy_errors_total" and labels.get("reason") == "upstream_mid_stream":
+        elif name == m.PROXY_ERRORS and labels.get("reason") == "upstream_mid_stream":
             out["mid_stream"] += value
         elif victim is not None and (victim == ALL or labels.get("instance") == victim):
-            if name == "ucmctl_proxy_instance_requests_streaming":
+            if name == m.PROXY_INSTANCE_STREAMING:
                 out["streaming"] = out.get("streaming", 0.0) + value
-            elif name == "ucmctl_proxy_instance_requests_in_flight":
+            elif name == m.PROXY_INSTANCE_IN_FLIGHT:
                 out["in_flight"] = out.get("in_flight", 0.0) + value
     return out
 

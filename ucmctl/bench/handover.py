@@ -14,8 +14,9 @@ import aiohttp
 
 from ucmctl.bench.scrape import SCRAPE_TIMEOUT_S, fetch_metrics
 from ucmctl.core.exposition import samples
+from ucmctl.core.metric_names import PROXY_KV_HANDOVER
 
-NAME = "ucmctl_proxy_kv_handover_seconds"
+NAME = PROXY_KV_HANDOVER
 Reading = tuple[list[tuple[float, float]], float, float]  # (cumulative buckets by bound, sum, count)
 
 

@@ -14,9 +14,51 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
 
 # Reasons that point at the network between this machine and the node, not at the server.
 _NETWORK = ("timed out", "no route to host", "network is unreachable", "name not resolved")
+
+
+class HealthKind(Enum):
+    healthy = "healthy"
+    unhealthy = "unhealthy"
+    not_asked = "not asked"  # a process that does not run, or has no health URL
+    unknown = "unknown"  # its node did not answer
+
+
+@dataclass(frozen=True)
+class Health:
+    """What a process's health URL answered, as `status` and the watch judge it; words only
+    for display."""
+
+    kind: HealthKind
+    reason: str | None = None  # why unhealthy, as `why_not` says it ("HTTP 503", "timed out")
+
+    @classmethod
+    def of(cls, reason: str | None) -> Health:
+        """From `why_not`'s answer: None is healthy."""
+        return cls(HealthKind.healthy) if reason is None else cls(HealthKind.unhealthy, reason)
+
+    @property
+    def unhealthy(self) -> bool:
+        return self.kind is HealthKind.unhealthy
+
+    @property
+    def answered(self) -> bool:
+        """Unhealthy, but the server answered with an HTTP status (it runs and says no)."""
+        return self.unhealthy and (self.reason or "").startswith("HTTP ")
+
+    def words(self) -> str:
+        if self.kind is HealthKind.unhealthy:
+            return f"unhealthy ({self.reason})"
+        return {HealthKind.healthy: "healthy", HealthKind.not_asked: "-", HealthKind.unknown: "?"}[self.kind]
+
+
+HEALTHY = Health(HealthKind.healthy)
+NOT_ASKED = Health(HealthKind.not_asked)
+UNKNOWN = Health(HealthKind.unknown)
 
 
 def why_not(url: str, timeout: float = 2.0) -> str | None:

@@ -14,7 +14,7 @@ from rich.table import Table
 
 from ucmctl.core.store_errors import describe, errors_from_metrics
 from ucmctl.core.tables import FIGURE, NAME, TEXT, fitted
-from ucmctl.deploy.health import why_not
+from ucmctl.deploy.health import NOT_ASKED, UNKNOWN, Health, HealthKind, why_not
 from ucmctl.deploy.state import Record
 from ucmctl.launch import Launcher, LaunchError, launcher_for
 from ucmctl.nodes.executor import NodeError
@@ -66,7 +66,7 @@ class Look(NamedTuple):
     """How a process is now, as `status` says it."""
 
     state: RunState  # running, exited (137), not running, node unreachable, ...
-    health: str  # "healthy", "unhealthy (why)", "-" (not asked), "?" (node unreachable)
+    health: Health  # healthy, unhealthy (why), not asked, unknown (node unreachable)
 
     @property
     def restarts(self) -> int:
@@ -80,11 +80,10 @@ def look(launcher: Launcher, p: Process, health_timeout: float = 2.0) -> Look:
     try:
         state = launcher.run_state(p)
     except NodeError:
-        return Look(RunState(Kind.unreachable), "?")
+        return Look(RunState(Kind.unreachable), UNKNOWN)
     if not state.running or not p.health:
-        return Look(state, "-")
-    reason = why_not(p.health[-1], timeout=health_timeout)
-    return Look(state, "healthy" if reason is None else f"unhealthy ({reason})")
+        return Look(state, NOT_ASKED)
+    return Look(state, Health.of(why_not(p.health[-1], timeout=health_timeout)))
 
 
 # awk over /proc/self/mountinfo: the filesystem type of the longest mount point above path `p`.
@@ -183,10 +182,11 @@ def render_status(
         restarted = state.restarts
         # after a restart of its own the time since `up` is not its uptime
         uptime = _duration(now - started) if started and state.running and not restarted else "-"
-        color = "green" if health == "healthy" else "red" if health.startswith("unhealthy") else "dim"
+        color = "green" if health.kind is HealthKind.healthy else "red"
         ports = " ".join(f"{k}:{v}" for k, v in p.ports.items()) or "-"
         words = state.words()
-        said = words if health in ("-", "?") else f"{words}, [{color}]{escape(health)}[/]"
+        asked = health.kind in (HealthKind.healthy, HealthKind.unhealthy)
+        said = f"{words}, [{color}]{escape(health.words())}[/]" if asked else words
         rows.append(
             [
                 escape(p.name),

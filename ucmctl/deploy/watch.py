@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from ucmctl.deploy.health import HealthKind
 from ucmctl.deploy.inspect import Look, look, tail_of
 from ucmctl.deploy.state import Record
 from ucmctl.launch import launcher_for
@@ -147,9 +148,8 @@ class Watch:
             return
         running = state.running
         dead = not running and reached
-        unhealthy = health.startswith("unhealthy")
-        if p.role == "proxy" and health.startswith("unhealthy (HTTP"):
-            unhealthy = False  # it answers: its 503 says an upstream is down, reported as itself
+        # a proxy that answers 503 says an upstream is down, which is reported as itself
+        unhealthy = health.unhealthy and not (p.role == "proxy" and health.answered)
         bad = dead or not running or unhealthy
         if not bad:
             self._bad_looks.pop(p.name, None)
@@ -157,13 +157,15 @@ class Watch:
                 with self._lock:
                     self._lost.discard(p.name)
                     self._backs.append((p.name, time.monotonic()))
-                told = state.words() + (f", {health}" if health != "-" else "")
+                told = state.words() + (
+                    f", {health.words()}" if health.kind is not HealthKind.not_asked else ""
+                )
                 self._say(f"BACK {p.name} on {p.node}: {told}")
             return
         seen = self._bad_looks[p.name] = self._bad_looks.get(p.name, 0) + 1
         if p.name in self._lost or (not dead and seen < self._unhealthy_after):
             return
-        self._lose(launcher, p, state.words() if not running else health)
+        self._lose(launcher, p, state.words() if not running else health.words())
 
     def _lose(self, launcher: Any, p: Process, how: str) -> None:
         now = time.monotonic()

@@ -135,3 +135,18 @@ def test_read_capacities_over_http() -> None:
         cap("c", "prefill", None, None),
     ]
     assert got[0].tokens == 335_360
+
+
+def test_another_engines_names_are_read_and_vllms_ignored() -> None:
+    import dataclasses
+
+    from ucmctl.bench.hitrate import METRICS
+
+    other = dataclasses.replace(METRICS, cache_config_info="eng:cache_info", preemptions="eng:preempted")
+    text = VLLM_DP2.replace("vllm:cache_config_info", "eng:cache_info").replace(
+        "vllm:num_preemptions", "eng:preempted"
+    )
+    assert parse_capacity(text, other) == (2620, 128)
+    assert parse_preemptions(text, other) == 7.0
+    assert parse_capacity(VLLM_DP2, other) == (None, None)  # vLLM's names are not this engine's
+    assert parse_preemptions(VLLM_DP2, other) == 0.0

@@ -86,3 +86,16 @@ def test_a_gate_passes_when_every_url_answers_in_order_or_stops_when_the_process
         assert reason is not None and "connection refused" in reason and "reach" not in reason
     else:
         assert reason == "the process exited before it became healthy"
+
+
+def test_health_is_a_value_and_its_words_are_for_display() -> None:
+    from ucmctl.deploy.health import HEALTHY, NOT_ASKED, UNKNOWN, Health, HealthKind
+
+    assert Health.of(None) == HEALTHY and HEALTHY.words() == "healthy" and not HEALTHY.unhealthy
+    refused = Health.of("connection refused")
+    assert refused.kind is HealthKind.unhealthy and refused.unhealthy and not refused.answered
+    assert refused.words() == "unhealthy (connection refused)"
+    said_no = Health.of("HTTP 503")
+    assert said_no.unhealthy and said_no.answered  # it runs and answers: an upstream is down
+    assert (NOT_ASKED.words(), UNKNOWN.words()) == ("-", "?")
+    assert not NOT_ASKED.unhealthy and not UNKNOWN.unhealthy

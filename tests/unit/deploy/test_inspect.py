@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from ucmctl.deploy import inspect
+from ucmctl.deploy.health import HEALTHY, NOT_ASKED, UNKNOWN, Health
 from ucmctl.deploy.inspect import Look, look
 from ucmctl.nodes.executor import NodeError
 from ucmctl.nodes.run_state import Kind, RunState
@@ -50,25 +51,25 @@ def process(name: str = "decode-0") -> Any:
 def test_a_running_process_is_asked_its_health(asked: list[str]) -> None:
     p = process()
     now = look(Launcher(RunState.up(2, last_exit=137)), p)  # type: ignore[arg-type]
-    assert now == Look(RunState.up(2, last_exit=137), "healthy") and now.restarts == 2
+    assert now == Look(RunState.up(2, last_exit=137), HEALTHY) and now.restarts == 2
     assert asked == [p.health[-1]]
 
 
 def test_an_unhealthy_answer_says_why(asked: list[str]) -> None:
     p = process("prefill-0")
     assert p.health[-1] in REFUSED
-    assert look(Launcher(RunState.up()), p) == Look(RunState.up(), "unhealthy (connection refused)")  # type: ignore[arg-type]
+    assert look(Launcher(RunState.up()), p) == Look(RunState.up(), Health.of("connection refused"))  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
     "state", [RunState.exited(137, 1), RunState(Kind.not_running), RunState.restarting(137, 0, 3)]
 )
 def test_a_process_that_does_not_run_is_not_asked_its_health(asked: list[str], state: RunState) -> None:
-    assert look(Launcher(state), process()) == Look(state, "-")  # type: ignore[arg-type]
+    assert look(Launcher(state), process()) == Look(state, NOT_ASKED)  # type: ignore[arg-type]
     assert asked == []
 
 
 def test_an_unreachable_node_is_a_state_of_its_own(asked: list[str]) -> None:
     now = look(Launcher(None), process())  # type: ignore[arg-type]
-    assert now == Look(RunState(Kind.unreachable), "?") and now.restarts == 0
+    assert now == Look(RunState(Kind.unreachable), UNKNOWN) and now.restarts == 0
     assert now.state.words() == "node unreachable" and asked == []

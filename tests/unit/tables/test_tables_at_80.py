@@ -16,6 +16,7 @@ from ucmctl.bench import report
 from ucmctl.bench.client import RequestResult
 from ucmctl.bench.metrics import summarize
 from ucmctl.core.tables import FIGURE, NAME, PAIR, fitted, plain, table, widths
+from ucmctl.deploy.health import HEALTHY, NOT_ASKED, UNKNOWN, Health
 from ucmctl.deploy.inspect import Look, render_status
 from ucmctl.deploy.state import ProcessState, Record
 from ucmctl.nodes.run_state import Kind, RunState
@@ -194,16 +195,16 @@ def draw_status(record: Record, looks: list[Look]) -> Any:
 
 def test_status_at_80() -> None:
     record = status_record(next(t for t in TOPOLOGIES if t.name == "2p2d-centralized.yaml"))
-    looks = [Look(RunState.up(), "healthy")] * len(record.plan.processes)
-    looks[1] = Look(RunState.up(), "unhealthy (http://192.168.10.1:7800/health: connection refused)")
-    looks[2] = Look(RunState(Kind.unreachable), "?")
+    looks = [Look(RunState.up(), HEALTHY)] * len(record.plan.processes)
+    looks[1] = Look(RunState.up(), Health.of("http://192.168.10.1:7800/health: connection refused"))
+    looks[2] = Look(RunState(Kind.unreachable), UNKNOWN)
     assert at_width(draw_status(record, looks)) == STATUS_AT_80
 
 
 @pytest.mark.parametrize("topology", TOPOLOGIES, ids=[t.stem for t in TOPOLOGIES])
 def test_status_and_plan_of_every_topology_keep_names_and_ports_whole(topology: Path) -> None:
     record = status_record(topology)
-    looks = [Look(RunState.up(), "healthy")] * len(record.plan.processes)
+    looks = [Look(RunState.up(), HEALTHY)] * len(record.plan.processes)
     text = at_width(draw_status(record, looks))
     whole(text)
     words = set(text.split())
@@ -275,7 +276,7 @@ def test_the_kv_probe_line_of_status_wraps_between_words_at_80() -> None:
     detail = ("decode-0's external prefix cache hits grew by 160 tokens (10 blocks of 16) after prefill-0 "
               "stored a 160-token prompt through the proxy at http://192.168.10.1:8000")  # fmt: skip
     record.kv_probe = ProbeResult(mode="centralized", ok=True, detail=detail, at=1000.0)
-    text = at_width(draw_status(record, [Look(RunState.up(), "healthy")] * len(record.plan.processes)))
+    text = at_width(draw_status(record, [Look(RunState.up(), HEALTHY)] * len(record.plan.processes)))
     whole(text)
     assert detail in " ".join(text.split()), text
 
@@ -284,10 +285,10 @@ def test_status_counts_restarts_whatever_words_the_state_has() -> None:
     """The restarts column adds the policy's count to those ucmctl made, from the look's count:
     a process whose supervisor gave up, or one waiting to be started again, has restarted too."""
     record = status_record(next(t for t in TOPOLOGIES if t.name == "2p2d-centralized.yaml"))
-    looks = [Look(RunState.up(), "healthy")] * len(record.plan.processes)
-    looks[0] = Look(RunState.gave_up(137, 3), "-")
-    looks[1] = Look(RunState.restarting(137, 1, 3), "-")
-    looks[2] = Look(RunState.up(2, last_exit=1), "healthy")
+    looks = [Look(RunState.up(), HEALTHY)] * len(record.plan.processes)
+    looks[0] = Look(RunState.gave_up(137, 3), NOT_ASKED)
+    looks[1] = Look(RunState.restarting(137, 1, 3), NOT_ASKED)
+    looks[2] = Look(RunState.up(2, last_exit=1), HEALTHY)
     text = at_width(draw_status(record, looks))
     rows = {line.split()[0]: line.split() for line in text.splitlines() if line.split()}
     for p, now in zip(record.plan.processes, looks, strict=True):

@@ -148,7 +148,7 @@ def check_capacity(workload: WorkloadSpec, cfg: Any, target: Any, concurrency: i
 
     async def read() -> Any:
         async with session(4, 60) as http:
-            return await read_capacities(http, target.instances)
+            return await read_capacities(http, target.instances, target.metrics)
 
     capacities = loop.run(read())
     sizes = [c.block_size for c in capacities if c.block_size]
