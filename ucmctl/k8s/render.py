@@ -330,18 +330,24 @@ class _Renderer:
         return out
 
     def _service_argv(self, p: Process) -> list[Word]:
-        """The Mooncake master's or the proxy's argv: listeners on the pod, upstreams by DNS."""
+        """The Mooncake master's or the proxy's argv: listeners on the pod, upstreams by DNS (the
+        proxy's from its spec, with each server's pod address)."""
+        if p.proxy is not None:
+            urls = self._upstream_urls()
+
+            def by_dns(url: str) -> str:
+                if url not in urls:
+                    raise AssertionError(f"proxy upstream {url} is no server of the plan")
+                return urls[url]
+
+            ups = tuple(
+                u.model_copy(update={"url": by_dns(u.url), "bootstrap": u.bootstrap and by_dns(u.bootstrap)})
+                for u in p.proxy.upstreams
+            )
+            return list(p.proxy.model_copy(update={"host": ANY_ADDRESS, "upstreams": ups}).argv())
         words: list[Word] = list(p.argv)
         for flag in ("--host", "--rpc_address", "--metrics_host"):
             _set_value(words, flag, ANY_ADDRESS)
-        urls = self._upstream_urls()
-        upstream_flags = {"--prefiller", "--decoder", "--instance", "--bootstrap"}
-        for i in range(1, len(words)):
-            if words[i - 1] in upstream_flags:
-                url = str(words[i])
-                if url not in urls:
-                    raise AssertionError(f"proxy upstream {url} is no server of the plan")
-                words[i] = urls[url]
         return words
 
     def _upstream_urls(self) -> dict[str, str]:
@@ -440,8 +446,8 @@ def _first(words: list[Word], flag: str) -> int | None:
 
 
 def _set_value(words: list[Word], flag: str, value: Word) -> None:
-    """Replace the value of the Plan's own `flag` in the Mooncake master's or the proxy's argv
-    (ucmctl's own programs; a server's command line is built from its spec instead)."""
+    """Replace the value of the Plan's own `flag` in the Mooncake master's argv (a server's and
+    the proxy's command lines are built from their specs instead)."""
     i = _first(words, flag)
     if i is not None:
         words[i + 1] = value

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import posixpath
 
+from ucmctl.core import routing_names
 from ucmctl.core.platforms import DEVICE_VARIABLE, NIC_VARIABLES, Platform
 from ucmctl.core.ucm_config import CONNECTOR_NAMES, ConnectorEntry, StoreConfig, UcmConfig
 from ucmctl.engines import KvTransfer, MooncakeLeg, ServerSpec, engine_for
@@ -27,6 +28,7 @@ from ucmctl.plan.processes import (
     store_backends,
     tool_path,
 )
+from ucmctl.plan.proxy_spec import ProxySpec, Upstream
 from ucmctl.plan.render import render
 from ucmctl.topology.container import Container
 from ucmctl.topology.layout import Server, is_external_dp, servers
@@ -365,27 +367,18 @@ def _proxy(t: Topology, nodes: dict[str, NodePlan], upstream: list[Process]) -> 
     assert proxy is not None
     node = t.nodes[proxy.node]
     container = t.container_of(proxy.node)
-    listen = proxy.host or bind_address(node)
-    argv = [python_of(node, container), "-m", "ucmctl", "proxy", "--host", listen, "--port", str(proxy.port)]
-    if t.mode is Mode.mixed:
-        argv += ["--mode", "mixed"]
-        for p in upstream:
-            argv += ["--instance", str(p.url)]
-    else:
-        argv += ["--mode", "pd"]
-        router = None
-        if t.mode is Mode.p2p:
-            router = _mooncake_facts(t, t.nodes[upstream[0].node]).router
-            argv += ["--p2p", router]
-        for p in upstream:
-            argv += ["--prefiller" if p.role == "prefill" else "--decoder", str(p.url)]
-        if router == "mooncake":  # the router asks each prefiller's bootstrap server for its engine
-            for p in upstream:
-                if p.role == "prefill":
-                    host = reach_address(t.nodes[p.node])
-                    argv += ["--bootstrap", f"http://{host}:{p.ports['bootstrap']}"]
-    if proxy.routing == "prefix":
-        argv.append("--prefix-affinity")
+    # the router protocol (P2P): the connector's, as the first server's node runs it
+    router = _mooncake_facts(t, t.nodes[upstream[0].node]).router if t.mode is Mode.p2p else None
+    spec = ProxySpec(
+        python=python_of(node, container),
+        host=proxy.host or bind_address(node),
+        port=proxy.port,
+        mode="mixed" if t.mode is Mode.mixed else "pd",
+        p2p=router,
+        routing=str(routing_names.canonical(proxy.routing.value)),
+        upstreams=tuple(_upstream(t, p, router) for p in upstream),
+    )
+    argv = spec.argv()
     base = f"http://{reach_address(node)}:{proxy.port}"
     return place_process(
         t,
@@ -403,4 +396,19 @@ def _proxy(t: Topology, nodes: dict[str, NodePlan], upstream: list[Process]) -> 
         url=base,
         health=[f"{base}/health"],
         depends_on=[p.name for p in upstream],
+        proxy=spec,
     )
+
+
+def _upstream(t: Topology, p: Process, router: str | None) -> Upstream:
+    """A server as the proxy reaches it; with the mooncake router, a prefiller's bootstrap
+    server (the proxy asks it for the prefiller's engine)."""
+    assert p.url is not None
+    if t.mode is Mode.mixed:
+        return Upstream(url=str(p.url), role="mixed")
+    if p.role != "prefill":
+        return Upstream(url=str(p.url), role="decode")
+    bootstrap = None
+    if router == "mooncake":
+        bootstrap = f"http://{reach_address(t.nodes[p.node])}:{p.ports['bootstrap']}"
+    return Upstream(url=str(p.url), role="prefill", bootstrap=bootstrap)

@@ -3,7 +3,7 @@
 Everything after planning (deploy, preflight, purge, status, bench) reads the Plan, never the
 topology: what a process is (its `role`), when it starts (`stage`), how long it may take to
 become healthy, what its node binds, and what the UCM store is, are all written here. It
-imports only ucmctl.core and ucmctl.engines.
+imports only ucmctl.core, ucmctl.engines and the proxy's spec (plan/proxy_spec.py).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ucmctl.core.names import NAME_RE, SERVER_ROLES, Role
 from ucmctl.engines import ENGINES, ServerSpec, engine_for
+from ucmctl.plan.proxy_spec import ProxySpec
 
 # 2: Process.health_timeout, NodePlan.bind, Plan.store. 3: Plan.cluster (a union with a `kind`)
 # replaces Plan.slurm; Process.server. deploy/state.py upgrades records of 1 and 2.
@@ -137,6 +138,7 @@ class Process(Frozen):
     device_variable: str | None = None
     dp_rank: int | None = None
     server: ServerSpec | None = None  # an API server's structured spec: argv is its engine's argv of it
+    proxy: ProxySpec | None = None  # the proxy's structured spec: argv is its argv()
     container: ContainerPlan | None = None  # None: runs on the node's own Python (launch runs argv)
     restart: RestartPlan | None = None  # None: never restarted
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
+from ucmctl.core import routing_names
 from ucmctl.core.words import counted
 from ucmctl.plan.model import Plan
 
@@ -54,6 +55,9 @@ def print_plan(plan: Plan, console: Console) -> None:
                 if p.container is not None and p.container.mounts:  # the OCI bundle's
                     _print(console, f"    mounts {escape(' '.join(p.container.mounts))}", soft_wrap=True)
                 _print(console, f"    cmd {escape(shlex.join(p.argv))}", soft_wrap=True)
+            if p.proxy is not None:
+                what = routing_names.SUMMARIES[p.proxy.routing]
+                _print(console, f"    routing {p.proxy.routing}: {escape(what)}", soft_wrap=True)
             if p.health:
                 _print(console, f"    health {' then '.join(p.health)}")
             if p.restart is not None:

@@ -15,10 +15,12 @@ from aiohttp import web
 
 from ucmctl.core.errors import ExitStatus, UcmctlError
 from ucmctl.proxy import rewrite
-from ucmctl.proxy.balancer import Instance
 from ucmctl.proxy.config import ProxyConfig, normalize_url
-from ucmctl.proxy.flow import UPSTREAM_ERRORS, ProxyState, error_response, serve_generate
+from ucmctl.proxy.flow import ProxyState, error_response, serve_generate
 from ucmctl.proxy.health import check, health_loop, record_failure, record_success
+from ucmctl.proxy.pool import Instance
+from ucmctl.proxy.routing import Ask
+from ucmctl.proxy.upstream import UPSTREAM_ERRORS
 
 STATE = web.AppKey("state", ProxyState)
 OPEN_PATHS = frozenset({"/health", "/metrics"})  # probes and scrapers carry no key
@@ -131,7 +133,7 @@ async def models(request: web.Request) -> web.Response:
     role = "decode" if state.config.mode == "pd" else "mixed"
     assert state.session is not None
     for _ in range(state.config.retries + 1):
-        inst = state.pool.pick(role, "requests")
+        inst = state.pick(Ask(role, "requests"))
         if inst is None:
             break
         try:
@@ -215,7 +217,7 @@ async def instances_remove(request: web.Request) -> web.Response:
     """Take an instance out of routing; its requests in flight finish."""
     state = request.app[STATE]
     url, role = await _instance_request(request)
-    gone = state.pool.remove(url, role)
+    gone = state.remove(url, role)
     if not gone:
         return web.json_response({"removed": False, "reason": f"no instance {url}"}, status=404)
     return web.json_response({"removed": True, "instances": _describe(gone)})
@@ -276,7 +278,7 @@ def run(config: ProxyConfig) -> None:
         sides = f"{len(config.prefillers)} prefill, {len(config.decoders)} decode"
     else:
         sides = f"{len(config.instances)} mixed"
-    mode = config.mode + (f" p2p {config.p2p}" if config.p2p else "")
+    mode = config.mode + (f" p2p {config.p2p}" if config.p2p else "") + f", routing {config.routing}"
     key = ", API key on" if config.api_key else ""
 
     def announce(_: str) -> None:

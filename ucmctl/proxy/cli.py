@@ -6,6 +6,8 @@ import os
 
 import typer
 
+from ucmctl.proxy import routing
+
 
 def proxy(
     host: str = typer.Option("127.0.0.1", "--host", help="address to listen on"),
@@ -25,12 +27,18 @@ def proxy(
     ),
     decoder: list[str] = typer.Option([], "--decoder", help="decode instance URL (repeat)"),
     instance: list[str] = typer.Option([], "--instance", help="mixed-mode instance URL (repeat)"),
-    prefix_affinity: bool = typer.Option(
-        False, "--prefix-affinity", help="send prompts with the same leading block to the same instance"
+    routing_name: str = typer.Option(
+        routing.DEFAULT,
+        "--routing",
+        help="which instance takes a request: " + ", ".join(routing.POLICIES),
     ),
+    prefix_affinity: bool = typer.Option(False, "--prefix-affinity", hidden=True, help="--routing affinity"),
     affinity_tokens: int = typer.Option(
-        128, "--affinity-tokens", help="length of that leading block, tokens"
+        128, "--affinity-tokens", help="--routing affinity: length of the leading block, tokens"
     ),
+    prefill_load: str = typer.Option("tokens", "--prefill-load", help="a prefill's load: tokens or requests"),
+    decode_load: str = typer.Option("requests", "--decode-load", help="a decode's load: requests or tokens"),
+    mixed_load: str = typer.Option("requests", "--mixed-load", help="a mixed one's: requests or tokens"),
     deployment: str | None = typer.Option(None, "--deployment", help="deployment name (a label in /metrics)"),
     health_interval: float = typer.Option(2.0, "--health-interval", help="seconds between health checks"),
     health_timeout: float = typer.Option(2.0, "--health-timeout", help="seconds a health check may take"),
@@ -43,7 +51,7 @@ def proxy(
     ),
     max_connections: int = typer.Option(1024, "--max-connections", help="upstream connection pool size"),
 ) -> None:
-    """Front prefill/decode (or mixed) instances: route by load, stream answers, survive failures.
+    """Front prefill/decode (or mixed) instances: route each request, stream answers, survive failures.
 
     Client API key: env UCMCTL_PROXY_API_KEY (never a flag: command lines end up in logs).
     Key sent to the instances: env UCMCTL_PROXY_UPSTREAM_API_KEY.
@@ -59,9 +67,12 @@ def proxy(
         bootstraps=bootstrap,
         decoders=decoder,
         instances=instance,
-        prefix_affinity=prefix_affinity,
+        routing_name="affinity" if prefix_affinity else routing_name,
         env=dict(os.environ),
         affinity_tokens=affinity_tokens,
+        prefill_load=prefill_load,
+        decode_load=decode_load,
+        mixed_load=mixed_load,
         deployment=deployment,
         health_interval=health_interval,
         health_timeout=health_timeout,

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from yarl import URL
 
 from ucmctl.core.errors import UcmctlError
+from ucmctl.proxy import routing
+from ucmctl.proxy.pool import LoadKind
 
 MODES = ("pd", "mixed")
 # P2P router protocols: vLLM's MooncakeConnector (a transfer_id per request, the prefiller's
@@ -15,6 +17,9 @@ MODES = ("pd", "mixed")
 P2P_PROTOCOLS = ("mooncake", "ascend")
 API_KEY_ENV = "UCMCTL_PROXY_API_KEY"
 UPSTREAM_API_KEY_ENV = "UCMCTL_PROXY_UPSTREAM_API_KEY"
+LOAD_KINDS = ("tokens", "requests")
+# each leg's load measure by default: a prefill's cost is its prompt, a decode's its streams
+DEFAULT_LOADS: dict[str, LoadKind] = {"prefill": "tokens", "decode": "requests", "mixed": "requests"}
 
 
 @dataclass(frozen=True)
@@ -29,7 +34,10 @@ class ProxyConfig:
     bootstraps: tuple[str, ...] = ()  # mooncake: each prefiller's bootstrap server, same order
     decoders: tuple[str, ...] = ()
     instances: tuple[str, ...] = ()
-    prefix_affinity: bool = False
+    routing: str = routing.DEFAULT  # a policy of ucmctl.proxy.routing.POLICIES
+    prefill_load: LoadKind = DEFAULT_LOADS["prefill"]
+    decode_load: LoadKind = DEFAULT_LOADS["decode"]
+    mixed_load: LoadKind = DEFAULT_LOADS["mixed"]
     affinity_tokens: int = 128
     deployment: str | None = None
     health_interval: float = 2.0
@@ -43,6 +51,10 @@ class ProxyConfig:
     max_body_mb: int = 64
     api_key: str | None = field(default=None, repr=False)
     upstream_api_key: str | None = field(default=None, repr=False)
+
+    def load(self, role: str) -> LoadKind:
+        """How the load of a leg of `role` is measured."""
+        return {"prefill": self.prefill_load, "decode": self.decode_load}.get(role, self.mixed_load)
 
 
 def normalize_url(url: str, flag: str) -> str:
@@ -89,7 +101,7 @@ def make_config(
     bootstraps: list[str] | tuple[str, ...] = (),
     decoders: list[str] | tuple[str, ...] = (),
     instances: list[str] | tuple[str, ...] = (),
-    prefix_affinity: bool = False,
+    routing_name: str = routing.DEFAULT,
     env: dict[str, str] | None = None,
     **tuning: object,
 ) -> ProxyConfig:
@@ -114,6 +126,12 @@ def make_config(
         raise UcmctlError.one(
             "--bootstrap is for --p2p mooncake", fix="drop --bootstrap or add --p2p mooncake"
         )
+    policy = routing.canonical(routing_name)
+    if policy is None:
+        raise UcmctlError.one(
+            f"--routing {routing_name!r} is not a routing policy",
+            fix=f"use one of {', '.join(routing.POLICIES)}",
+        )
     _check_tuning(tuning)
     env = env or {}
     return ProxyConfig(
@@ -125,7 +143,7 @@ def make_config(
         bootstraps=boot,
         decoders=dec,
         instances=mix,
-        prefix_affinity=prefix_affinity,
+        routing=policy,
         api_key=env.get(API_KEY_ENV) or None,
         upstream_api_key=env.get(UPSTREAM_API_KEY_ENV) or None,
         **tuning,  # type: ignore[arg-type]
@@ -171,6 +189,12 @@ def _check_tuning(tuning: dict[str, object]) -> None:
     for name in ("retries", "retry_backoff", "read_timeout"):
         if name in tuning:
             _positive("--" + name.replace("_", "-"), float(tuning[name]), allow_zero=True)  # type: ignore[arg-type]
+    for name in ("prefill_load", "decode_load", "mixed_load"):
+        if name in tuning and tuning[name] not in LOAD_KINDS:
+            flag = "--" + name.replace("_", "-")
+            raise UcmctlError.one(
+                f"{flag} {tuning[name]!r} is not a load measure", fix=f"pass {flag} tokens or {flag} requests"
+            )
     for name in ("unhealthy_after", "affinity_tokens", "max_connections", "max_body_mb"):
         if name in tuning and int(tuning[name]) < 1:  # type: ignore[call-overload]
             flag = "--" + name.replace("_", "-")

@@ -1,4 +1,6 @@
-"""The request path: prefill leg with retries, then the decode (or mixed) leg relayed as it arrives."""
+"""The request path: prefill leg with retries, then the decode (or mixed) leg relayed as it arrives.
+Which instance takes a leg is the routing policy's (ucmctl.proxy.routing); how the KV goes from
+the prefill leg to the decode leg is the handoff's (ucmctl.proxy.handoff)."""
 
 from __future__ import annotations
 
@@ -13,32 +15,33 @@ import aiohttp
 from aiohttp import web
 
 from ucmctl.proxy import rewrite
-from ucmctl.proxy.balancer import Instance, LoadKind, Pool
 from ucmctl.proxy.config import ProxyConfig
+from ucmctl.proxy.handoff import Handoff, Store, make_handoff
 from ucmctl.proxy.health import log, record_failure, record_success
 from ucmctl.proxy.metrics import Metrics
+from ucmctl.proxy.pool import Instance, Pool
+from ucmctl.proxy.routing import Ask, Policy, make_policy
+from ucmctl.proxy.upstream import UPSTREAM_ERRORS, LegFailed, why
 
-# errors of the upstream exchange itself (not of the client's side)
-UPSTREAM_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
+__all__ = ["UPSTREAM_ERRORS", "LegFailed", "ProxyState", "error_response", "serve_generate"]
 
 
 @dataclass
 class ProxyState:
-    """What every handler shares: settings, instances, metrics and the one client session."""
+    """What every handler shares: settings, instances, routing, metrics and the one client session."""
 
     config: ProxyConfig
     pool: Pool = field(default_factory=Pool)
+    policy: Policy = field(default_factory=lambda: make_policy("least-loaded"))
+    handoff: Handoff = field(default_factory=Store)
     metrics: Metrics = field(default_factory=Metrics)
     session: aiohttp.ClientSession | None = None
     upstream_headers: dict[str, str] = field(default_factory=dict)
-    # --p2p mooncake: prefiller URL -> its bootstrap server URL, and the engine id last seen there
-    bootstrap_of: dict[str, str] = field(default_factory=dict)
-    engines: dict[str, tuple[float, str]] = field(default_factory=dict)
 
     @classmethod
     def create(cls, config: ProxyConfig) -> ProxyState:
         """The state for `config`, every configured instance in routing."""
-        state = cls(config)
+        state = cls(config, policy=make_policy(config.routing))
         for role, urls in (
             ("prefill", config.prefillers),
             ("decode", config.decoders),
@@ -46,7 +49,8 @@ class ProxyState:
         ):
             for url in urls:
                 state.pool.add(url, role)
-        state.bootstrap_of = dict(zip(config.prefillers, config.bootstraps, strict=False))
+        bootstrap_of = dict(zip(config.prefillers, config.bootstraps, strict=False))
+        state.handoff = make_handoff(config.p2p, bootstrap_of, state.metrics, config.connect_timeout)
         # identity: relay the upstream's bytes as they are, no decompress and recompress
         state.upstream_headers = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
         if config.upstream_api_key:
@@ -60,13 +64,34 @@ class ProxyState:
             total=None, sock_connect=cfg.connect_timeout, sock_read=cfg.read_timeout or None
         )
 
+    def pick(self, ask: Ask, exclude: list[Instance] | tuple[Instance, ...] = ()) -> Instance | None:
+        """The instance for a leg, by the routing policy; None when no candidate is left."""
+        cands = self.pool.candidates(ask.role, exclude)
+        return self.policy.choose(cands, ask) if cands else None
 
-class LegFailed(Exception):
-    """No instance could serve a leg; becomes the client's error response."""
+    def remove(self, url: str, role: str | None = None) -> list[Instance]:
+        """Take instances out of the pool and out of the policy's memory."""
+        gone = self.pool.remove(url, role)
+        self.policy.forget(gone)
+        return gone
 
-    def __init__(self, status: int, message: str, reason: str) -> None:
-        super().__init__(message)
-        self.status, self.message, self.reason = status, message, reason
+
+@dataclass(frozen=True)
+class Request:
+    """A client's request as the legs need it."""
+
+    raw: bytes
+    body: dict[str, Any]
+    path: str
+    tokens: int
+    headers: dict[str, str]
+    prefix: bytes | None = None  # the affinity key, where the policy reads one
+    session: str | None = None  # the conversation
+
+    def ask(self, role: str, config: ProxyConfig, *, first_leg: bool) -> Ask:
+        """The leg of `role`; the prompt's prefix key goes with the leg that computes the prompt."""
+        prefix = self.prefix if first_leg else None
+        return Ask(role, config.load(role), self.tokens, prefix, self.session)
 
 
 def error_response(status: int, message: str, rid: str | None = None) -> web.Response:
@@ -75,6 +100,15 @@ def error_response(status: int, message: str, rid: str | None = None) -> web.Res
     body = {"error": {"message": message, "type": kind, "code": status}}
     headers = {"X-Request-Id": rid} if rid else None
     return web.json_response(body, status=status, headers=headers)
+
+
+def session_of(request: web.Request, body: dict[str, Any]) -> str | None:
+    """The conversation a request belongs to: its `X-Session-Id` header, else the OpenAI `user`."""
+    header = request.headers.get("X-Session-Id")
+    if header:
+        return header
+    user = body.get("user")
+    return user if isinstance(user, str) and user else None
 
 
 async def serve_generate(request: web.Request, state: ProxyState, path: str) -> web.StreamResponse:
@@ -90,10 +124,11 @@ async def serve_generate(request: web.Request, state: ProxyState, path: str) -> 
         metrics.errors["bad_request"] += 1
         return error_response(400, str(exc), rid)
     tokens = rewrite.prompt_tokens(body, path)
-    key = rewrite.prefix_key(body, path, cfg.affinity_tokens) if cfg.prefix_affinity else None
+    prefix = rewrite.prefix_key(body, path, cfg.affinity_tokens) if cfg.routing == "affinity" else None
     headers = {**state.upstream_headers, "X-Request-Id": rid}
+    req = Request(raw, body, path, tokens, headers, prefix, session_of(request, body))
     try:
-        inst, resp, first = await _answer(state, raw, body, path, tokens, key, headers)
+        inst, resp, first = await _answer(state, req)
     except LegFailed as exc:
         metrics.errors[exc.reason] += 1
         return error_response(exc.status, exc.message, rid)
@@ -108,23 +143,16 @@ async def serve_generate(request: web.Request, state: ProxyState, path: str) -> 
         inst.release(tokens)
 
 
-async def _answer(
-    state: ProxyState,
-    raw: bytes,
-    body: dict[str, Any],
-    path: str,
-    tokens: int,
-    key: bytes | None,
-    headers: dict[str, str],
-) -> tuple[Instance, aiohttp.ClientResponse, bytes]:
+async def _answer(state: ProxyState, req: Request) -> tuple[Instance, aiohttp.ClientResponse, bytes]:
     """The upstream whose answer goes to the client, and the answer's first bytes.
 
     Nothing goes to the client before those bytes came: an upstream that dies before its first
     token is tried again on another instance of its role (the client has seen nothing of it).
-    Store mode sends the decode leg again (the prefill's KV is in the store); p2p mode runs the
-    prefill again too (the prefiller handed its KV to the instance that died).
+    The handoff says whether the prefill runs again (P2P: the prefiller handed its KV to the
+    instance that died) or not (the store keeps it).
     """
-    cfg = state.config
+    cfg, handoff = state.config, state.handoff
+    pd = cfg.mode == "pd"
     avoid: list[Instance] = []
     kv_params: dict[str, Any] | None = None
     prefilled = False
@@ -133,37 +161,37 @@ async def _answer(
     for attempt in range(cfg.retries + 1):
         if attempt:
             await asyncio.sleep(cfg.retry_backoff * 2 ** (attempt - 1))
-        if cfg.mode == "pd":
-            if not prefilled or cfg.p2p:
-                kv_params, prefill_ended = await _prefill(state, body, path, tokens, key, headers)
+        if pd:
+            if not prefilled or handoff.prefill_again:
+                kv_params, prefill_ended = await _prefill(state, req)
                 prefilled = True
-            payload, role, leg_key = rewrite.decode_payload(raw, body, kv_params), "decode", None
+            payload, ask = (
+                rewrite.decode_payload(req.raw, req.body, kv_params),
+                req.ask("decode", cfg, first_leg=False),
+            )
         else:
-            payload, role, leg_key = raw, "mixed", key
-        # The prefiller hands its KV over once: a decode leg that reached an instance and
-        # failed is not sent again as it is (it would wait for a transfer that is gone).
-        once = cfg.mode == "pd" and bool(cfg.p2p)
-        inst, resp = await _open(
-            state, role, "requests", leg_key, tokens, path, payload, headers, once, avoid
-        )
+            payload, ask = req.raw, req.ask("mixed", cfg, first_leg=True)
+        # A P2P transfer is handed over once: a decode leg that reached an instance and failed is
+        # not sent again as it is (it would wait for a transfer that is gone).
+        inst, resp = await _open(state, ask, req, payload, pd and handoff.once, avoid)
         try:
             first = await resp.content.readany()
         except UPSTREAM_ERRORS as exc:
             resp.close()
-            inst.release(tokens)
+            inst.release(req.tokens)
             record_failure(inst, cfg.unhealthy_after)
             avoid.append(inst)
             last = LegFailed(
-                502, f"{role} instance {inst.url} failed before its first token: {_why(exc)}", "upstream"
+                502, f"{ask.role} instance {inst.url} failed before its first token: {why(exc)}", "upstream"
             )
             if attempt < cfg.retries:
-                state.metrics.first_token_retries[role] += 1
+                state.metrics.first_token_retries[ask.role] += 1
             continue
         except BaseException:  # cancelled: the client went away
             resp.close()
-            inst.release(tokens)
+            inst.release(req.tokens)
             raise
-        if prefilled and body.get("stream") is True and resp.status == 200:
+        if prefilled and req.body.get("stream") is True and resp.status == 200:
             # the KV handover as the client feels it: the prefill's answer to decode's first token
             state.metrics.kv_handover.observe(asyncio.get_running_loop().time() - prefill_ended)
         return inst, resp, first
@@ -179,100 +207,56 @@ class _Answered(Exception):
         self.response = response
 
 
-async def _prefill(
-    state: ProxyState,
-    body: dict[str, Any],
-    path: str,
-    tokens: int,
-    key: bytes | None,
-    headers: dict[str, str],
-) -> tuple[dict[str, Any] | None, float]:
-    """Run the prefill leg; return the prefiller's kv_transfer_params (None when it gave none)
-    and when its answer had come (the event loop's clock)."""
+async def _prefill(state: ProxyState, req: Request) -> tuple[dict[str, Any] | None, float]:
+    """Run the prefill leg; return the decode leg's kv_transfer_params (None when there are none)
+    and when the prefiller's answer had come (the event loop's clock)."""
     loop = asyncio.get_running_loop()
     t = loop.time()
-    p2p = state.config.p2p
-    transfer_id = f"xfer-{uuid.uuid4().hex}" if p2p == "mooncake" else None
-    payload = rewrite.prefill_payload(body, p2p=p2p, transfer_id=transfer_id)
-    inst, resp = await _open(state, "prefill", "tokens", key, tokens, path, payload, headers)
+    payload, transfer = state.handoff.prefill_leg(req.body)
+    ask = req.ask("prefill", state.config, first_leg=True)
+    inst, resp = await _open(state, ask, req, payload)
     try:
         data = await resp.read()
     except UPSTREAM_ERRORS as exc:
         record_failure(inst, state.config.unhealthy_after)
         raise LegFailed(
-            502, f"prefill instance {inst.url} failed mid-answer: {_why(exc)}", "upstream"
+            502, f"prefill instance {inst.url} failed mid-answer: {why(exc)}", "upstream"
         ) from None
     finally:
         resp.close()
-        inst.release(tokens)
+        inst.release(req.tokens)
     if resp.status != 200:
         ctype = resp.headers.get("Content-Type", "application/json")
         state.metrics.errors["upstream_refused"] += 1
         raise _Answered(web.Response(status=resp.status, body=data, headers={"Content-Type": ctype}))
     ended = loop.time()
     state.metrics.prefill.observe(ended - t)
-    if transfer_id is not None:
-        # vLLM's MooncakeConnector returns no params: decode pulls this transfer from the engine
-        # the prefiller's bootstrap server names.
-        bootstrap = state.bootstrap_of[inst.url]
-        engine = await _mooncake_engine(state, inst.url, bootstrap)
-        return rewrite.mooncake_decode_params(transfer_id, engine, bootstrap), ended
-    return rewrite.kv_params_of(data), ended
-
-
-ENGINE_TTL_S = 1.0  # a restarted prefiller registers a new engine id; it is healthy much later
-
-
-async def _mooncake_engine(state: ProxyState, url: str, bootstrap: str) -> str:
-    """The engine id behind prefiller `url`, from its bootstrap server (cached for a second)."""
-    loop = asyncio.get_running_loop()
-    cached = state.engines.get(url)
-    if cached is not None and loop.time() - cached[0] < ENGINE_TTL_S:
-        return cached[1]
     assert state.session is not None
-    try:
-        async with state.session.get(
-            bootstrap + "/query", timeout=aiohttp.ClientTimeout(total=state.config.connect_timeout)
-        ) as resp:
-            answer = await resp.read()
-            if resp.status != 200:
-                raise ValueError(f"HTTP {resp.status}")
-        engine = rewrite.engine_of(answer)
-    except (*UPSTREAM_ERRORS, ValueError) as exc:
-        state.metrics.errors["bootstrap"] += 1
-        raise LegFailed(
-            502,
-            f"prefill instance {url}: Mooncake bootstrap {bootstrap} gave no engine: {_why(exc)}",
-            "upstream",
-        ) from None
-    state.engines[url] = (loop.time(), engine)
-    return engine
+    return await state.handoff.decode_params(state.session, inst, data, transfer), ended
 
 
 async def _open(
     state: ProxyState,
-    role: str,
-    by: LoadKind,
-    key: bytes | None,
-    tokens: int,
-    path: str,
+    ask: Ask,
+    req: Request,
     payload: bytes,
-    headers: dict[str, str],
     once: bool = False,
     avoid: list[Instance] | None = None,
 ) -> tuple[Instance, aiohttp.ClientResponse]:
-    """Send a leg to the best instance, retrying others with backoff, until one answers below 500.
+    """Send a leg to the instance the policy picks, retrying others with backoff, until one
+    answers below 500.
 
     The caller owns the returned response and the instance's in-flight count (`release(tokens)`).
     With `once`, only a leg that reached no instance (nothing listening) is tried elsewhere.
     Instances in `avoid` (they failed this request already) are taken only when no other is left.
     """
-    cfg, pool, session = state.config, state.pool, state.session
+    cfg, session, role, tokens = state.config, state.session, ask.role, req.tokens
     assert session is not None
     tried: list[Instance] = list(avoid or ())
     last: LegFailed | None = None
     for attempt in range(cfg.retries + 1):
-        inst = _pick(pool, role, by, tried, key)
+        # prefer an instance not tried yet; a tried one that is still healthy is better than none
+        inst = state.pick(ask, tried) or (state.pick(ask) if tried else None)
         if inst is None:
             break
         if attempt:
@@ -281,16 +265,16 @@ async def _open(
         inst.acquire(tokens)
         try:
             resp = await session.post(
-                inst.endpoint(path), data=payload, headers=headers, timeout=state.timeout()
+                inst.endpoint(req.path), data=payload, headers=req.headers, timeout=state.timeout()
             )
         except aiohttp.ClientConnectorError as exc:  # nothing listens there: out of routing at once
             inst.release(tokens)
             record_failure(inst, cfg.unhealthy_after, refused=True)
-            last = LegFailed(503, f"{role} instance {inst.url} is unreachable: {_why(exc)}", "upstream")
+            last = LegFailed(503, f"{role} instance {inst.url} is unreachable: {why(exc)}", "upstream")
         except UPSTREAM_ERRORS as exc:
             inst.release(tokens)
             record_failure(inst, cfg.unhealthy_after)
-            last = LegFailed(502, f"{role} instance {inst.url} failed: {_why(exc)}", "upstream")
+            last = LegFailed(502, f"{role} instance {inst.url} failed: {why(exc)}", "upstream")
             if once:
                 break
         except BaseException:  # cancelled: the client went away
@@ -313,18 +297,11 @@ async def _open(
     raise last
 
 
-def _pick(pool: Pool, role: str, by: LoadKind, tried: list[Instance], key: bytes | None) -> Instance | None:
-    """Prefer an instance not tried yet; a tried one that is still healthy is better than none."""
-    return pool.pick(role, by, exclude=tried, affinity_key=key) or (
-        pool.pick(role, by, affinity_key=key) if tried else None
-    )
-
-
 async def _short_body(resp: aiohttp.ClientResponse) -> str:
     try:
         return (await resp.read())[:300].decode(errors="replace").strip()
     except UPSTREAM_ERRORS as exc:
-        return _why(exc)
+        return why(exc)
     finally:
         resp.close()
 
@@ -393,12 +370,12 @@ async def _upstream_broke(
     take the cut answer for a complete one."""
     state.metrics.errors["upstream_mid_stream"] += 1
     record_failure(inst, state.config.unhealthy_after)
-    log.warning("%s instance %s failed mid-stream: %s", inst.role, inst.url, _why(exc))
+    log.warning("%s instance %s failed mid-stream: %s", inst.role, inst.url, why(exc))
     if stream:
         # the exception's own words (aiohttp's payload errors run to hundreds of characters)
         # go to the proxy's log; the client is told what happened
-        why = type(exc).__name__
-        message = f"{inst.role} instance {inst.url} failed mid-stream ({why}): the answer is incomplete"
+        kind = type(exc).__name__
+        message = f"{inst.role} instance {inst.url} failed mid-stream ({kind}): the answer is incomplete"
         event = {"error": {"message": message, "type": "upstream_error", "code": 502}}
         # after a cut event, two newlines end it first, so the error event is read alone
         head = b"" if sent.endswith(b"\n\n") else b"\n\n"
@@ -406,8 +383,3 @@ async def _upstream_broke(
             await out.write(head + b"data: " + json.dumps(event).encode() + b"\n\n")
     if request.transport is not None:
         request.transport.close()  # flushes what was written, then closes: no clean end of body
-
-
-def _why(exc: BaseException) -> str:
-    text = str(exc) or type(exc).__name__
-    return text.splitlines()[0][:200] if text else type(exc).__name__

@@ -7,7 +7,7 @@ import logging
 
 import aiohttp
 
-from ucmctl.proxy.balancer import Instance, Pool
+from ucmctl.proxy.pool import Instance, Pool
 
 log = logging.getLogger("ucmctl.proxy")
 

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable
 
 from ucmctl.core import metric_names as names
 from ucmctl.core.histogram import Histogram
-from ucmctl.proxy.balancer import Instance
+from ucmctl.proxy.pool import Instance
 
 __all__ = ["HANDOVER_BUCKETS", "LATENCY_BUCKETS", "Histogram", "Metrics", "escape"]
 

@@ -57,6 +57,7 @@ FIELDS: tuple[Newer, ...] = (
     Newer("plan", "nodes.*.systemd", False),
     Newer("plan", "processes.*.restart.script", None),
     Newer("plan", "store.pack_blocks", 1),
+    Newer("plan", "processes.*.proxy", ALWAYS),  # the proxy's spec: its argv holds the same
     Newer("suite", "workload", None),  # a suite without a workload: the prefix one
 )
 

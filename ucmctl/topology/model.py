@@ -19,6 +19,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
+from ucmctl.core import routing_names
 from ucmctl.core.names import NAME_RE, SERVER_ROLES, ServerRole
 from ucmctl.core.platforms import Platform
 from ucmctl.core.ucm_config import DEFAULT_DUMP_TIMEOUT_S, DEFAULT_LOAD_TIMEOUT_S
@@ -63,6 +64,10 @@ class Mode(str, Enum):
 # The engines' registry, as an enum (vllm; sim, ucmctl's simulator: same command line, no
 # accelerator needed). mypy cannot list the members of an enum made from a variable.
 Engine = Enum("Engine", [(name, name) for name in ENGINES], type=str)  # type: ignore[misc]
+# the proxy's routing policies, and the names `load` and `prefix` they had first
+Routing = Enum(  # type: ignore[misc]
+    "Routing", [(name, name) for name in (*routing_names.POLICIES, *routing_names.ALIASES)], type=str
+)
 
 
 class Transport(str, Enum):
@@ -313,8 +318,10 @@ class Proxy(Strict):
     host: str | None = Field(
         None, description="address to listen on (default: the node's bind address); 0.0.0.0 for every one"
     )
-    routing: Literal["load", "prefix"] = Field(
-        "load", description="load: least loaded; prefix: same leading block, same prefill instance"
+    routing: Routing = Field(
+        Routing("load"),
+        description="which instance takes a request: round-robin, least-loaded (load), affinity (prefix: "
+        "same leading block, same instance), session (one conversation, one instance)",
     )
     restart: Restart = Field(default_factory=Restart, description="never, or on-failure (see the sides)")
 

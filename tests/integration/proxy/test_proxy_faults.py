@@ -266,7 +266,8 @@ def test_api_key(launch: Launch, tmp_path) -> None:  # type: ignore[no-untyped-d
 
 def test_mixed_mode_spreads_and_streams(launch: Launch, tmp_path) -> None:  # type: ignore[no-untyped-def]
     m1, m2 = sim(tmp_path), sim(tmp_path)
-    px = proxy(tmp_path, "--mode", "mixed", "--instance", m1.url, "--instance", m2.url, "--prefix-affinity")
+    flags = ["--instance", m1.url, "--instance", m2.url, "--routing", "affinity"]
+    px = proxy(tmp_path, "--mode", "mixed", *flags)
     launch(m1, m2, px)
     assert post(px.url + "/v1/completions", completion(2))[0] == 200  # no API key: open by default
     for i in range(8):  # distinct prompts go by load (ties round-robin)

@@ -96,9 +96,48 @@ def test_cli_function_maps_options_to_config(monkeypatch: pytest.MonkeyPatch) ->
     cfg = seen["cfg"]
     assert cfg.prefillers == (P, "http://127.0.0.1:7803") and cfg.decoders == (D,)
     assert cfg.bootstraps == ("http://127.0.0.1:8998", "http://127.0.0.1:8999")
-    assert (cfg.port, cfg.p2p, cfg.prefix_affinity, cfg.retries, cfg.deployment, cfg.api_key) == (
-        7850, "mooncake", True, 5, "x", "k",
+    assert (cfg.port, cfg.p2p, cfg.routing, cfg.retries, cfg.deployment, cfg.api_key) == (
+        7850, "mooncake", "affinity", 5, "x", "k",
     )  # fmt: skip
+    assert (cfg.load("prefill"), cfg.load("decode"), cfg.load("mixed")) == ("tokens", "requests", "requests")
+
+
+@pytest.mark.parametrize(
+    ("argv", "routing", "loads"),
+    [
+        ([], "least-loaded", ("tokens", "requests", "requests")),
+        (["--routing", "session", "--decode-load", "tokens"], "session", ("tokens", "tokens", "requests")),
+        (["--routing", "prefix"], "affinity", ("tokens", "requests", "requests")),  # the topology's old name
+        (["--routing", "load", "--prefill-load", "requests"], "least-loaded", ("requests",) * 3),
+        (["--routing", "round-robin"], "round-robin", ("tokens", "requests", "requests")),
+    ],
+)
+def test_routing_and_each_legs_load_measure_are_options(
+    monkeypatch: pytest.MonkeyPatch, argv: list[str], routing: str, loads: tuple[str, ...]
+) -> None:
+    seen = {}
+    monkeypatch.setattr("ucmctl.proxy.app.run", lambda cfg: seen.setdefault("cfg", cfg))
+    app = typer.Typer()
+    app.command()(proxy)
+    result = CliRunner().invoke(app, ["--prefiller", P, "--decoder", D, *argv])
+    assert result.exit_code == 0, result.output
+    cfg = seen["cfg"]
+    assert cfg.routing == routing
+    assert (cfg.load("prefill"), cfg.load("decode"), cfg.load("mixed")) == loads
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [
+        ({"routing_name": "fastest"}, "--routing 'fastest' is not a routing policy"),
+        ({"decode_load": "bytes"}, "--decode-load 'bytes' is not a load measure"),
+    ],
+)
+def test_an_unknown_policy_or_load_measure_is_one_line(kwargs: dict[str, object], needle: str) -> None:
+    with pytest.raises(UcmctlError) as err:
+        make_config(host="127.0.0.1", port=7802, mode="pd", prefillers=[P], decoders=[D], **kwargs)  # type: ignore[arg-type]
+    assert needle in str(err.value) and "\n" not in str(err.value)
+    assert err.value.status is ExitStatus.BAD_INPUT
 
 
 def test_main_entry_prints_one_line_and_exits_2() -> None:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from ucmctl.proxy.balancer import Instance, Pool
 from ucmctl.proxy.health import record_failure, record_success
 from ucmctl.proxy.metrics import Metrics, escape
+from ucmctl.proxy.pool import Instance, Pool
 
 
 def test_render_parses_and_carries_values() -> None:

@@ -1,8 +1,7 @@
-"""Instance state and routing: least loaded first, ties round-robin, optional prefix affinity."""
+"""The upstream instances the proxy knows and what it knows of each right now."""
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
@@ -51,14 +50,11 @@ class Instance:
 
 
 class Pool:
-    """Every instance by role, and the choice of one for the next request."""
+    """Every instance by role and its state; which one takes a request is the router's
+    (ucmctl.proxy.routing)."""
 
-    def __init__(self, *, affinity_entries: int = 65536) -> None:
+    def __init__(self) -> None:
         self.by_role: dict[str, list[Instance]] = {role: [] for role in ROLES}
-        self._next: dict[str, int] = dict.fromkeys(ROLES, 0)
-        # prefix key -> instance; bounded so a stream of unique prompts cannot grow it forever
-        self._affinity: OrderedDict[bytes, Instance] = OrderedDict()
-        self._affinity_entries = affinity_entries
 
     def add(self, url: str, role: str) -> Instance | None:
         """Add an instance; None when it is already there."""
@@ -80,9 +76,6 @@ class Pool:
             self.by_role[r] = keep
         for inst in gone:
             inst.removed = True
-        if gone:
-            for key in [k for k, v in self._affinity.items() if v.removed]:
-                del self._affinity[key]
         return gone
 
     def all(self) -> list[Instance]:
@@ -97,45 +90,13 @@ class Pool:
         """The instances at `url` (of `role`)."""
         return [i for r in ([role] if role else ROLES) for i in self.by_role.get(r, []) if i.url == url]
 
-    def pick(
-        self,
-        role: str,
-        by: LoadKind,
-        *,
-        exclude: Iterable[Instance] = (),
-        affinity_key: bytes | None = None,
-    ) -> Instance | None:
-        """The instance for the next request of `role`, or None when no healthy one is left."""
+    def candidates(self, role: str, exclude: Iterable[Instance] = ()) -> list[Instance]:
+        """The instances of `role` a request may go to now (healthy, not draining), but `exclude`."""
         skip = set(exclude) if exclude else ()
-        cands = [i for i in self.by_role[role] if i.healthy and not i.draining and i not in skip]
-        if not cands:
-            return None
-        if affinity_key is not None:
-            sticky = self._affinity.get(affinity_key)
-            if sticky is not None and sticky in cands:
-                self._affinity.move_to_end(affinity_key)
-                return sticky
-        chosen = self._least_loaded(role, cands, by)
-        if affinity_key is not None:
-            self._affinity[affinity_key] = chosen
-            self._affinity.move_to_end(affinity_key)
-            if len(self._affinity) > self._affinity_entries:
-                self._affinity.popitem(last=False)
-        return chosen
-
-    def _least_loaded(self, role: str, cands: list[Instance], by: LoadKind) -> Instance:
-        # scan from a rotating start so equal loads are served round-robin
-        n = len(cands)
-        start = self._next[role] % n
-        best, best_k, best_load = cands[start], 0, _load(cands[start], by)
-        for k in range(1, n):
-            inst = cands[(start + k) % n]
-            load = _load(inst, by)
-            if load < best_load:
-                best, best_k, best_load = inst, k, load
-        self._next[role] = start + best_k + 1
-        return best
+        return [i for i in self.by_role[role] if i.healthy and not i.draining and i not in skip]
 
 
-def _load(inst: Instance, by: LoadKind) -> tuple[int, int]:
+def load_of(inst: Instance, by: LoadKind) -> tuple[int, int]:
+    """An instance's load as a leg measures it: prompt tokens in flight then requests, or the
+    other way round."""
     return (inst.tokens, inst.requests) if by == "tokens" else (inst.requests, inst.tokens)

@@ -1,0 +1,50 @@
+"""The proxy's settings as the Plan holds them: a structure built once (plan/build.py), turned into
+the `ucmctl proxy` command line in one place (`ProxySpec.argv`), read by `render --k8s` as a
+structure (its listener and its upstreams' addresses replaced, then the same argv)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from ucmctl.core import routing_names
+
+
+class Upstream(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    url: str  # the API server, as the proxy reaches it
+    role: Literal["prefill", "decode", "mixed"]
+    bootstrap: str | None = None  # P2P mooncake: the prefiller's bootstrap server
+
+
+class ProxySpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    python: str  # the interpreter that runs ucmctl on the proxy's node (or in its container)
+    host: str  # the address it listens on
+    port: int
+    mode: Literal["pd", "mixed"]
+    p2p: str | None = None  # the P2P router protocol (mooncake, ascend); None: the store hands KV over
+    routing: str = routing_names.DEFAULT  # a policy of ucmctl.core.routing_names.POLICIES
+    upstreams: tuple[Upstream, ...] = ()  # in the Plan's order of the servers
+
+    def argv(self) -> list[str]:
+        """The command line that runs this proxy."""
+        argv = [self.python, "-m", "ucmctl", "proxy", "--host", self.host, "--port", str(self.port)]
+        argv += ["--mode", self.mode]
+        if self.mode == "mixed":
+            for u in self.upstreams:
+                argv += ["--instance", u.url]
+        else:
+            if self.p2p:
+                argv += ["--p2p", self.p2p]
+            for u in self.upstreams:
+                argv += ["--prefiller" if u.role == "prefill" else "--decoder", u.url]
+            for u in self.upstreams:
+                if u.bootstrap:
+                    argv += ["--bootstrap", u.bootstrap]
+        if self.routing != routing_names.DEFAULT:
+            argv += ["--routing", self.routing]
+        return argv

@@ -1,0 +1,26 @@
+"""Routing policies: which instance takes a leg. One module per policy and one line each here;
+their names are ucmctl.core.routing_names' (the topology's `proxy: {routing: NAME}` and
+`ucmctl proxy --routing NAME`)."""
+
+from __future__ import annotations
+
+from ucmctl.core.routing_names import ALIASES, DEFAULT, canonical
+from ucmctl.proxy.routing.affinity import Affinity
+from ucmctl.proxy.routing.base import Ask, Policy
+from ucmctl.proxy.routing.least_loaded import LeastLoaded
+from ucmctl.proxy.routing.round_robin import RoundRobin
+from ucmctl.proxy.routing.session import Session
+
+POLICIES: dict[str, type[Policy]] = {
+    RoundRobin.name: RoundRobin,
+    LeastLoaded.name: LeastLoaded,
+    Affinity.name: Affinity,
+    Session.name: Session,
+}
+
+
+def make_policy(name: str) -> Policy:
+    return POLICIES[ALIASES.get(name, name)]()
+
+
+__all__ = ["ALIASES", "DEFAULT", "POLICIES", "Ask", "Policy", "canonical", "make_policy"]
