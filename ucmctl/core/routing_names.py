@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-POLICIES = ("round-robin", "least-loaded", "affinity", "session")
+POLICIES = ("round-robin", "least-loaded", "affinity", "session", "kv")
 DEFAULT = "least-loaded"
 # the topology's earlier names: `load` is least-loaded, `prefix` is affinity
 ALIASES = {"load": "least-loaded", "prefix": "affinity"}
@@ -12,6 +12,7 @@ SUMMARIES = {
     "least-loaded": "least loaded (prefill: prompt tokens in flight; decode: requests), ties round-robin",
     "affinity": "the same leading block of a prompt to the same instance, new ones by load",
     "session": "one conversation (X-Session-Id or user) to one instance, within 1.25x average load",
+    "kv": "least expected time to first token from where the prompt's KV is (own cache, store) and the queue",
 }
 
 

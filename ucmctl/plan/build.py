@@ -377,6 +377,7 @@ def _proxy(t: Topology, nodes: dict[str, NodePlan], upstream: list[Process]) -> 
         p2p=router,
         routing=str(routing_names.canonical(proxy.routing.value)),
         upstreams=tuple(_upstream(t, p, router) for p in upstream),
+        block_size=_block_size(upstream),
     )
     argv = spec.argv()
     base = f"http://{reach_address(node)}:{proxy.port}"
@@ -398,6 +399,13 @@ def _proxy(t: Topology, nodes: dict[str, NodePlan], upstream: list[Process]) -> 
         depends_on=[p.name for p in upstream],
         proxy=spec,
     )
+
+
+def _block_size(servers: list[Process]) -> int | None:
+    """The servers' KV block size where the topology gives it (`flags: {block-size: N}`)."""
+    sizes = {p.server.flags.get("block-size") for p in servers if p.server is not None}
+    size = sizes.pop() if len(sizes) == 1 else None
+    return size if isinstance(size, int) and not isinstance(size, bool) else None
 
 
 def _upstream(t: Topology, p: Process, router: str | None) -> Upstream:

@@ -29,6 +29,7 @@ class ProxySpec(BaseModel):
     p2p: str | None = None  # the P2P router protocol (mooncake, ascend); None: the store hands KV over
     routing: str = routing_names.DEFAULT  # a policy of ucmctl.core.routing_names.POLICIES
     upstreams: tuple[Upstream, ...] = ()  # in the Plan's order of the servers
+    block_size: int | None = None  # the servers' KV block size, where the topology sets it
 
     def argv(self) -> list[str]:
         """The command line that runs this proxy."""
@@ -47,4 +48,6 @@ class ProxySpec(BaseModel):
                     argv += ["--bootstrap", u.bootstrap]
         if self.routing != routing_names.DEFAULT:
             argv += ["--routing", self.routing]
+        if self.routing == "kv" and self.block_size:  # kv cuts prompts into the servers' blocks
+            argv += ["--block-size", str(self.block_size)]
         return argv

@@ -45,6 +45,7 @@ def make_app(config: ProxyConfig) -> web.Application:
     app.router.add_post("/instances/drain", instances_drain)
     app.router.add_post("/instances/resume", instances_resume)
     app.router.add_get("/instances", instances_list)
+    app.router.add_get("/routing", routing)
     return app
 
 
@@ -243,6 +244,11 @@ async def _set_draining(request: web.Request, draining: bool) -> web.Response:
     for inst in found:
         inst.draining = draining
     return web.json_response({"instances": _describe(found)})
+
+
+async def routing(request: web.Request) -> web.Response:
+    """The routing policy and what it knows now (kv: its index and the measured speeds)."""
+    return web.json_response(request.app[STATE].policy.describe())
 
 
 async def instances_list(request: web.Request) -> web.Response:

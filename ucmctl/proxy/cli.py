@@ -8,6 +8,20 @@ import typer
 
 from ucmctl.proxy import routing
 
+# the options make_config takes by name; every other option is a tuning value of the config
+TAKEN = {
+    "host",
+    "port",
+    "mode",
+    "p2p",
+    "prefiller",
+    "bootstrap",
+    "decoder",
+    "instance",
+    "routing_name",
+    "prefix_affinity",
+}
+
 
 def proxy(
     host: str = typer.Option("127.0.0.1", "--host", help="address to listen on"),
@@ -36,6 +50,9 @@ def proxy(
     affinity_tokens: int = typer.Option(
         128, "--affinity-tokens", help="--routing affinity: length of the leading block, tokens"
     ),
+    block_size: int = typer.Option(
+        16, "--block-size", help="--routing kv: the servers' KV block size, tokens"
+    ),
     prefill_load: str = typer.Option("tokens", "--prefill-load", help="a prefill's load: tokens or requests"),
     decode_load: str = typer.Option("requests", "--decode-load", help="a decode's load: requests or tokens"),
     mixed_load: str = typer.Option("requests", "--mixed-load", help="a mixed one's: requests or tokens"),
@@ -58,30 +75,18 @@ def proxy(
     """
     from ucmctl.proxy.config import make_config
 
+    given = dict(locals())
+    upstreams = {"prefillers": prefiller, "bootstraps": bootstrap, "decoders": decoder, "instances": instance}
+    tuning = {k: v for k, v in given.items() if k not in {*TAKEN, "make_config"}}
     config = make_config(
         host=host,
         port=port,
         mode=mode,
         p2p=p2p,
-        prefillers=prefiller,
-        bootstraps=bootstrap,
-        decoders=decoder,
-        instances=instance,
         routing_name="affinity" if prefix_affinity else routing_name,
         env=dict(os.environ),
-        affinity_tokens=affinity_tokens,
-        prefill_load=prefill_load,
-        decode_load=decode_load,
-        mixed_load=mixed_load,
-        deployment=deployment,
-        health_interval=health_interval,
-        health_timeout=health_timeout,
-        unhealthy_after=unhealthy_after,
-        retries=retries,
-        retry_backoff=retry_backoff,
-        connect_timeout=connect_timeout,
-        read_timeout=read_timeout,
-        max_connections=max_connections,
+        **upstreams,
+        **tuning,
     )
     from ucmctl.proxy.app import run
 

@@ -39,6 +39,7 @@ class ProxyConfig:
     decode_load: LoadKind = DEFAULT_LOADS["decode"]
     mixed_load: LoadKind = DEFAULT_LOADS["mixed"]
     affinity_tokens: int = 128
+    block_size: int = 16  # the servers' KV block size: how `kv` routing cuts prompts
     deployment: str | None = None
     health_interval: float = 2.0
     health_timeout: float = 2.0
@@ -195,7 +196,7 @@ def _check_tuning(tuning: dict[str, object]) -> None:
             raise UcmctlError.one(
                 f"{flag} {tuning[name]!r} is not a load measure", fix=f"pass {flag} tokens or {flag} requests"
             )
-    for name in ("unhealthy_after", "affinity_tokens", "max_connections", "max_body_mb"):
+    for name in ("unhealthy_after", "affinity_tokens", "block_size", "max_connections", "max_body_mb"):
         if name in tuning and int(tuning[name]) < 1:  # type: ignore[call-overload]
             flag = "--" + name.replace("_", "-")
             raise UcmctlError.one(

@@ -18,6 +18,7 @@ from ucmctl.proxy import rewrite
 from ucmctl.proxy.config import ProxyConfig
 from ucmctl.proxy.handoff import Handoff, Store, make_handoff
 from ucmctl.proxy.health import log, record_failure, record_success
+from ucmctl.proxy.kv_index import block_keys
 from ucmctl.proxy.metrics import Metrics
 from ucmctl.proxy.pool import Instance, Pool
 from ucmctl.proxy.routing import Ask, Policy, make_policy
@@ -41,7 +42,7 @@ class ProxyState:
     @classmethod
     def create(cls, config: ProxyConfig) -> ProxyState:
         """The state for `config`, every configured instance in routing."""
-        state = cls(config, policy=make_policy(config.routing))
+        state = cls(config, policy=make_policy(config.routing, config.block_size))
         for role, urls in (
             ("prefill", config.prefillers),
             ("decode", config.decoders),
@@ -87,11 +88,12 @@ class Request:
     headers: dict[str, str]
     prefix: bytes | None = None  # the affinity key, where the policy reads one
     session: str | None = None  # the conversation
+    blocks: tuple[bytes, ...] = ()  # the prompt's blocks, where the policy reads them
 
     def ask(self, role: str, config: ProxyConfig, *, first_leg: bool) -> Ask:
         """The leg of `role`; the prompt's prefix key goes with the leg that computes the prompt."""
         prefix = self.prefix if first_leg else None
-        return Ask(role, config.load(role), self.tokens, prefix, self.session)
+        return Ask(role, config.load(role), self.tokens, prefix, self.session, self.blocks)
 
 
 def error_response(status: int, message: str, rid: str | None = None) -> web.Response:
@@ -126,7 +128,8 @@ async def serve_generate(request: web.Request, state: ProxyState, path: str) -> 
     tokens = rewrite.prompt_tokens(body, path)
     prefix = rewrite.prefix_key(body, path, cfg.affinity_tokens) if cfg.routing == "affinity" else None
     headers = {**state.upstream_headers, "X-Request-Id": rid}
-    req = Request(raw, body, path, tokens, headers, prefix, session_of(request, body))
+    blocks = block_keys(body, path, cfg.block_size) if state.policy.needs_blocks else ()
+    req = Request(raw, body, path, tokens, headers, prefix, session_of(request, body), blocks)
     try:
         inst, resp, first = await _answer(state, req)
     except LegFailed as exc:
@@ -173,6 +176,7 @@ async def _answer(state: ProxyState, req: Request) -> tuple[Instance, aiohttp.Cl
             payload, ask = req.raw, req.ask("mixed", cfg, first_leg=True)
         # A P2P transfer is handed over once: a decode leg that reached an instance and failed is
         # not sent again as it is (it would wait for a transfer that is gone).
+        leg_started = asyncio.get_running_loop().time()
         inst, resp = await _open(state, ask, req, payload, pd and handoff.once, avoid)
         try:
             first = await resp.content.readany()
@@ -191,6 +195,8 @@ async def _answer(state: ProxyState, req: Request) -> tuple[Instance, aiohttp.Cl
             resp.close()
             inst.release(req.tokens)
             raise
+        if resp.status == 200:
+            state.policy.done(inst, ask, asyncio.get_running_loop().time() - leg_started)
         if prefilled and req.body.get("stream") is True and resp.status == 200:
             # the KV handover as the client feels it: the prefill's answer to decode's first token
             state.metrics.kv_handover.observe(asyncio.get_running_loop().time() - prefill_ended)
@@ -231,6 +237,7 @@ async def _prefill(state: ProxyState, req: Request) -> tuple[dict[str, Any] | No
         raise _Answered(web.Response(status=resp.status, body=data, headers={"Content-Type": ctype}))
     ended = loop.time()
     state.metrics.prefill.observe(ended - t)
+    state.policy.done(inst, ask, ended - t)
     assert state.session is not None
     return await state.handoff.decode_params(state.session, inst, data, transfer), ended
 

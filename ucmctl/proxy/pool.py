@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
@@ -28,6 +29,8 @@ class Instance:
     requests_total: int = 0
     failures_total: int = 0
     output_chunks_total: int = 0
+    epoch: int = 0  # times it came back into routing: what it cached before may be gone
+    uid: int = field(default_factory=itertools.count().__next__)  # one per instance added, ever
     _urls: dict[str, URL] = field(default_factory=dict, repr=False)
 
     def endpoint(self, path: str) -> URL:

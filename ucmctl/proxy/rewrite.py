@@ -68,7 +68,7 @@ def _valid_prompt(prompt: Any) -> bool:
     return all(type(t) is int for t in prompt)
 
 
-def _text_of(body: dict[str, Any], path: str) -> str | list[int]:
+def prompt_of(body: dict[str, Any], path: str) -> str | list[int]:
     """The prompt as one string, or its token ids; what load and affinity are computed on."""
     if path != CHAT:
         prompt = body["prompt"]
@@ -91,7 +91,7 @@ def _text_of(body: dict[str, Any], path: str) -> str | list[int]:
 
 def prompt_tokens(body: dict[str, Any], path: str) -> int:
     """The prompt's length in tokens: exact for token ids, estimated for text."""
-    prompt = _text_of(body, path)
+    prompt = prompt_of(body, path)
     if isinstance(prompt, str):
         return len(prompt) // CHARS_PER_TOKEN + 1
     return len(prompt)
@@ -99,7 +99,7 @@ def prompt_tokens(body: dict[str, Any], path: str) -> int:
 
 def prefix_key(body: dict[str, Any], path: str, tokens: int) -> bytes:
     """A digest of the prompt's leading block of `tokens` tokens (and the model): the affinity key."""
-    prompt = _text_of(body, path)
+    prompt = prompt_of(body, path)
     if isinstance(prompt, str):
         head = prompt[: tokens * CHARS_PER_TOKEN].encode()
     else:

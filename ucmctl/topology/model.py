@@ -321,7 +321,8 @@ class Proxy(Strict):
     routing: Routing = Field(
         Routing("load"),
         description="which instance takes a request: round-robin, least-loaded (load), affinity (prefix: "
-        "same leading block, same instance), session (one conversation, one instance)",
+        "same leading block, same instance), session (one conversation, one instance), kv (least "
+        "expected time to first token from where the prompt's KV is)",
     )
     restart: Restart = Field(default_factory=Restart, description="never, or on-failure (see the sides)")
 

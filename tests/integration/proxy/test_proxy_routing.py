@@ -1,13 +1,15 @@
 """The proxy's routing policies against running simulator instances: `session` keeps a
 conversation on one instance (the `user` field, or the `X-Session-Id` header over it) and spreads
-conversations; `round-robin` turns whatever the load; the policy is named where it starts."""
+conversations; `round-robin` turns whatever the load; `kv` sends a prefix back to the instance
+that holds it (its local prefix cache hits) and says what it knows at /routing."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 
-from .procs import Proc, completion, metric, pd_flags, post, proxy, sim
+from .procs import Proc, completion, get, metric, pd_flags, post, proxy, sim
 
 Launch = Callable[..., list[Proc]]
 
@@ -53,3 +55,28 @@ def test_round_robin_turns_whatever_the_load(launch: Launch, tmp_path: Path) -> 
     for i in range(6):
         assert post(px.url + "/v1/completions", completion(2, prompt=[i + 1] * 30))[0] == 200
     assert delta(before, served(decode)) == [3, 3]
+
+
+def test_kv_sends_a_prefix_back_to_the_instance_that_holds_it(launch: Launch, tmp_path: Path) -> None:
+    mixed = [sim(tmp_path, "--block-size", "16") for _ in range(3)]
+    flags = [f for m in mixed for f in ("--instance", m.url)]
+    px = proxy(tmp_path, "--mode", "mixed", *flags, "--routing", "kv", "--block-size", "16")
+    launch(*mixed, px)
+    url = px.url + "/v1/completions"
+    shared = [(n * 7) % 5000 + 10 for n in range(640)]  # 40 blocks
+    before = served(mixed)
+    assert post(url, completion(2, prompt=shared))[0] == 200
+    home = delta(before, served(mixed)).index(1)
+    hits = metric(mixed[home].url, "vllm:prefix_cache_hits_total", absent=0.0)
+    for n in range(4):  # the same 40 blocks and a tail: to the instance that holds them
+        assert post(url, completion(2, prompt=[*shared, 7000 + n]))[0] == 200
+    assert delta(before, served(mixed))[home] == 5
+    assert metric(mixed[home].url, "vllm:prefix_cache_hits_total") - hits >= 4 * 640  # local hits, really
+    for n in range(6):  # new prompts go by load: they spread
+        assert post(url, completion(2, prompt=[8000 + n] * 100))[0] == 200
+    assert all(d >= 1 for d in delta(before, served(mixed)))
+    status, _, raw = get(px.url + "/routing")
+    described = json.loads(raw)
+    assert status == 200 and described["policy"] == "kv" and described["block_size"] == 16
+    assert described["index"].startswith("approximate") and described["blocks"] >= 40 + 4 * 6
+    assert described["prefill"]["measured"] is True and described["prefill"]["samples"] >= 1

@@ -7,6 +7,7 @@ from __future__ import annotations
 from ucmctl.core.routing_names import ALIASES, DEFAULT, canonical
 from ucmctl.proxy.routing.affinity import Affinity
 from ucmctl.proxy.routing.base import Ask, Policy
+from ucmctl.proxy.routing.kv import Kv
 from ucmctl.proxy.routing.least_loaded import LeastLoaded
 from ucmctl.proxy.routing.round_robin import RoundRobin
 from ucmctl.proxy.routing.session import Session
@@ -16,11 +17,15 @@ POLICIES: dict[str, type[Policy]] = {
     LeastLoaded.name: LeastLoaded,
     Affinity.name: Affinity,
     Session.name: Session,
+    Kv.name: Kv,
 }
 
 
-def make_policy(name: str) -> Policy:
-    return POLICIES[ALIASES.get(name, name)]()
+def make_policy(name: str, block_size: int = 16) -> Policy:
+    """A fresh policy of that name (`block_size`: the servers', for the policies that cut
+    prompts into blocks)."""
+    cls = POLICIES[ALIASES.get(name, name)]
+    return Kv(block_size) if cls is Kv else cls()
 
 
 __all__ = ["ALIASES", "DEFAULT", "POLICIES", "Ask", "Policy", "canonical", "make_policy"]

@@ -18,6 +18,7 @@ class Ask:
     tokens: int = 0  # the prompt's tokens (exact for token ids, estimated for text)
     prefix: bytes | None = None  # the digest of the prompt's leading block, where affinity asks it
     session: str | None = None  # the conversation: the `X-Session-Id` header or the body's `user`
+    blocks: tuple[bytes, ...] = ()  # the prompt's full blocks' keys, where the policy needs them
 
 
 class Policy:
@@ -27,9 +28,18 @@ class Policy:
 
     name: ClassVar[str]
     summary: ClassVar[str]  # one line for `ucmctl plan` and the help
+    needs_blocks: ClassVar[bool] = False  # reads `Ask.blocks` (kv_index.block_keys of the prompt)
 
     def choose(self, cands: Sequence[Instance], ask: Ask) -> Instance:
         raise NotImplementedError
 
     def forget(self, gone: Iterable[Instance]) -> None:
         """Instances removed from the pool: drop what the policy kept of them."""
+
+    def done(self, inst: Instance, ask: Ask, seconds: float) -> None:
+        """The leg `ask` went to `inst` and came back well after `seconds`: the prefill leg's
+        whole answer, a decode or mixed leg's first bytes."""
+
+    def describe(self) -> dict[str, object]:
+        """What the policy knows now, for the proxy's /routing."""
+        return {"policy": self.name}

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+import math
 from collections.abc import Sequence
 
 from ucmctl.core.routing_names import SUMMARIES
@@ -61,6 +62,8 @@ class Session(Policy):
             return inst.tokens if by_tokens else inst.requests
 
         cap = self._bound * (sum(units(i) for i in cands) + adds) / len(cands)
+        if not by_tokens:
+            cap = math.ceil(cap)  # in requests, as the bound's paper counts
         points, owners = self._ring(cands)
         start = bisect.bisect(points, _point(ask.session))
         seen: set[int] = set()

@@ -1,0 +1,143 @@
+"""`kv`: each leg to the instance of least expected time to first token, from where the prompt's
+KV is: computing what neither the instance's own cache nor the store holds, loading what only
+the store holds, and the prompt tokens in flight there ahead of it.
+
+    expected = prefill_s * (tokens in flight there + tokens to compute) + load_s * tokens to load
+
+With the store, every instance can load every stored prefix, so missing the instance that
+holds a prefix in its own cache costs a load, not a recompute: a busy holder loses to an idle
+instance that loads. A decode leg (pd) costs its load; it goes among the decode instances
+within 1.25x the average streams, so that a hot prefix does not pile every stream on one.
+
+Where the KV is comes from the proxy's own routing history (kv_index: approximate). The two
+speeds are measured from the deployment's own legs (each leg's time against what it computed
+and loaded, a moving average); until a leg has measured one, a prior stands in for it, and
+/routing says which.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ucmctl.core.routing_names import SUMMARIES
+from ucmctl.proxy.kv_index import KvIndex
+from ucmctl.proxy.pool import Instance, load_of
+from ucmctl.proxy.routing.base import Ask, Policy
+from ucmctl.proxy.routing.least_loaded import LeastLoaded
+
+PRIOR_PREFILL_S = 1e-4  # s per token: 10k tokens/s, until a prefill is measured
+PRIOR_LOAD_RATIO = 0.1  # a token loaded costs this much of one computed, until a load is measured
+EWMA = 0.2  # the weight of a new measurement
+BOUND = 1.25  # decode legs: candidates within this times the average streams
+
+
+@dataclass
+class Speed:
+    """A cost per token, measured as a moving average (None: not measured yet)."""
+
+    seconds_per_token: float | None = None
+    samples: int = 0
+
+    def add(self, sample: float) -> None:
+        old = self.seconds_per_token
+        self.seconds_per_token = sample if old is None else old + EWMA * (sample - old)
+        self.samples += 1
+
+
+@dataclass(frozen=True)
+class Guess:
+    """What the policy expected of a leg on the instance it chose."""
+
+    inst: Instance
+    ahead: int  # prompt tokens in flight there
+    compute: int  # tokens neither its cache nor the store held
+    load: int  # tokens only the store held
+
+
+class Kv(Policy):
+    name = "kv"
+    summary = SUMMARIES["kv"]
+    needs_blocks = True
+
+    def __init__(self, block_size: int = 16) -> None:
+        self.index = KvIndex()
+        self.block_size = block_size
+        self.prefill = Speed()
+        self.loading = Speed()
+        self._by_load = LeastLoaded()
+        self._next: dict[str, int] = {}
+        self._guesses: OrderedDict[int, Guess] = OrderedDict()  # id(ask) -> the guess, until done
+
+    def _seconds(self) -> tuple[float, float]:
+        a = self.prefill.seconds_per_token or PRIOR_PREFILL_S
+        b = self.loading.seconds_per_token
+        return a, (b if b is not None else a * PRIOR_LOAD_RATIO)
+
+    def _guess(self, inst: Instance, ask: Ask, stored: int) -> Guess:
+        held = self.index.held(ask.blocks, inst)
+        cached = max(held, stored) * self.block_size
+        compute = max(ask.tokens - cached, 0)
+        load = max(stored - held, 0) * self.block_size
+        ahead = inst.tokens if ask.role != "decode" else 0
+        return Guess(inst, ahead, compute, load)
+
+    def choose(self, cands: Sequence[Instance], ask: Ask) -> Instance:
+        if not ask.blocks:
+            return self._by_load.choose(cands, ask)
+        if ask.role == "decode":
+            # consistent hashing's bound on loads: this stream included, within 1.25x the mean
+            cap = math.ceil(BOUND * (sum(i.requests for i in cands) + 1) / len(cands))
+            cands = [i for i in cands if i.requests + 1 <= cap] or list(cands)
+        a, b = self._seconds()
+        stored = self.index.stored(ask.blocks)
+        # scanned from a rotating start, so that equal costs are served round-robin
+        start = self._next.get(ask.role, 0) % len(cands)
+        turn = [*cands[start:], *cands[:start]]
+        guesses = [self._guess(i, ask, stored) for i in turn]
+        k, best = min(
+            enumerate(guesses),
+            key=lambda kg: (
+                a * (kg[1].ahead + kg[1].compute) + b * kg[1].load,
+                load_of(kg[1].inst, ask.load),
+            ),
+        )
+        self._next[ask.role] = start + k + 1
+        self._guesses[id(ask)] = best
+        while len(self._guesses) > 4096:  # legs that never came back (failed): forgotten
+            self._guesses.popitem(last=False)
+        return best.inst
+
+    def done(self, inst: Instance, ask: Ask, seconds: float) -> None:
+        guess = self._guesses.pop(id(ask), None)
+        if not ask.blocks:
+            return
+        # a prefill or mixed leg computed the prompt and the connector saved it; a decode leg
+        # loaded it (or received it) into its own cache
+        self.index.took(ask.blocks, inst, saved=ask.role != "decode")
+        if guess is None or guess.inst is not inst:
+            return
+        a, _ = self._seconds()
+        worked = guess.ahead + guess.compute
+        if guess.load == 0 and worked >= self.block_size and ask.role != "decode":
+            self.prefill.add(seconds / worked)
+        elif guess.load >= self.block_size:
+            self.loading.add(max(seconds - a * worked, 0.0) / guess.load)
+
+    def describe(self) -> dict[str, object]:
+        def speed(s: Speed, prior: float) -> dict[str, object]:
+            measured = s.seconds_per_token is not None
+            value = s.seconds_per_token if measured else prior
+            return {"seconds_per_token": value, "measured": measured, "samples": s.samples}
+
+        a, b = self._seconds()
+        return {
+            "policy": self.name,
+            "index": "approximate (the proxy's routing history)",
+            "blocks": len(self.index),
+            "block_size": self.block_size,
+            "prefill": speed(self.prefill, a),
+            "load": speed(self.loading, b),
+        }
