@@ -20,6 +20,7 @@ from ucmctl.bench.extras.fault import FaultFields
 from ucmctl.bench.extras.goodput import GoodputFields
 from ucmctl.bench.extras.handover import HandoverFields
 from ucmctl.bench.extras.lost import LostFields
+from ucmctl.bench.extras.paths import PathsFields
 from ucmctl.bench.extras.series import SeriesFields
 from ucmctl.bench.extras.trace_lag import TraceLagFields
 from ucmctl.bench.open_model import Open
@@ -52,7 +53,9 @@ class HitRate(Open):
         return first_leg_of({"by_role": self.by_role, "total": self.total})
 
 
-class Phase(LostFields, HandoverFields, FaultFields, GoodputFields, TraceLagFields, SeriesFields):
+class Phase(
+    LostFields, HandoverFields, PathsFields, FaultFields, GoodputFields, TraceLagFields, SeriesFields
+):
     """One phase's figures, under `vllm bench serve`'s key names (ms; per second), and the
     fields of the per-phase extras."""
 

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import aiohttp
 
-from ucmctl.bench import client, goodput, handover, hitrate, metrics, prompts
+from ucmctl.bench import client, goodput, handover, hitrate, metrics, paths, prompts
 from ucmctl.bench.client import RequestResult
 from ucmctl.bench.fault import Fault
 from ucmctl.bench.hitrate import Instance
@@ -188,7 +188,7 @@ async def measure(
     before = await hitrate.scrape(http, target.instances, target.metrics)
     # ucmctl's proxy (a deployment's target) measures the KV handover; a server is not asked
     proxy = target.url if target.url not in {i.url for i in target.instances} else None
-    handed = await handover.read(http, proxy) if proxy else None
+    at_proxy = await _proxy_reading(http, proxy)
     mark = watch.begin(label) if watch is not None else 0.0
     progress.start(label, len(prompt_lens))
     firing: asyncio.Future[None] | None = None
@@ -233,10 +233,7 @@ async def measure(
         summary.update(goodput.goodput_fields(run.results, run.duration, cfg.goodput))
     summary["num_prompts"] = len(prompt_lens)
     summary["hit_rate"] = hitrate.hit_rates(target.instances, before, after)
-    if proxy:
-        figures = handover.phase_figures(handed, await handover.read(http, proxy))
-        if figures is not None:
-            summary["kv_handover"] = figures
+    summary.update(_proxy_figures(at_proxy, await _proxy_reading(http, proxy)))
     if series is not None:
         summary["series"] = series
     if watch is not None:  # the processes found dead or unhealthy while this phase ran
@@ -245,6 +242,27 @@ async def measure(
         summary["fault"] = await fault.report(http, run.results, run.duration)
     summary["_results"] = run.results  # dropped before saving; kept for tests and debugging
     return summary
+
+
+async def _proxy_reading(http: aiohttp.ClientSession, proxy: str | None) -> tuple[Any, Any] | None:
+    """What ucmctl's proxy counts of the phase: the KV handover and the paths requests took."""
+    if proxy is None:
+        return None
+    return await handover.read(http, proxy), await paths.read(http, proxy)
+
+
+def _proxy_figures(before: tuple[Any, Any] | None, after: tuple[Any, Any] | None) -> dict[str, Any]:
+    """The phase's KV handover and paths, where the proxy measured them."""
+    if before is None or after is None:
+        return {}
+    out: dict[str, Any] = {}
+    figures = handover.phase_figures(before[0], after[0])
+    if figures is not None:
+        out["kv_handover"] = figures
+    took = paths.phase_counts(before[1], after[1])
+    if took is not None:
+        out["paths"] = took
+    return out
 
 
 async def _unless_lost(sending: asyncio.Future[Any], watch: Watched) -> Any:

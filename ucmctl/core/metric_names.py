@@ -66,6 +66,7 @@ PROXY_REQUESTS = "ucmctl_proxy_requests_total"  # by route
 PROXY_ERRORS = "ucmctl_proxy_errors_total"  # by reason
 PROXY_RETRIES = "ucmctl_proxy_retries_total"  # by leg
 PROXY_FIRST_TOKEN_RETRIES = "ucmctl_proxy_first_token_retries_total"  # by leg
+PROXY_PATHS = "ucmctl_proxy_requests_by_path_total"  # pd: disaggregated, or direct to a decode
 PROXY_TTFT = "ucmctl_proxy_ttft_seconds"  # histograms
 PROXY_REQUEST_LATENCY = "ucmctl_proxy_request_latency_seconds"
 PROXY_PREFILL = "ucmctl_proxy_prefill_seconds"

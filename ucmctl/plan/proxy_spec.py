@@ -30,6 +30,7 @@ class ProxySpec(BaseModel):
     routing: str = routing_names.DEFAULT  # a policy of ucmctl.core.routing_names.POLICIES
     upstreams: tuple[Upstream, ...] = ()  # in the Plan's order of the servers
     block_size: int | None = None  # the servers' KV block size, where the topology sets it
+    direct_below: int = 0  # centralized: fewer tokens to compute than this go to a decode alone
 
     def argv(self) -> list[str]:
         """The command line that runs this proxy."""
@@ -48,6 +49,9 @@ class ProxySpec(BaseModel):
                     argv += ["--bootstrap", u.bootstrap]
         if self.routing != routing_names.DEFAULT:
             argv += ["--routing", self.routing]
-        if self.routing == "kv" and self.block_size:  # kv cuts prompts into the servers' blocks
+        cuts = self.routing == "kv" or self.direct_below  # prompts into the servers' blocks
+        if cuts and self.block_size:
             argv += ["--block-size", str(self.block_size)]
+        if self.direct_below:
+            argv += ["--direct-below", str(self.direct_below)]
         return argv

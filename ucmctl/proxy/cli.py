@@ -53,6 +53,12 @@ def proxy(
     block_size: int = typer.Option(
         16, "--block-size", help="--routing kv: the servers' KV block size, tokens"
     ),
+    direct_below: int = typer.Option(
+        0,
+        "--direct-below",
+        help="pd with the store: send a request whose tokens not cached on the chosen decode instance "
+        "are fewer than this to it alone (it prefills them); 0: never",
+    ),
     prefill_load: str = typer.Option("tokens", "--prefill-load", help="a prefill's load: tokens or requests"),
     decode_load: str = typer.Option("requests", "--decode-load", help="a decode's load: requests or tokens"),
     mixed_load: str = typer.Option("requests", "--mixed-load", help="a mixed one's: requests or tokens"),

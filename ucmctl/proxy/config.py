@@ -40,6 +40,9 @@ class ProxyConfig:
     mixed_load: LoadKind = DEFAULT_LOADS["mixed"]
     affinity_tokens: int = 128
     block_size: int = 16  # the servers' KV block size: how `kv` routing cuts prompts
+    # pd with the store: a request whose tokens not cached on the chosen decode instance (its own
+    # cache, then the store) are fewer than this goes to it alone, which prefills it; 0: never
+    direct_below: int = 0
     deployment: str | None = None
     health_interval: float = 2.0
     health_timeout: float = 2.0
@@ -123,6 +126,11 @@ def make_config(
             f"--p2p mooncake needs one --bootstrap per --prefiller ({len(pre)}), got {len(boot)}",
             fix="add --bootstrap http://HOST:VLLM_MOONCAKE_BOOTSTRAP_PORT for each prefiller, same order",
         )
+    if tuning.get("direct_below") and (mode != "pd" or p2p):
+        raise UcmctlError.one(
+            "--direct-below is for pd mode with the store (no --p2p): a P2P decode needs a transfer",
+            fix="drop --direct-below",
+        )
     if boot and p2p != "mooncake":
         raise UcmctlError.one(
             "--bootstrap is for --p2p mooncake", fix="drop --bootstrap or add --p2p mooncake"
@@ -187,7 +195,7 @@ def _check_tuning(tuning: dict[str, object]) -> None:
     for name in ("health_interval", "health_timeout", "connect_timeout"):
         if name in tuning:
             _positive("--" + name.replace("_", "-"), float(tuning[name]))  # type: ignore[arg-type]
-    for name in ("retries", "retry_backoff", "read_timeout"):
+    for name in ("retries", "retry_backoff", "read_timeout", "direct_below"):
         if name in tuning:
             _positive("--" + name.replace("_", "-"), float(tuning[name]), allow_zero=True)  # type: ignore[arg-type]
     for name in ("prefill_load", "decode_load", "mixed_load"):

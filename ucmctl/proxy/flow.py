@@ -18,7 +18,7 @@ from ucmctl.proxy import rewrite
 from ucmctl.proxy.config import ProxyConfig
 from ucmctl.proxy.handoff import Handoff, Store, make_handoff
 from ucmctl.proxy.health import log, record_failure, record_success
-from ucmctl.proxy.kv_index import block_keys
+from ucmctl.proxy.kv_index import KvIndex, block_keys
 from ucmctl.proxy.metrics import Metrics
 from ucmctl.proxy.pool import Instance, Pool
 from ucmctl.proxy.routing import Ask, Policy, make_policy
@@ -34,6 +34,7 @@ class ProxyState:
     config: ProxyConfig
     pool: Pool = field(default_factory=Pool)
     policy: Policy = field(default_factory=lambda: make_policy("least-loaded"))
+    index: KvIndex | None = None  # where prompts' blocks are: for kv routing and direct decodes
     handoff: Handoff = field(default_factory=Store)
     metrics: Metrics = field(default_factory=Metrics)
     session: aiohttp.ClientSession | None = None
@@ -42,7 +43,8 @@ class ProxyState:
     @classmethod
     def create(cls, config: ProxyConfig) -> ProxyState:
         """The state for `config`, every configured instance in routing."""
-        state = cls(config, policy=make_policy(config.routing, config.block_size))
+        index = KvIndex() if config.routing == "kv" or config.direct_below else None
+        state = cls(config, policy=make_policy(config.routing, config.block_size, index), index=index)
         for role, urls in (
             ("prefill", config.prefillers),
             ("decode", config.decoders),
@@ -69,6 +71,26 @@ class ProxyState:
         """The instance for a leg, by the routing policy; None when no candidate is left."""
         cands = self.pool.candidates(ask.role, exclude)
         return self.policy.choose(cands, ask) if cands else None
+
+    def took(self, inst: Instance, ask: Ask, seconds: float, *, saved: bool) -> None:
+        """A leg came back well: the policy learns of it, and the index has the prompt's blocks
+        in the instance's own cache now (and in the store, `saved`)."""
+        self.policy.done(inst, ask, seconds)
+        if self.index is not None and ask.blocks:
+            self.index.took(ask.blocks, inst, saved=saved)
+
+    def direct_to(self, req: Request) -> Instance | None:
+        """pd with the store: the decode instance that takes `req` alone (it prefills it) when
+        the tokens it has not cached, in its own cache or the store, are fewer than
+        `direct_below`; None to go through a prefill instance."""
+        cfg = self.config
+        if not cfg.direct_below or self.index is None or self.handoff.once or not req.blocks:
+            return None
+        decode = self.pick(req.ask("decode", cfg, first_leg=False))
+        if decode is None:
+            return None
+        cached = max(self.index.held(req.blocks, decode), self.index.stored(req.blocks)) * cfg.block_size
+        return decode if req.tokens - cached < cfg.direct_below else None
 
     def remove(self, url: str, role: str | None = None) -> list[Instance]:
         """Take instances out of the pool and out of the policy's memory."""
@@ -128,7 +150,8 @@ async def serve_generate(request: web.Request, state: ProxyState, path: str) -> 
     tokens = rewrite.prompt_tokens(body, path)
     prefix = rewrite.prefix_key(body, path, cfg.affinity_tokens) if cfg.routing == "affinity" else None
     headers = {**state.upstream_headers, "X-Request-Id": rid}
-    blocks = block_keys(body, path, cfg.block_size) if state.policy.needs_blocks else ()
+    wanted = state.policy.needs_blocks or state.index is not None
+    blocks = block_keys(body, path, cfg.block_size) if wanted else ()
     req = Request(raw, body, path, tokens, headers, prefix, session_of(request, body), blocks)
     try:
         inst, resp, first = await _answer(state, req)
@@ -156,6 +179,9 @@ async def _answer(state: ProxyState, req: Request) -> tuple[Instance, aiohttp.Cl
     """
     cfg, handoff = state.config, state.handoff
     pd = cfg.mode == "pd"
+    direct = state.direct_to(req) if pd else None
+    if pd:
+        state.metrics.paths["direct" if direct else "disaggregated"] += 1
     avoid: list[Instance] = []
     kv_params: dict[str, Any] | None = None
     prefilled = False
@@ -164,7 +190,9 @@ async def _answer(state: ProxyState, req: Request) -> tuple[Instance, aiohttp.Cl
     for attempt in range(cfg.retries + 1):
         if attempt:
             await asyncio.sleep(cfg.retry_backoff * 2 ** (attempt - 1))
-        if pd:
+        if direct is not None:  # the decode instance computes what it has not cached itself
+            payload, ask = req.raw, req.ask("decode", cfg, first_leg=False)
+        elif pd:
             if not prefilled or handoff.prefill_again:
                 kv_params, prefill_ended = await _prefill(state, req)
                 prefilled = True
@@ -177,7 +205,8 @@ async def _answer(state: ProxyState, req: Request) -> tuple[Instance, aiohttp.Cl
         # A P2P transfer is handed over once: a decode leg that reached an instance and failed is
         # not sent again as it is (it would wait for a transfer that is gone).
         leg_started = asyncio.get_running_loop().time()
-        inst, resp = await _open(state, ask, req, payload, pd and handoff.once, avoid)
+        prefer = direct if not attempt else None
+        inst, resp = await _open(state, ask, req, payload, pd and handoff.once, avoid, prefer)
         try:
             first = await resp.content.readany()
         except UPSTREAM_ERRORS as exc:
@@ -196,7 +225,8 @@ async def _answer(state: ProxyState, req: Request) -> tuple[Instance, aiohttp.Cl
             inst.release(req.tokens)
             raise
         if resp.status == 200:
-            state.policy.done(inst, ask, asyncio.get_running_loop().time() - leg_started)
+            took = asyncio.get_running_loop().time() - leg_started
+            state.took(inst, ask, took, saved=direct is not None or not pd)
         if prefilled and req.body.get("stream") is True and resp.status == 200:
             # the KV handover as the client feels it: the prefill's answer to decode's first token
             state.metrics.kv_handover.observe(asyncio.get_running_loop().time() - prefill_ended)
@@ -237,7 +267,7 @@ async def _prefill(state: ProxyState, req: Request) -> tuple[dict[str, Any] | No
         raise _Answered(web.Response(status=resp.status, body=data, headers={"Content-Type": ctype}))
     ended = loop.time()
     state.metrics.prefill.observe(ended - t)
-    state.policy.done(inst, ask, ended - t)
+    state.took(inst, ask, ended - t, saved=True)
     assert state.session is not None
     return await state.handoff.decode_params(state.session, inst, data, transfer), ended
 
@@ -249,13 +279,15 @@ async def _open(
     payload: bytes,
     once: bool = False,
     avoid: list[Instance] | None = None,
+    prefer: Instance | None = None,
 ) -> tuple[Instance, aiohttp.ClientResponse]:
     """Send a leg to the instance the policy picks, retrying others with backoff, until one
     answers below 500.
 
     The caller owns the returned response and the instance's in-flight count (`release(tokens)`).
     With `once`, only a leg that reached no instance (nothing listening) is tried elsewhere.
-    Instances in `avoid` (they failed this request already) are taken only when no other is left.
+    Instances in `avoid` (they failed this request already) are taken only when no other is left;
+    `prefer`, chosen already, is tried first while it is a candidate.
     """
     cfg, session, role, tokens = state.config, state.session, ask.role, req.tokens
     assert session is not None
@@ -263,7 +295,10 @@ async def _open(
     last: LegFailed | None = None
     for attempt in range(cfg.retries + 1):
         # prefer an instance not tried yet; a tried one that is still healthy is better than none
-        inst = state.pick(ask, tried) or (state.pick(ask) if tried else None)
+        if prefer is not None and not attempt and prefer in state.pool.candidates(role, tried):
+            inst: Instance | None = prefer
+        else:
+            inst = state.pick(ask, tried) or (state.pick(ask) if tried else None)
         if inst is None:
             break
         if attempt:

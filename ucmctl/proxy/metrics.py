@@ -45,6 +45,9 @@ class Metrics:
         self.errors: Counter[str] = Counter()  # by reason
         self.retries: Counter[str] = Counter()  # by leg
         self.first_token_retries: Counter[str] = Counter()  # by leg: the upstream died before its first token
+        self.paths: Counter[str] = (
+            Counter()
+        )  # pd: disaggregated (prefill, then decode) or direct (decode alone)
         self.ttft = Histogram(LATENCY_BUCKETS)
         self.latency = Histogram(LATENCY_BUCKETS)
         self.prefill = Histogram(LATENCY_BUCKETS)
@@ -65,6 +68,8 @@ class Metrics:
              self.retries),
             (names.PROXY_FIRST_TOKEN_RETRIES, "Answers sent again on another instance because the upstream "
              "failed before its first token.", "leg", self.first_token_retries),
+            (names.PROXY_PATHS, "PD requests by the path they took: disaggregated (a prefill leg, then "
+             "decode) or direct (the decode instance prefilled them itself).", "path", self.paths),
         ):  # fmt: skip
             family(name, "counter", help_)
             out.extend(f'{name}{{{label}="{escape(key)}"}} {values[key]}' for key in sorted(values))

@@ -269,6 +269,13 @@ def _check_services(t: Topology, bad) -> None:
             f"unknown node {t.proxy.node!r}",
             f"defined nodes: {', '.join(t.nodes)}",
         )
+    if t.proxy is not None and t.proxy.direct_below and t.mode is not Mode.centralized:
+        bad(
+            ("proxy", "direct_below"),
+            f"direct_below sends a request to a decode instance alone, which needs the store's KV: "
+            f"mode {t.mode.value} has no prefill and decode sharing it",
+            "drop direct_below, or use mode centralized",
+        )
 
 
 def _check_storage(t: Topology, bad) -> None:

@@ -324,6 +324,12 @@ class Proxy(Strict):
         "same leading block, same instance), session (one conversation, one instance), kv (least "
         "expected time to first token from where the prompt's KV is)",
     )
+    direct_below: int = Field(
+        0,
+        ge=0,
+        description="centralized: a request with fewer tokens than this not cached on the chosen decode "
+        "instance (its own cache, then the store) goes to it alone, which prefills them; 0: never",
+    )
     restart: Restart = Field(default_factory=Restart, description="never, or on-failure (see the sides)")
 
     @field_validator("restart", mode="before")

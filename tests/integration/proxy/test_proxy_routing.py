@@ -80,3 +80,28 @@ def test_kv_sends_a_prefix_back_to_the_instance_that_holds_it(launch: Launch, tm
     assert status == 200 and described["policy"] == "kv" and described["block_size"] == 16
     assert described["index"].startswith("approximate") and described["blocks"] >= 40 + 4 * 6
     assert described["prefill"]["measured"] is True and described["prefill"]["samples"] >= 1
+
+
+def test_a_request_mostly_cached_goes_to_a_decode_instance_alone(launch: Launch, tmp_path: Path) -> None:
+    prefill, decode = [sim(tmp_path)], [sim(tmp_path), sim(tmp_path)]
+    flags = ["--routing", "kv", "--block-size", "16", "--direct-below", "200"]
+    px = proxy(tmp_path, *pd_flags(prefill, decode), *flags)
+    launch(*prefill, *decode, px)
+    url = px.url + "/v1/completions"
+    long = [(n * 11) % 5000 + 10 for n in range(640)]
+
+    def paths() -> tuple[float, float]:
+        return tuple(  # type: ignore[return-value]
+            metric(px.url, "ucmctl_proxy_requests_by_path_total", absent=0.0, path=p)
+            for p in ("disaggregated", "direct")
+        )
+
+    p0, d0 = served(prefill), served(decode)
+    assert post(url, completion(2, prompt=[5] * 100))[0] == 200  # 100 tokens to compute: direct
+    assert paths() == (0, 1) and delta(p0, served(prefill)) == [0] and sum(delta(d0, served(decode))) == 1
+    assert post(url, completion(2, prompt=long))[0] == 200  # 640 fresh tokens: prefill first
+    assert paths() == (1, 1) and delta(p0, served(prefill)) == [1]
+    # the same 640 and 20 more: the store has the 640 (prefill saved them), 20 to compute
+    assert post(url, completion(2, True, [*long, *range(20)]))[0] == 200
+    assert paths() == (1, 2) and delta(p0, served(prefill)) == [1]
+    assert sum(delta(d0, served(decode))) == 3

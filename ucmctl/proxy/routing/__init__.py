@@ -5,6 +5,7 @@ their names are ucmctl.core.routing_names' (the topology's `proxy: {routing: NAM
 from __future__ import annotations
 
 from ucmctl.core.routing_names import ALIASES, DEFAULT, canonical
+from ucmctl.proxy.kv_index import KvIndex
 from ucmctl.proxy.routing.affinity import Affinity
 from ucmctl.proxy.routing.base import Ask, Policy
 from ucmctl.proxy.routing.kv import Kv
@@ -21,11 +22,11 @@ POLICIES: dict[str, type[Policy]] = {
 }
 
 
-def make_policy(name: str, block_size: int = 16) -> Policy:
-    """A fresh policy of that name (`block_size`: the servers', for the policies that cut
-    prompts into blocks)."""
+def make_policy(name: str, block_size: int = 16, index: KvIndex | None = None) -> Policy:
+    """A fresh policy of that name (`block_size`, `index`: the servers' block size and the
+    proxy's index of where prompts' blocks are, for `kv`)."""
     cls = POLICIES[ALIASES.get(name, name)]
-    return Kv(block_size) if cls is Kv else cls()
+    return Kv(block_size, index) if cls is Kv else cls()
 
 
 __all__ = ["ALIASES", "DEFAULT", "POLICIES", "Ask", "Policy", "canonical", "make_policy"]

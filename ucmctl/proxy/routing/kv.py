@@ -62,8 +62,8 @@ class Kv(Policy):
     summary = SUMMARIES["kv"]
     needs_blocks = True
 
-    def __init__(self, block_size: int = 16) -> None:
-        self.index = KvIndex()
+    def __init__(self, block_size: int = 16, index: KvIndex | None = None) -> None:
+        self.index = KvIndex() if index is None else index  # the proxy's: its request path fills it
         self.block_size = block_size
         self.prefill = Speed()
         self.loading = Speed()
@@ -111,13 +111,9 @@ class Kv(Policy):
         return best.inst
 
     def done(self, inst: Instance, ask: Ask, seconds: float) -> None:
+        """The speeds learn from the leg (the index learns from the request path)."""
         guess = self._guesses.pop(id(ask), None)
-        if not ask.blocks:
-            return
-        # a prefill or mixed leg computed the prompt and the connector saved it; a decode leg
-        # loaded it (or received it) into its own cache
-        self.index.took(ask.blocks, inst, saved=ask.role != "decode")
-        if guess is None or guess.inst is not inst:
+        if not ask.blocks or guess is None or guess.inst is not inst:
             return
         a, _ = self._seconds()
         worked = guess.ahead + guess.compute

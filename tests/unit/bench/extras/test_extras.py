@@ -29,7 +29,7 @@ def said(name: str, v: PhaseView) -> list[Note]:
 
 def test_the_registry_says_its_extras_in_the_report_order() -> None:
     assert [e.name for e in EXTRAS] == [
-        "failures", "preemptions", "lost", "handover", "fault", "store errors", "goodput",
+        "failures", "preemptions", "lost", "handover", "paths", "fault", "store errors", "goodput",
         "trace lag", "hit rates", "series",
     ]  # fmt: skip
 
@@ -38,7 +38,7 @@ def test_the_phase_has_every_extras_fields() -> None:
     declared = [e.fields for e in EXTRAS if e.fields is not None]
     assert all(issubclass(Phase, fields) for fields in declared)
     assert {f for fields in declared for f in fields.model_fields} == {
-        "lost", "kv_handover", "fault", "request_goodput", "good_completed", "goodput_slos_ms",
+        "lost", "kv_handover", "paths", "fault", "request_goodput", "good_completed", "goodput_slos_ms",
         "send_lag_ms", "series",
     }  # fmt: skip
 
@@ -122,3 +122,27 @@ def test_hit_rates_by_role_a_cached_preseed_and_unread_instances(workload: str) 
                                              workload == "prefix" else [])  # fmt: skip
     assert notes[-2].text.startswith("[yellow]preseed 64: decode0 started again within the phase")
     assert notes[-1] == Note("[yellow]no /metrics from prefill1: hit rate without them[/]", markup=None)
+
+
+def test_the_paths_requests_took_are_said_when_some_went_straight_to_decode() -> None:
+    v = view(paths={"disaggregated": 80, "direct": 20})
+    assert said("paths", v) == [
+        Note("measure 64: paths (proxy): 80 prefill then decode, 20 straight to decode (it prefilled them)")
+    ]
+    assert said("paths", view()) == []
+
+
+def test_the_paths_of_a_phase_are_the_proxys_counter_deltas() -> None:
+    from ucmctl.bench.paths import parse, phase_counts
+
+    text = (
+        'ucmctl_proxy_requests_by_path_total{path="disaggregated"} 10.0\n'
+        'ucmctl_proxy_requests_by_path_total{path="direct"} 3.0\n'
+    )
+    before = parse(text)
+    assert before == {"disaggregated": 10.0, "direct": 3.0}
+    after = parse(text.replace("10.0", "15.0").replace("3.0", "7.0"))
+    assert phase_counts(before, after) == {"disaggregated": 5, "direct": 4}
+    assert phase_counts(before, before) is None  # none went direct: nothing to say
+    assert phase_counts(after, before) is None  # the proxy started again: its counters fell
+    assert phase_counts(None, after) is None

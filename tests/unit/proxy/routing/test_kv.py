@@ -19,8 +19,10 @@ def ask(role: str, prompt: list[int]) -> Ask:
 
 
 def route(kv: Kv, pool: Pool, a: Ask, seconds: float = 0.1) -> Instance:
+    """As the request path does: the policy chooses, learns of the leg, the index takes it."""
     inst = kv.choose(pool.candidates(a.role), a)
     kv.done(inst, a, seconds)
+    kv.index.took(a.blocks, inst, saved=a.role != "decode")
     return inst
 
 
@@ -78,3 +80,12 @@ def test_the_speeds_are_measured_from_the_legs() -> None:
     load = kv.describe()["load"]
     assert load["measured"] is True and abs(load["seconds_per_token"] - 1e-4) < 1e-12  # type: ignore[index]
     assert kv.describe()["index"] == "approximate (the proxy's routing history)"
+
+
+def test_the_policy_reads_the_proxys_index_even_empty() -> None:
+    from ucmctl.proxy.kv_index import KvIndex
+    from ucmctl.proxy.routing import make_policy
+
+    index = KvIndex()  # empty, so falsy: still the one the policy must read
+    policy = make_policy("kv", 16, index)
+    assert isinstance(policy, Kv) and policy.index is index and policy.block_size == 16
