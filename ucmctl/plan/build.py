@@ -379,6 +379,7 @@ def _proxy(t: Topology, nodes: dict[str, NodePlan], upstream: list[Process]) -> 
         upstreams=tuple(_upstream(t, p, router) for p in upstream),
         block_size=_block_size(upstream),
         direct_below=proxy.direct_below,
+        roles=proxy.roles,
     )
     argv = spec.argv()
     base = f"http://{reach_address(node)}:{proxy.port}"

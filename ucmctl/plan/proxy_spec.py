@@ -31,6 +31,7 @@ class ProxySpec(BaseModel):
     upstreams: tuple[Upstream, ...] = ()  # in the Plan's order of the servers
     block_size: int | None = None  # the servers' KV block size, where the topology sets it
     direct_below: int = 0  # centralized: fewer tokens to compute than this go to a decode alone
+    roles: Literal["fixed", "dynamic"] = "fixed"  # dynamic: any server takes either leg (centralized)
 
     def argv(self) -> list[str]:
         """The command line that runs this proxy."""
@@ -54,4 +55,6 @@ class ProxySpec(BaseModel):
             argv += ["--block-size", str(self.block_size)]
         if self.direct_below:
             argv += ["--direct-below", str(self.direct_below)]
+        if self.roles == "dynamic":
+            argv += ["--roles", "dynamic"]
         return argv

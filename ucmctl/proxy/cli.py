@@ -10,6 +10,7 @@ from ucmctl.proxy import routing
 
 # the options make_config takes by name; every other option is a tuning value of the config
 TAKEN = {
+    "roles",
     "host",
     "port",
     "mode",
@@ -59,6 +60,9 @@ def proxy(
         help="pd with the store: send a request whose tokens not cached on the chosen decode instance "
         "are fewer than this to it alone (it prefills them); 0: never",
     ),
+    roles: str = typer.Option(
+        "fixed", "--roles", help="fixed, or dynamic: any instance takes a prefill or a decode leg (pd, store)"
+    ),
     prefill_load: str = typer.Option("tokens", "--prefill-load", help="a prefill's load: tokens or requests"),
     decode_load: str = typer.Option("requests", "--decode-load", help="a decode's load: requests or tokens"),
     mixed_load: str = typer.Option("requests", "--mixed-load", help="a mixed one's: requests or tokens"),
@@ -90,6 +94,7 @@ def proxy(
         mode=mode,
         p2p=p2p,
         routing_name="affinity" if prefix_affinity else routing_name,
+        roles=roles,
         env=dict(os.environ),
         **upstreams,
         **tuning,

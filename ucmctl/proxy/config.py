@@ -18,6 +18,7 @@ P2P_PROTOCOLS = ("mooncake", "ascend")
 API_KEY_ENV = "UCMCTL_PROXY_API_KEY"
 UPSTREAM_API_KEY_ENV = "UCMCTL_PROXY_UPSTREAM_API_KEY"
 LOAD_KINDS = ("tokens", "requests")
+ROLE_MODES = ("fixed", "dynamic")
 # each leg's load measure by default: a prefill's cost is its prompt, a decode's its streams
 DEFAULT_LOADS: dict[str, LoadKind] = {"prefill": "tokens", "decode": "requests", "mixed": "requests"}
 
@@ -43,6 +44,8 @@ class ProxyConfig:
     # pd with the store: a request whose tokens not cached on the chosen decode instance (its own
     # cache, then the store) are fewer than this goes to it alone, which prefills it; 0: never
     direct_below: int = 0
+    # pd with the store: roles per request, any instance takes a prefill or a decode leg
+    dynamic_roles: bool = False
     deployment: str | None = None
     health_interval: float = 2.0
     health_timeout: float = 2.0
@@ -106,12 +109,18 @@ def make_config(
     decoders: list[str] | tuple[str, ...] = (),
     instances: list[str] | tuple[str, ...] = (),
     routing_name: str = routing.DEFAULT,
+    roles: str = "fixed",
     env: dict[str, str] | None = None,
     **tuning: object,
 ) -> ProxyConfig:
     """Check the command line's values and return the config, or raise one UcmctlError."""
     if mode not in MODES:
         raise UcmctlError.one(f"--mode {mode!r} is not a mode", fix="use --mode pd or --mode mixed")
+    if roles not in ROLE_MODES:
+        raise UcmctlError.one(
+            f"--roles {roles!r} is not fixed or dynamic", fix="use --roles fixed or --roles dynamic"
+        )
+    tuning["dynamic_roles"] = roles == "dynamic"
     if not 1 <= port <= 65535:
         raise UcmctlError.one(f"--port {port} is out of range", fix="use a port from 1 to 65535")
     pre, dec, mix = (
@@ -125,6 +134,11 @@ def make_config(
         raise UcmctlError.one(
             f"--p2p mooncake needs one --bootstrap per --prefiller ({len(pre)}), got {len(boot)}",
             fix="add --bootstrap http://HOST:VLLM_MOONCAKE_BOOTSTRAP_PORT for each prefiller, same order",
+        )
+    if tuning["dynamic_roles"] and (mode != "pd" or p2p):
+        raise UcmctlError.one(
+            "--roles dynamic is for pd mode with the store (no --p2p): a P2P leg needs its connector role",
+            fix="drop --roles dynamic",
         )
     if tuning.get("direct_below") and (mode != "pd" or p2p):
         raise UcmctlError.one(

@@ -44,7 +44,8 @@ class ProxyState:
     def create(cls, config: ProxyConfig) -> ProxyState:
         """The state for `config`, every configured instance in routing."""
         index = KvIndex() if config.routing == "kv" or config.direct_below else None
-        state = cls(config, policy=make_policy(config.routing, config.block_size, index), index=index)
+        policy = make_policy(config.routing, config.block_size, index)
+        state = cls(config, pool=Pool(config.dynamic_roles), policy=policy, index=index)
         for role, urls in (
             ("prefill", config.prefillers),
             ("decode", config.decoders),

@@ -56,8 +56,11 @@ class Pool:
     """Every instance by role and its state; which one takes a request is the router's
     (ucmctl.proxy.routing)."""
 
-    def __init__(self) -> None:
+    def __init__(self, dynamic: bool = False) -> None:
         self.by_role: dict[str, list[Instance]] = {role: [] for role in ROLES}
+        # roles per request (centralized): a prefill or a decode leg may go to any instance of
+        # either side, each a vLLM with the store's connector
+        self.dynamic = dynamic
 
     def add(self, url: str, role: str) -> Instance | None:
         """Add an instance; None when it is already there."""
@@ -96,7 +99,10 @@ class Pool:
     def candidates(self, role: str, exclude: Iterable[Instance] = ()) -> list[Instance]:
         """The instances of `role` a request may go to now (healthy, not draining), but `exclude`."""
         skip = set(exclude) if exclude else ()
-        return [i for i in self.by_role[role] if i.healthy and not i.draining and i not in skip]
+        sides = ("prefill", "decode") if self.dynamic and role in ("prefill", "decode") else (role,)
+        return [
+            i for side in sides for i in self.by_role[side] if i.healthy and not i.draining and i not in skip
+        ]
 
 
 def load_of(inst: Instance, by: LoadKind) -> tuple[int, int]:

@@ -269,6 +269,13 @@ def _check_services(t: Topology, bad) -> None:
             f"unknown node {t.proxy.node!r}",
             f"defined nodes: {', '.join(t.nodes)}",
         )
+    if t.proxy is not None and t.proxy.roles == "dynamic" and t.mode is not Mode.centralized:
+        bad(
+            ("proxy", "roles"),
+            f"dynamic roles send either leg to any API server, which needs the store's KV between them: "
+            f"mode {t.mode.value} has no prefill and decode sharing it",
+            "drop roles: dynamic, or use mode centralized",
+        )
     if t.proxy is not None and t.proxy.direct_below and t.mode is not Mode.centralized:
         bad(
             ("proxy", "direct_below"),

@@ -54,6 +54,7 @@ FIELDS: tuple[Newer, ...] = (
     *(Newer("topology", f"{part}.restart", NEVER) for part in (*SERVER_ROLES, "proxy")),
     Newer("topology", "storage.pack_blocks", 1),  # a file per block (no packs)
     Newer("topology", "proxy.direct_below", 0),  # selective disaggregation off
+    Newer("topology", "proxy.roles", "fixed"),
     Newer("plan", "nodes.*.slurm_node", ALWAYS),  # where a scheduler put it this time: not the plan's own
     Newer("plan", "nodes.*.systemd", False),
     Newer("plan", "processes.*.restart.script", None),

@@ -330,6 +330,11 @@ class Proxy(Strict):
         description="centralized: a request with fewer tokens than this not cached on the chosen decode "
         "instance (its own cache, then the store) goes to it alone, which prefills them; 0: never",
     )
+    roles: Literal["fixed", "dynamic"] = Field(
+        "fixed",
+        description="centralized: dynamic lets any API server take a prefill or a decode leg, chosen per "
+        "request from the queues; fixed keeps each to its side",
+    )
     restart: Restart = Field(default_factory=Restart, description="never, or on-failure (see the sides)")
 
     @field_validator("restart", mode="before")

@@ -105,3 +105,16 @@ def test_a_request_mostly_cached_goes_to_a_decode_instance_alone(launch: Launch,
     assert post(url, completion(2, True, [*long, *range(20)]))[0] == 200
     assert paths() == (1, 2) and delta(p0, served(prefill)) == [1]
     assert sum(delta(d0, served(decode))) == 3
+
+
+def test_dynamic_roles_let_decode_instances_take_prefill_legs(launch: Launch, tmp_path: Path) -> None:
+    prefill, decode = [sim(tmp_path)], [sim(tmp_path), sim(tmp_path)]
+    px = proxy(tmp_path, *pd_flags(prefill, decode), "--roles", "dynamic")
+    launch(*prefill, *decode, px)
+    everyone = [*prefill, *decode]
+    before = served(everyone)
+    for n in range(6):  # idle instances: the legs of each side turn over all three
+        assert post(px.url + "/v1/completions", completion(2, prompt=[n + 1] * 400))[0] == 200
+    took = delta(before, served(everyone))
+    assert sum(took) == 12  # a prefill leg and a decode leg each
+    assert took[0] < 6 and took[1] + took[2] > 6, took  # decode instances prefilled some

@@ -38,3 +38,10 @@ def test_kv_routing_and_direct_below_reach_the_proxys_command_line() -> None:
     assert p.proxy.block_size is None
     assert p.argv == p.proxy.argv()
     assert proxy_of(plan_with("routing: prefix")).argv[-2:] == ["--routing", "affinity"]
+
+
+def test_dynamic_roles_reach_the_proxys_command_line() -> None:
+    p = proxy_of(plan_with("roles: dynamic"))
+    assert p.proxy is not None and p.proxy.roles == "dynamic"
+    assert p.argv[-2:] == ["--roles", "dynamic"] and p.argv == p.proxy.argv()
+    assert "--roles" not in proxy_of(plan_with("roles: fixed")).argv

@@ -131,6 +131,9 @@ def test_routing_and_each_legs_load_measure_are_options(
     [
         ({"routing_name": "fastest"}, "--routing 'fastest' is not a routing policy"),
         ({"decode_load": "bytes"}, "--decode-load 'bytes' is not a load measure"),
+        ({"roles": "any"}, "--roles 'any' is not fixed or dynamic"),
+        ({"roles": "dynamic", "p2p": "ascend"}, "--roles dynamic is for pd mode with the store"),
+        ({"direct_below": 100, "p2p": "ascend"}, "--direct-below is for pd mode with the store"),
     ],
 )
 def test_an_unknown_policy_or_load_measure_is_one_line(kwargs: dict[str, object], needle: str) -> None:
