@@ -80,18 +80,19 @@ class ProxyState:
         if self.index is not None and ask.blocks:
             self.index.took(ask.blocks, inst, saved=saved)
 
-    def direct_to(self, req: Request) -> Instance | None:
-        """pd with the store: the decode instance that takes `req` alone (it prefills it) when
-        the tokens it has not cached, in its own cache or the store, are fewer than
-        `direct_below`; None to go through a prefill instance."""
+    def decode_first(self, req: Request) -> tuple[Instance | None, bool]:
+        """pd with the store and `direct_below`: the decode instance for `req`, chosen before
+        its prefill, and whether it takes `req` alone (it prefills what it has not cached, in
+        its own cache or the store: fewer tokens than `direct_below`). (None, False) where the
+        decode instance is chosen after the prefill, as without."""
         cfg = self.config
         if not cfg.direct_below or self.index is None or self.handoff.once or not req.blocks:
-            return None
+            return None, False
         decode = self.pick(req.ask("decode", cfg, first_leg=False))
         if decode is None:
-            return None
+            return None, False
         cached = max(self.index.held(req.blocks, decode), self.index.stored(req.blocks)) * cfg.block_size
-        return decode if req.tokens - cached < cfg.direct_below else None
+        return decode, req.tokens - cached < cfg.direct_below
 
     def remove(self, url: str, role: str | None = None) -> list[Instance]:
         """Take instances out of the pool and out of the policy's memory."""
@@ -180,7 +181,7 @@ async def _answer(state: ProxyState, req: Request) -> tuple[Instance, aiohttp.Cl
     """
     cfg, handoff = state.config, state.handoff
     pd = cfg.mode == "pd"
-    direct = state.direct_to(req) if pd else None
+    decode, direct = state.decode_first(req) if pd else (None, False)
     if pd:
         state.metrics.paths["direct" if direct else "disaggregated"] += 1
     avoid: list[Instance] = []
@@ -191,7 +192,7 @@ async def _answer(state: ProxyState, req: Request) -> tuple[Instance, aiohttp.Cl
     for attempt in range(cfg.retries + 1):
         if attempt:
             await asyncio.sleep(cfg.retry_backoff * 2 ** (attempt - 1))
-        if direct is not None:  # the decode instance computes what it has not cached itself
+        if direct:  # the decode instance computes what it has not cached itself
             payload, ask = req.raw, req.ask("decode", cfg, first_leg=False)
         elif pd:
             if not prefilled or handoff.prefill_again:
@@ -206,7 +207,7 @@ async def _answer(state: ProxyState, req: Request) -> tuple[Instance, aiohttp.Cl
         # A P2P transfer is handed over once: a decode leg that reached an instance and failed is
         # not sent again as it is (it would wait for a transfer that is gone).
         leg_started = asyncio.get_running_loop().time()
-        prefer = direct if not attempt else None
+        prefer = decode if not attempt else None  # the decode instance chosen already, if any
         inst, resp = await _open(state, ask, req, payload, pd and handoff.once, avoid, prefer)
         try:
             first = await resp.content.readany()
@@ -227,7 +228,7 @@ async def _answer(state: ProxyState, req: Request) -> tuple[Instance, aiohttp.Cl
             raise
         if resp.status == 200:
             took = asyncio.get_running_loop().time() - leg_started
-            state.took(inst, ask, took, saved=direct is not None or not pd)
+            state.took(inst, ask, took, saved=direct or not pd)
         if prefilled and req.body.get("stream") is True and resp.status == 200:
             # the KV handover as the client feels it: the prefill's answer to decode's first token
             state.metrics.kv_handover.observe(asyncio.get_running_loop().time() - prefill_ended)
