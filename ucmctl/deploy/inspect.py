@@ -15,6 +15,7 @@ from rich.table import Table
 from ucmctl.core.store_errors import describe, errors_from_metrics
 from ucmctl.core.tables import FIGURE, NAME, TEXT, fitted
 from ucmctl.deploy.health import NOT_ASKED, UNKNOWN, Health, HealthKind, why_not
+from ucmctl.deploy.proxy_client import routing_line
 from ucmctl.deploy.state import Record
 from ucmctl.launch import Launcher, LaunchError, launcher_for
 from ucmctl.nodes.executor import NodeError
@@ -57,6 +58,10 @@ def status_table(record: Record, width: int = 80) -> list[Table]:
         except LaunchError as exc:
             scheduler = [str(exc)]
         scheduler += storage_health(record, launcher)
+        for p, now in zip(record.plan.processes, looks, strict=True):
+            # asked of a proxy that answers its health only: a silent one would cost the timeout
+            if p.role == "proxy" and now.health.kind is HealthKind.healthy and (line := routing_line(p)):
+                scheduler.append(line)
     finally:
         launcher.close()
     return render_status(record, looks, time.time(), width, scheduler)

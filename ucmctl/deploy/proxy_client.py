@@ -21,7 +21,7 @@ class Proxy:
     def __init__(self, url: str) -> None:
         self.url = url.rstrip("/")
 
-    def _ask(self, path: str, body: dict[str, str] | None = None) -> dict[str, object]:
+    def _ask(self, path: str, body: dict[str, str] | None = None, timeout: float = 10) -> dict[str, object]:
         """GET (or POST `body` to) `path`; its JSON answer. The proxy's API key, when it has
         one, comes from UCMCTL_PROXY_API_KEY here too."""
         headers = {"Content-Type": "application/json"}
@@ -31,7 +31,7 @@ class Proxy:
         data = json.dumps(body).encode() if body is not None else None
         req = urllib.request.Request(self.url + path, data=data, headers=headers)
         try:
-            with urllib.request.urlopen(req, timeout=10) as r:
+            with urllib.request.urlopen(req, timeout=timeout) as r:
                 return dict(json.loads(r.read()))
         except (urllib.error.URLError, OSError, ValueError) as exc:
             raise UcmctlError.one(
@@ -84,3 +84,29 @@ class Proxy:
             for i in self._listed()
             if i["role"] == role and i["healthy"] and not i["draining"] and i["url"] not in besides
         )
+
+
+def routing_line(proxy: Process) -> str | None:
+    """What `status` says of the proxy's routing: the policy, and for kv where it learns where
+    the KV is and its speeds (GET /routing); None when the proxy does not answer (its row says
+    why) or has no spec (a record of an older ucmctl)."""
+    if proxy.proxy is None or proxy.url is None:
+        return None
+    try:
+        got = Proxy(proxy.url)._ask("/routing", timeout=2)
+    except UcmctlError:
+        return None
+    line = f"proxy routing: {got.get('policy', proxy.proxy.routing)}"
+    if proxy.proxy.roles == "dynamic":
+        line += ", roles per request"
+    if proxy.proxy.direct_below:
+        line += f", straight to decode below {proxy.proxy.direct_below} tokens to compute"
+    if "index" in got:
+        line += f"; index: {got['index']}, {got.get('blocks', 0)} blocks"
+        for leg in ("prefill", "load"):
+            speed = got.get(leg)
+            if isinstance(speed, dict):
+                how = f"measured ({speed.get('samples')} legs)" if speed.get("measured") else "prior"
+                per = 1e3 * float(speed.get("seconds_per_token") or 0.0)
+                line += f"; {leg} {per:.3f} ms/token, {how}"
+    return line

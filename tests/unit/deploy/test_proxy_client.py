@@ -1,0 +1,72 @@
+"""What `status` says of the proxy's routing, from its spec and its GET /routing."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from ucmctl.deploy.proxy_client import routing_line
+from ucmctl.plan.model import Process
+from ucmctl.plan.proxy_spec import ProxySpec
+
+KV = {
+    "policy": "kv",
+    "index": "approximate (the proxy's routing history)",
+    "blocks": 1234,
+    "block_size": 16,
+    "prefill": {"seconds_per_token": 0.000366, "measured": True, "samples": 12},
+    "load": {"seconds_per_token": 0.0000366, "measured": False, "samples": 0},
+}
+
+
+@pytest.fixture
+def answering() -> Iterator[tuple[str, dict]]:
+    said: dict = {}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = json.dumps(said).encode()
+            self.send_response(200 if self.path == "/routing" else 404)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", said
+    finally:
+        server.shutdown()
+
+
+def proxy_process(url: str, **spec: object) -> Process:
+    fields = {"python": "python3", "host": "127.0.0.1", "port": 1, "mode": "pd", **spec}
+    return Process.model_construct(
+        name="proxy", role="proxy", url=url, proxy=ProxySpec.model_validate(fields)
+    )
+
+
+def test_kv_says_its_index_and_speeds(answering: tuple[str, dict]) -> None:
+    url, said = answering
+    said.update(KV)
+    line = routing_line(proxy_process(url, routing="kv", direct_below=256, roles="dynamic"))
+    assert line == (
+        "proxy routing: kv, roles per request, straight to decode below 256 tokens to compute; "
+        "index: approximate (the proxy's routing history), 1234 blocks; prefill 0.366 ms/token, "
+        "measured (12 legs); load 0.037 ms/token, prior"
+    )
+
+
+def test_another_policy_is_one_word_and_a_silent_proxy_says_nothing(answering: tuple[str, dict]) -> None:
+    url, said = answering
+    said.update({"policy": "least-loaded"})
+    assert routing_line(proxy_process(url)) == "proxy routing: least-loaded"
+    assert routing_line(proxy_process("http://127.0.0.1:9")) is None  # nothing listens there
