@@ -266,6 +266,7 @@ def _describe(insts: list[Instance]) -> list[dict[str, object]]:
             "requests_in_flight": i.requests,
             "requests_streaming": i.streaming,
             "tokens_in_flight": i.tokens,
+            "tokens_waiting": i.waiting,
         }
         for i in insts
     ]

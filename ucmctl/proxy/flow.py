@@ -213,7 +213,7 @@ async def _answer(state: ProxyState, req: Request) -> tuple[Instance, aiohttp.Cl
             first = await resp.content.readany()
         except UPSTREAM_ERRORS as exc:
             resp.close()
-            inst.release(req.tokens)
+            inst.release(req.tokens, answered=False)
             record_failure(inst, cfg.unhealthy_after)
             avoid.append(inst)
             last = LegFailed(
@@ -224,8 +224,9 @@ async def _answer(state: ProxyState, req: Request) -> tuple[Instance, aiohttp.Cl
             continue
         except BaseException:  # cancelled: the client went away
             resp.close()
-            inst.release(req.tokens)
+            inst.release(req.tokens, answered=False)
             raise
+        inst.answered(req.tokens)
         if resp.status == 200:
             took = asyncio.get_running_loop().time() - leg_started
             state.took(inst, ask, took, saved=direct or not pd)
@@ -253,8 +254,11 @@ async def _prefill(state: ProxyState, req: Request) -> tuple[dict[str, Any] | No
     payload, transfer = state.handoff.prefill_leg(req.body)
     ask = req.ask("prefill", state.config, first_leg=True)
     inst, resp = await _open(state, ask, req, payload)
+    answered = False
     try:
         data = await resp.read()
+        inst.answered(req.tokens)
+        answered = True
     except UPSTREAM_ERRORS as exc:
         record_failure(inst, state.config.unhealthy_after)
         raise LegFailed(
@@ -262,7 +266,7 @@ async def _prefill(state: ProxyState, req: Request) -> tuple[dict[str, Any] | No
         ) from None
     finally:
         resp.close()
-        inst.release(req.tokens)
+        inst.release(req.tokens, answered=answered)
     if resp.status != 200:
         ctype = resp.headers.get("Content-Type", "application/json")
         state.metrics.errors["upstream_refused"] += 1
@@ -312,24 +316,24 @@ async def _open(
                 inst.endpoint(req.path), data=payload, headers=req.headers, timeout=state.timeout()
             )
         except aiohttp.ClientConnectorError as exc:  # nothing listens there: out of routing at once
-            inst.release(tokens)
+            inst.release(tokens, answered=False)
             record_failure(inst, cfg.unhealthy_after, refused=True)
             last = LegFailed(503, f"{role} instance {inst.url} is unreachable: {why(exc)}", "upstream")
         except UPSTREAM_ERRORS as exc:
-            inst.release(tokens)
+            inst.release(tokens, answered=False)
             record_failure(inst, cfg.unhealthy_after)
             last = LegFailed(502, f"{role} instance {inst.url} failed: {why(exc)}", "upstream")
             if once:
                 break
         except BaseException:  # cancelled: the client went away
-            inst.release(tokens)
+            inst.release(tokens, answered=False)
             raise
         else:
             if resp.status < 500:
                 record_success(inst)
                 return inst, resp
             text = await _short_body(resp)
-            inst.release(tokens)
+            inst.release(tokens, answered=False)
             record_failure(inst, cfg.unhealthy_after)
             last = LegFailed(502, f"{role} instance {inst.url} answered {resp.status}: {text}", "upstream")
             if once:

@@ -14,6 +14,7 @@ index is bounded: the least recently used blocks go first.
 
 from __future__ import annotations
 
+import array
 import hashlib
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -31,16 +32,18 @@ def block_keys(body: dict[str, Any], path: str, block_size: int) -> tuple[bytes,
     prompt = prompt_of(body, path)
     if isinstance(prompt, str):
         raw, step = prompt.encode(), block_size * CHARS_PER_TOKEN
-        chunks = [raw[i : i + step] for i in range(0, len(raw) - step + 1, step)]
     else:
-        chunks = [
-            b",".join(b"%d" % t for t in prompt[i : i + block_size])
-            for i in range(0, len(prompt) - block_size + 1, block_size)
-        ]
+        try:  # token ids as 8-byte integers, converted in C: a 32k-token prompt in well under 1 ms
+            raw, step = array.array("q", prompt).tobytes(), block_size * 8
+        except (OverflowError, TypeError):  # not ids a model has: no blocks to know of
+            return ()
+    view = memoryview(raw)
     key = hashlib.blake2b(str(body.get("model", "")).encode(), digest_size=16).digest()
     keys = []
-    for chunk in chunks:
-        key = hashlib.blake2b(key + chunk, digest_size=16).digest()
+    for start in range(0, len(raw) - step + 1, step):
+        h = hashlib.blake2b(key, digest_size=16)
+        h.update(view[start : start + step])
+        key = h.digest()
         keys.append(key)
     return tuple(keys)
 

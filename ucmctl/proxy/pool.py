@@ -24,6 +24,7 @@ class Instance:
     draining: bool = False  # out of routing on purpose (a restart): its requests in flight finish
     requests: int = 0  # in flight
     tokens: int = 0  # prompt tokens in flight
+    waiting: int = 0  # of those, the prompt tokens of legs that have not answered yet: work queued
     streaming: int = 0  # of those in flight, the answers whose first token went to the client
     consecutive_failures: int = 0
     requests_total: int = 0
@@ -41,15 +42,23 @@ class Instance:
         return url
 
     def acquire(self, tokens: int) -> None:
-        """Count one request of `tokens` prompt tokens as in flight here."""
+        """Count one request of `tokens` prompt tokens as in flight here, not answered yet."""
         self.requests += 1
         self.tokens += tokens
+        self.waiting += tokens
         self.requests_total += 1
 
-    def release(self, tokens: int) -> None:
-        """The request counted by `acquire` is over."""
+    def answered(self, tokens: int) -> None:
+        """The request counted by `acquire` answered (its first bytes, or a prefill's whole
+        answer): its prompt is computed."""
+        self.waiting -= tokens
+
+    def release(self, tokens: int, *, answered: bool = True) -> None:
+        """The request counted by `acquire` is over (`answered`: `answered` was said of it)."""
         self.requests -= 1
         self.tokens -= tokens
+        if not answered:
+            self.waiting -= tokens
 
 
 class Pool:

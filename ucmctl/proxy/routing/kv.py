@@ -1,8 +1,9 @@
 """`kv`: each leg to the instance of least expected time to first token, from where the prompt's
 KV is: computing what neither the instance's own cache nor the store holds, loading what only
-the store holds, and the prompt tokens in flight there ahead of it.
+the store holds, and the prompts queued there ahead of it (sent, not answered yet: a stream
+already answering is decode work, not prefill).
 
-    expected = prefill_s * (tokens in flight there + tokens to compute) + load_s * tokens to load
+    expected = prefill_s * (tokens queued there + tokens to compute) + load_s * tokens to load
 
 With the store, every instance can load every stored prefix, so missing the instance that
 holds a prefix in its own cache costs a load, not a recompute: a busy holder loses to an idle
@@ -52,7 +53,7 @@ class Guess:
     """What the policy expected of a leg on the instance it chose."""
 
     inst: Instance
-    ahead: int  # prompt tokens in flight there
+    ahead: int  # prompt tokens of the legs queued there (sent, not answered yet)
     compute: int  # tokens neither its cache nor the store held
     load: int  # tokens only the store held
 
@@ -81,7 +82,7 @@ class Kv(Policy):
         cached = max(held, stored) * self.block_size
         compute = max(ask.tokens - cached, 0)
         load = max(stored - held, 0) * self.block_size
-        ahead = inst.tokens if ask.role != "decode" else 0
+        ahead = inst.waiting if ask.role != "decode" else 0  # prompts queued there, not answered yet
         return Guess(inst, ahead, compute, load)
 
     def choose(self, cands: Sequence[Instance], ask: Ask) -> Instance:

@@ -38,11 +38,21 @@ def test_a_busy_holder_loses_to_an_idle_instance_that_loads_from_the_store() -> 
     prompt = list(range(2000, 2640))
     home = route(kv, pool, ask("mixed", prompt))
     other = next(i for i in pool.by_role["mixed"] if i is not home)
-    home.acquire(4000)  # 4,000 prompt tokens ahead of it: computing them costs more than a load
+    home.acquire(4000)  # 4,000 prompt tokens queued there: computing them costs more than a load
     assert route(kv, pool, ask("mixed", prompt)) is other
     home.release(4000)
     # both hold it now (the other loaded it): by load again
     assert kv.index.held(ask("mixed", prompt).blocks, other) == 40
+
+
+def test_a_holder_busy_answering_keeps_its_prefix() -> None:
+    kv, pool = Kv(BS), pool_of("mixed", 2)
+    prompt = list(range(4000, 4640))
+    home = route(kv, pool, ask("mixed", prompt))
+    for _ in range(6):
+        home.acquire(2000)
+        home.answered(2000)  # six long streams answering there: decode work, no prefill queued
+    assert route(kv, pool, ask("mixed", [*prompt, 1])) is home
 
 
 def test_fresh_prompts_go_by_load() -> None:

@@ -47,6 +47,19 @@ def test_load_spreads_when_requests_stay_in_flight() -> None:
     assert [i.requests for i in pool.by_role["decode"]] == [10, 10, 10, 10]
 
 
+def test_waiting_counts_the_prompts_not_answered_yet() -> None:
+    pool = pool_of("prefill", 1)
+    (a,) = pool.by_role["prefill"]
+    a.acquire(100)
+    a.acquire(50)
+    assert (a.tokens, a.waiting) == (150, 150)
+    a.answered(100)  # its first bytes came: its prompt is computed
+    assert (a.tokens, a.waiting) == (150, 50)
+    a.release(100)
+    a.release(50, answered=False)  # failed before it answered
+    assert (a.requests, a.tokens, a.waiting) == (0, 0, 0)
+
+
 def test_release_restores_counts() -> None:
     pool = pool_of("prefill", 1)
     (a,) = pool.by_role["prefill"]
