@@ -12,6 +12,7 @@ import pytest
 from rich.console import Console
 
 from ucmctl.core.errors import UcmctlError
+from ucmctl.deploy.health import HEALTHY, UNKNOWN
 from ucmctl.deploy.inspect import Look, render_status
 from ucmctl.deploy.state import Record, StateStore
 from ucmctl.launch import Allocation, launcher_for
@@ -151,7 +152,7 @@ def test_a_record_keeps_its_allocation_and_older_records_still_load(tmp_path: Pa
 def test_status_shows_the_schedulers_lines_under_the_table_at_80_columns(tmp_path: Path) -> None:
     plan = plan_of(tmp_path)
     record = Record(deployment=plan.deployment, topology_path="t.yaml", topology_digest="d", plan=plan)
-    up, unreachable = Look(RunState.up(), "healthy"), Look(RunState(Kind.unreachable), "?")
+    up, unreachable = Look(RunState.up(), HEALTHY), Look(RunState(Kind.unreachable), UNKNOWN)
     looks = [up, unreachable, up]
     lines = ["Slurm job 4711 (ucmctl-s-unit): running",
              "node gpu-a02: idle* (slurmd not responding: its processes may be lost)"]  # fmt: skip
