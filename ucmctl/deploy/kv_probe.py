@@ -108,6 +108,8 @@ def _grown_reading(
 def run_probe(plan: Plan, *, timeout: float = 300.0) -> ProbeResult:
     """Send one request through the proxy; say whether KV reached decode."""
     proxy = next(p for p in plan.processes if p.role == "proxy")
+    if proxy.proxy is not None and proxy.proxy.roles == "dynamic":
+        return _probe_dynamic(plan, proxy, timeout)
     get = lambda url: _get(url, timeout=10.0)  # noqa: E731
     body, length, now = _probe_body(plan), probe_tokens(plan), time.time()
     errors_before = _store_errors(plan, get)
@@ -165,6 +167,25 @@ def probe_pair(plan: Plan, prefill: Process, decode: Process, *, timeout: float 
         return ProbeResult(mode=plan.mode, ok=False, at=now, detail=detail)
     detail = f"{pair}: external prefix hits grew by {moved:.0f} for a {length}-token probe"
     return ProbeResult(mode=plan.mode, ok=True, at=now, detail=detail)
+
+
+def _probe_dynamic(plan: Plan, proxy: Process, timeout: float) -> ProbeResult:
+    """Roles per request: the proxy may send both legs of the probe to one instance, which
+    proves nothing of the store. The store's path is proved between the first prefill and the
+    first decode instance directly (`probe_pair`), then one request through the proxy must be
+    answered."""
+    prefill = next(p for p in plan.processes if p.role == "prefill")
+    decode = next(p for p in plan.processes if p.role == "decode")
+    result = probe_pair(plan, prefill, decode, timeout=timeout)
+    if not result.ok:
+        return result
+    try:
+        _post(f"{proxy.url}/v1/completions", _probe_body(plan), timeout)
+    except (OSError, ValueError) as exc:
+        detail = f"the probe request through {proxy.url} failed: {_why(exc)}"
+        return ProbeResult(mode=plan.mode, ok=False, at=result.at, detail=detail)
+    detail = f"{plan.mode}, roles per request: {result.detail}; the proxy answered"
+    return result.model_copy(update={"detail": detail})
 
 
 def _probe_body(plan: Plan) -> dict:

@@ -108,5 +108,5 @@ def routing_line(proxy: Process) -> str | None:
             if isinstance(speed, dict):
                 how = f"measured ({speed.get('samples')} legs)" if speed.get("measured") else "prior"
                 per = 1e3 * float(speed.get("seconds_per_token") or 0.0)
-                line += f"; {leg} {per:.3f} ms/token, {how}"
+                line += f"; {leg} {per:.3g} ms/token, {how}"
     return line

@@ -5,10 +5,13 @@ from __future__ import annotations
 import io
 import json
 import urllib.error
+from pathlib import Path
 
 from ucmctl.deploy.kv_probe import _why, applies, counter
 from ucmctl.plan.build import build_plan
 from ucmctl.topology.load import load_topology, parse_topology
+
+REPO = Path(__file__).resolve().parents[3]
 
 METRICS = """# HELP vllm:prompt_tokens_by_source_total Number of prompt tokens by source.
 # TYPE vllm:prompt_tokens_by_source_total counter
@@ -84,4 +87,36 @@ def test_a_probe_that_moved_no_kv_names_the_storage_errors_counted_meanwhile(mon
     assert not result.ok and "decode found nothing prefill stored" in result.detail
     assert result.detail.endswith(
         f"; the UCM store failed meanwhile: {first_prefill.name} save 8 (timeout 8)"
+    )
+
+
+def test_with_roles_per_request_the_store_is_proved_between_two_instances(monkeypatch) -> None:
+    """Both legs may go to one instance through the proxy: the probe sends the prompt to the
+    first prefill, then to the first decode directly, then one request through the proxy."""
+    from ucmctl.deploy import kv_probe
+
+    text = (REPO / "topologies" / "2p2d-centralized.yaml").read_text()
+    plan = build_plan(parse_topology(text.replace("\nproxy:\n", "\nproxy:\n  roles: dynamic\n", 1)))
+    prefill = next(p for p in plan.processes if p.role == "prefill")
+    decode = next(p for p in plan.processes if p.role == "decode")
+    proxy = next(p for p in plan.processes if p.role == "proxy")
+    posted: list[str] = []
+    hits = {"n": 0.0}
+
+    def post(url: str, body: dict, timeout: float) -> dict:
+        posted.append(url.removesuffix("/v1/completions"))
+        if url.startswith(str(decode.url)):
+            hits["n"] += 1024  # what decode loaded of what prefill stored
+        return {}
+
+    def get(url: str, timeout: float) -> str:
+        return f'vllm:external_prefix_cache_hits_total{{engine="0"}} {hits["n"]}\n'
+
+    monkeypatch.setattr(kv_probe, "_get", get)
+    monkeypatch.setattr(kv_probe, "_post", post)
+    result = kv_probe.run_probe(plan)
+    assert posted == [prefill.url, decode.url, proxy.url]
+    assert result.ok and result.detail == (
+        f"centralized, roles per request: {prefill.name} -> {decode.name}: external prefix hits grew "
+        "by 1024 for a 1100-token probe; the proxy answered"
     )

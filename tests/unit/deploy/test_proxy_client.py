@@ -61,7 +61,7 @@ def test_kv_says_its_index_and_speeds(answering: tuple[str, dict]) -> None:
     assert line == (
         "proxy routing: kv, roles per request, straight to decode below 256 tokens to compute; "
         "index: approximate (the proxy's routing history), 1234 blocks; prefill 0.366 ms/token, "
-        "measured (12 legs); load 0.037 ms/token, prior"
+        "measured (12 legs); load 0.0366 ms/token, prior"
     )
 
 
