@@ -55,9 +55,11 @@ def make_body(
     temperature: float | None,
     return_token_ids: bool = False,
     cache_salt: str | None = None,
+    user: str | None = None,
 ) -> bytes:
     """The request's JSON, encoded once before the clock starts. `cache_salt` (vLLM's, in every
-    block hash and so every store key): prompts of another salt share no cached block."""
+    block hash and so every store key): prompts of another salt share no cached block. `user`
+    (OpenAI's): the conversation, as a chat client names its user; a session router reads it."""
     body: dict[str, Any] = {
         "prompt": list(prompt),
         "max_tokens": max_tokens,
@@ -73,6 +75,8 @@ def make_body(
         body["temperature"] = temperature
     if cache_salt:
         body["cache_salt"] = cache_salt
+    if user:
+        body["user"] = user
     return json.dumps(body, separators=(",", ":")).encode()
 
 

@@ -111,3 +111,9 @@ def test_a_phase_with_no_answer_has_no_latency_figures() -> None:
                for stat in ("mean", "median", "std", "p90", "p99"))  # fmt: skip
     one_token = summarize([RequestResult(0, 100, ok=True, output_tokens=1, ttft=0.1, latency=0.1)], 1.0)
     assert one_token["mean_ttft_ms"] == 100.0 and one_token["mean_tpot_ms"] is None
+
+
+def test_a_body_names_its_conversation_as_openais_user_when_given() -> None:
+    assert "user" not in json.loads(make_body([5, 6, 7], 10, "m", True, 0.0))
+    body = json.loads(make_body([5], 1, None, True, None, user="ucmctl-bench-0-0-3"))
+    assert body["user"] == "ucmctl-bench-0-0-3"

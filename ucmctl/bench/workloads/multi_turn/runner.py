@@ -58,11 +58,18 @@ async def run_multi_turn(
                 reusable += ideal.reusable(p)
                 ideal.add(p)
                 digest.update(len(p).to_bytes(4, "little") + array("q", p).tobytes())
-            bodies = [
+            bodies = [  # each conversation its OpenAI `user`, as a chat client sends it
                 client.make_body(
-                    p, cfg.output_len, cfg.model, cfg.ignore_eos, cfg.temperature, True, cfg.cache_salt
+                    p,
+                    cfg.output_len,
+                    cfg.model,
+                    cfg.ignore_eos,
+                    cfg.temperature,
+                    True,
+                    cfg.cache_salt,
+                    user=f"ucmctl-bench-{cfg.seed}-{stream}-{u}",
                 )
-                for p in asked
+                for u, p in zip(users, asked, strict=True)
             ]
             phase = await measure(
                 http,
