@@ -121,7 +121,7 @@ async def health(request: web.Request) -> web.Response:
 async def metrics(request: web.Request) -> web.Response:
     """Prometheus text."""
     state = request.app[STATE]
-    text = state.metrics.render(state.pool.all(), state.config.deployment)
+    text = state.metrics.render(state.pool.all(), state.config.deployment, state.policy.describe())
     return web.Response(
         text=text, content_type="text/plain", charset="utf-8", headers={"Cache-Control": "no-cache"}
     )

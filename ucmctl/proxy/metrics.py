@@ -53,8 +53,14 @@ class Metrics:
         self.prefill = Histogram(LATENCY_BUCKETS)
         self.kv_handover = Histogram(HANDOVER_BUCKETS)
 
-    def render(self, instances: Iterable[Instance], deployment: str | None = None) -> str:
-        """The Prometheus text exposition of everything, instance gauges included."""
+    def render(
+        self,
+        instances: Iterable[Instance],
+        deployment: str | None = None,
+        routing: dict[str, object] | None = None,
+    ) -> str:
+        """The Prometheus text exposition of everything, instance gauges included; `routing`:
+        the policy's own words (`Policy.describe()`)."""
         out: list[str] = []
 
         def family(name: str, kind: str, help_: str) -> None:
@@ -87,6 +93,14 @@ class Metrics:
             family(name, kind, help_)
             for inst in insts:
                 out.append(f'{name}{{instance="{escape(inst.url)}",role="{inst.role}"}} {value(inst)}')
+        if routing:
+            index = str(routing.get("index", "none"))
+            family(names.PROXY_ROUTING, "gauge", "The routing policy, and where it learns where the KV is.")
+            policy = escape(str(routing["policy"]))
+            out.append(f'{names.PROXY_ROUTING}{{policy="{policy}",index="{escape(index)}"}} 1')
+            if "blocks" in routing:
+                family(names.PROXY_KV_INDEX_BLOCKS, "gauge", "Prompt blocks the proxy's index knows of.")
+                out.append(f"{names.PROXY_KV_INDEX_BLOCKS} {routing['blocks']}")
         if deployment:
             family(names.PROXY_INFO, "gauge", "The deployment this proxy fronts.")
             out.append(f'{names.PROXY_INFO}{{deployment="{escape(deployment)}"}} 1')

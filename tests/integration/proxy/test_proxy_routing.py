@@ -80,6 +80,9 @@ def test_kv_sends_a_prefix_back_to_the_instance_that_holds_it(launch: Launch, tm
     assert status == 200 and described["policy"] == "kv" and described["block_size"] == 16
     assert described["index"].startswith("approximate") and described["blocks"] >= 40 + 4 * 6
     assert described["prefill"]["measured"] is True and described["prefill"]["samples"] >= 1
+    index = described["index"]
+    assert metric(px.url, "ucmctl_proxy_routing_info", policy="kv", index=index) == 1
+    assert metric(px.url, "ucmctl_proxy_kv_index_blocks") == described["blocks"]
 
 
 def test_a_request_mostly_cached_goes_to_a_decode_instance_alone(launch: Launch, tmp_path: Path) -> None:
