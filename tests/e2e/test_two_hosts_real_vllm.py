@@ -39,7 +39,8 @@ HOSTS = 3  # the `hosts` fixture's (tests/support/fixtures.py)
 def volume(hosts: Cluster) -> Iterator[gluster.Volume]:
     if reason := gluster.available():
         pytest.skip(reason)
-    with gluster.gluster_volume(hosts, "e2e", server="h3", clients=["h1", "h2"]) as vol:
+    # the brick a tmpfs: the faults are the network filesystem's (tests/support/storage_rig.py)
+    with gluster.gluster_volume(hosts, "e2e", server="h3", clients=["h1", "h2"], brick_in_memory="1g") as vol:
         # A client gives up on a server that does not answer after this long (default 42 s).
         vol.gluster("volume", "set", vol.name, "network.ping-timeout", "5")
         yield vol
