@@ -1,18 +1,18 @@
 """`ucmctl bench` and `vllm bench serve` on the same workload against one real `vllm serve` on
-the CPU (tiny model, prefix caching off): both complete every request with the same token counts
-and report the same metrics. How closely their TTFT and TPOT agree is a speed figure, so it is
-measured by benchmarks/harness_accuracy.py (issue 8: within 10 %, over alternated rounds) and
-recorded in benchmarks/RESULTS.md, not asserted here: one round of each is enough for the counts."""
+the CPU (tiny model, prefix caching off: the shared `plain_vllm` of tests/e2e/conftest.py): both
+complete every request with the same token counts and report the same metrics. How closely their
+TTFT and TPOT agree is a speed figure, so it is measured by benchmarks/harness_accuracy.py (issue
+8: within 10 %, over alternated rounds) and recorded in benchmarks/RESULTS.md, not asserted here:
+one round of each is enough for the counts."""
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.support.bench_vs_vllm import CONCURRENCY, INPUT, OUTPUT, PROMPTS, ours, theirs
+from tests.support.bench_vs_vllm import INPUT, OUTPUT, PROMPTS, ours, theirs
 from tests.support.vllm_server import VllmServer
 
 pytestmark = pytest.mark.slow
@@ -21,25 +21,10 @@ ROUNDS = 1
 
 
 @pytest.fixture(scope="module")
-def server(
-    tiny_model: Path, compile_cache: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[VllmServer]:
-    log = tmp_path_factory.mktemp("bench-e2e") / "vllm.log"
-    srv = VllmServer(
-        tiny_model,
-        log,
-        compile_cache,
-        eager=True,
-        dtype="bfloat16",
-        max_model_len=2048,
-        extra_args=["--no-enable-prefix-caching", "--max-num-seqs", str(CONCURRENCY)],
-    )
-    try:
-        srv.start().wait_ready()
-        srv.complete(list(range(10, 10 + INPUT)), max_tokens=OUTPUT)  # warm-up, untimed
-        yield srv
-    finally:
-        srv.stop()  # the process group, and the TMPDIR with vLLM's sockets
+def server(plain_vllm: VllmServer) -> VllmServer:
+    # the shared plain engine (tests/e2e/conftest.py): prefix caching off, CONCURRENCY sequences
+    plain_vllm.complete(list(range(10, 10 + INPUT)), max_tokens=OUTPUT)  # warm-up, untimed
+    return plain_vllm
 
 
 def test_same_workload_same_counts_as_vllm_bench_serve(server: VllmServer, tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ def layerwise(e2e_root: Path, tiny_model: Path, compile_cache: Path) -> Iterator
     cfg = write_ucm_config(root / "ucm.yaml", storage, layerwise=True)
     server = VllmServer(
         eager=True,
+        in_process_worker=True,  # see VllmServer.in_process_worker
         model=tiny_model,
         log_path=root / "l.log",
         cache_root=compile_cache,

@@ -49,11 +49,13 @@ class Composed:
         }
         self.a = VllmServer(
             eager=True,
+            in_process_worker=True,  # see VllmServer.in_process_worker
             model=model, log_path=root / "multi.log", cache_root=cache, dtype="float32",
             extra_args=["--kv-transfer-config", json.dumps(multi)],
         )  # fmt: skip
         self.b = VllmServer(
             eager=True,
+            in_process_worker=True,  # see VllmServer.in_process_worker
             model=model,
             log_path=root / "plain.log",
             cache_root=cache,

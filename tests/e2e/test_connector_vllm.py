@@ -91,6 +91,7 @@ class Pair:
     def _server(self, name: str) -> VllmServer:
         return VllmServer(
             eager=True,
+            in_process_worker=True,  # see VllmServer.in_process_worker
             model=self.model,
             log_path=self.root / f"{name}.log",
             cache_root=self.cache,

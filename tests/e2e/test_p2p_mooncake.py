@@ -93,7 +93,9 @@ class P2P:
         }  # fmt: skip
         # vLLM's automatic CPU binding puts every server's worker on the same one core; a decode
         # worker sharing it with the other server's spinning threads starves its Mooncake receiver
-        # thread for minutes. One core each, as two machines would have.
+        # thread for minutes. One core each, as two machines would have. Only the multiproc
+        # executor applies that binding, so these two keep the worker in a process of its own
+        # (VllmServer.in_process_worker off).
         self.prefill = VllmServer(
             eager=True,
             model=model, log_path=root / "prefill.log", cache_root=cache, dtype="float32",

@@ -61,15 +61,10 @@ def conformance(url: str) -> None:
     assert "cache_salt" in check_error(status, body)
 
 
-def test_protocol_assertions_hold_on_real_vllm_and_the_simulator(tmp_path: Path, tiny_model: Path,
-                                                                  compile_cache: Path) -> None:  # fmt: skip
-    server = VllmServer(model=tiny_model, log_path=tmp_path / "vllm.log", cache_root=compile_cache,
-                        max_model_len=2048, extra_args=["--block-size", "128"], eager=True)  # fmt: skip
-    try:
-        server.start().wait_ready(600)
-        conformance(server.url)
-    finally:
-        server.stop()
+def test_protocol_assertions_hold_on_real_vllm_and_the_simulator(
+    tmp_path: Path, tiny_model: Path, plain_vllm: VllmServer
+) -> None:
+    conformance(plain_vllm.url)  # the shared plain engine (tests/e2e/conftest.py): 2048 tokens, block 128
     with sim_server(
         tmp_path, "--served-model-name", "m", "--max-model-len", "2048", model=str(tiny_model)
     ) as sim:

@@ -31,6 +31,7 @@ from ucmctl.core.ucm_config import parse_ucm_config
 VENV_BIN = Path(sys.executable).parent
 HASH_SEED = "0"
 EAGER_ENV = {"TORCHDYNAMO_DISABLE": "1"}  # with --enforce-eager: see VllmServer.eager
+IN_PROCESS_WORKER_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # with uni: see VllmServer.in_process_worker
 
 
 def write_ucm_config(
@@ -115,6 +116,18 @@ class VllmServer:
     # pays Dynamo again: measured on the tiny model, 69-90 s to healthy compiled, 45 s eager;
     # eager with Dynamo left on pays ~18 s of lazy compiles on its first request instead.
     eager: bool = False
+    # The worker inside the EngineCore process (vLLM's UniProcExecutor: `--distributed-executor-backend
+    # uni`, with VLLM_ENABLE_V1_MULTIPROCESSING=0, without which vLLM's CPU platform turns uni back
+    # into mp) instead of a third process that imports torch and vLLM again. Measured on the
+    # 2-core development machine (tiny model, eager, float32, UCMConnector, alternated rounds):
+    # one start to healthy 37-47 s with mp, 26-27 s with uni; two started together (as the
+    # connector tests start them) 51-67 s vs 36-39 s; the same greedy tokens. Faithful to what
+    # the connector meets on a GPU: vLLM with one GPU runs its worker in the engine process the same
+    # way (uni), the connector's scheduler half and worker half then share that process, and the API
+    # server stays a process of its own (AsyncLLM always runs the engine out of process). What uni
+    # leaves out is the OpenMP binding of the worker to VLLM_CPU_OMP_THREADS_BIND, which only the
+    # multiproc executor applies: a test that pins servers to cores keeps this off.
+    in_process_worker: bool = False
     port: int = 0
     proc: subprocess.Popen | None = None
     tmpdir: Path | None = None
@@ -146,6 +159,8 @@ class VllmServer:
         ]
         if self.eager:
             args.append("--enforce-eager")
+        if self.in_process_worker:
+            args += ["--distributed-executor-backend", "uni"]
         if self.ucm_config is not None:
             args += ["--kv-transfer-config", kv_transfer_config(self.ucm_config)]
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child process
@@ -154,7 +169,12 @@ class VllmServer:
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env={**server_env(self.cache_root, self.tmpdir), **(EAGER_ENV if self.eager else {}), **self.env},
+            env={
+                **server_env(self.cache_root, self.tmpdir),
+                **(EAGER_ENV if self.eager else {}),
+                **(IN_PROCESS_WORKER_ENV if self.in_process_worker else {}),
+                **self.env,
+            },
             start_new_session=True,
         )
         log.close()
