@@ -21,7 +21,7 @@ from ucmctl.proxy.health import log, record_failure, record_success
 from ucmctl.proxy.kv_index import KvIndex, block_keys
 from ucmctl.proxy.metrics import Metrics
 from ucmctl.proxy.pool import Instance, Pool
-from ucmctl.proxy.routing import Ask, Policy, make_policy
+from ucmctl.proxy.routing import POLICIES, Ask, Policy, canonical, make_policy
 from ucmctl.proxy.upstream import UPSTREAM_ERRORS, LegFailed, why
 
 __all__ = ["UPSTREAM_ERRORS", "LegFailed", "ProxyState", "error_response", "serve_generate"]
@@ -43,7 +43,8 @@ class ProxyState:
     @classmethod
     def create(cls, config: ProxyConfig) -> ProxyState:
         """The state for `config`, every configured instance in routing."""
-        index = KvIndex() if config.routing == "kv" or config.direct_below else None
+        needs_blocks = POLICIES[canonical(config.routing) or config.routing].needs_blocks
+        index = KvIndex() if needs_blocks or config.direct_below else None
         policy = make_policy(config.routing, config.block_size, index)
         state = cls(config, pool=Pool(config.dynamic_roles), policy=policy, index=index)
         for role, urls in (
@@ -150,7 +151,7 @@ async def serve_generate(request: web.Request, state: ProxyState, path: str) -> 
         metrics.errors["bad_request"] += 1
         return error_response(400, str(exc), rid)
     tokens = rewrite.prompt_tokens(body, path)
-    prefix = rewrite.prefix_key(body, path, cfg.affinity_tokens) if cfg.routing == "affinity" else None
+    prefix = rewrite.prefix_key(body, path, cfg.affinity_tokens) if state.policy.needs_prefix else None
     headers = {**state.upstream_headers, "X-Request-Id": rid}
     wanted = state.policy.needs_blocks or state.index is not None
     blocks = block_keys(body, path, cfg.block_size) if wanted else ()

@@ -19,6 +19,7 @@ ENTRIES = 65536
 class Affinity(Policy):
     name = "affinity"
     summary = SUMMARIES["affinity"]
+    needs_prefix = True
 
     def __init__(self, entries: int = ENTRIES) -> None:
         self._by_load = LeastLoaded()

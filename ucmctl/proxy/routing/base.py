@@ -29,6 +29,7 @@ class Policy:
     name: ClassVar[str]
     summary: ClassVar[str]  # one line for `ucmctl plan` and the help
     needs_blocks: ClassVar[bool] = False  # reads `Ask.blocks` (kv_index.block_keys of the prompt)
+    needs_prefix: ClassVar[bool] = False  # reads `Ask.prefix` (rewrite.prefix_key of the prompt)
 
     def choose(self, cands: Sequence[Instance], ask: Ask) -> Instance:
         raise NotImplementedError
