@@ -29,6 +29,8 @@ inline void point(Site s, const char* name) {
 
 // Stalls: the next N passes through a point sleep for a set time first, as a call into a
 // network filesystem that stopped answering does (the I/O itself then happens, late).
+// Disarming (ms 0) is the mount answering again: the calls stalled in it return at once, so
+// a test can hold a stall as long as it needs and end it when it chooses, not by a timer.
 struct Stall {
     std::atomic<int> times{0};
     std::atomic<int> ms{0};
@@ -48,7 +50,9 @@ inline void stall(Site s) {
     auto& st = stall_of(s);
     if (st.times.load(std::memory_order_relaxed) <= 0) return;
     if (st.times.fetch_sub(1) > 0) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(st.ms.load()));
+        const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(st.ms.load());
+        while (st.ms.load() > 0 && std::chrono::steady_clock::now() < until)
+            std::this_thread::sleep_for(std::chrono::milliseconds(5));
         return;
     }
     st.times.fetch_add(1);

@@ -1,7 +1,8 @@
 """Giving up on a task (`Store.cancel`): a late read never lands in memory the caller gave up.
 
 The stalls are the store's own test hook (`_inject_stall`): the next N reads or writes sleep
-first, as a call into a network filesystem that stopped answering does, then do their I/O.
+first, as a call into a network filesystem that stopped answering does, then do their I/O;
+disarming the hook is the mount answering again (the stalled calls return at once).
 The same behaviour against a real stalled GlusterFS mount is tested in
 tests/integration/store/test_store_netfs.py.
 """
@@ -127,7 +128,10 @@ def test_a_full_cache_over_stalled_storage_queues_a_bounded_backlog_then_drops(m
     store = make_store(
         SHARDS, store_pipeline="Cache|Posix", cache_buffer_capacity_gb=2 * SLOT_GB, posix_io_threads=1
     )
-    _native._inject_stall("posix_write", 1000, 2000)
+    # The storage answers no write until the test disarms the stall: a write that returned
+    # while the 70 blocks are still being copied (a loaded machine) would free a place in the
+    # backlog, and the count of drops would depend on the machine's speed.
+    _native._inject_stall("posix_write", 1000, 600_000)
     keys = [key(i, "full") for i in range(70)]
     sources = [block(k, SHARDS) for k in keys]
     tid = store.dump(keys, sources)
