@@ -26,7 +26,13 @@ lint-imports        # the layers import one way (pyproject's [tool.importlinter]
 if (($#)); then
     exec python -m pytest --durations=30 "$@"
 fi
-# The unit tests on every core (pytest-xdist), then the tests of real deployments one at a time:
-# they time servers, faults and bounds, which a second run beside them would skew.
+# The unit tests on every core (pytest-xdist). The integration tests that run on this machine
+# alone (simulated engines on loopback) on three workers, each module whole on one: they wait on
+# the simulators' timings far more than they compute (measured: a quarter of the two cores busy).
+# Then, one at a time, those of test hosts (network namespaces, GlusterFS, Slurm, containers: one
+# daemon of this machine each, and faults timed to the second) and those of the real vLLM (they
+# keep the cores busy, and a second run beside them would skew their timings).
 python -m pytest -n auto --durations=15 tests/unit
-exec python -m pytest --durations=30 tests/integration tests/e2e  # the slowest, to keep CI short
+python -m pytest -n 3 --dist loadfile --durations=15 -m "not root" tests/integration
+python -m pytest --durations=30 -m root tests/integration
+exec python -m pytest --durations=30 tests/e2e

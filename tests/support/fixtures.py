@@ -4,12 +4,14 @@
   module's `HOSTS` says: a count, or `cluster()`'s options (`{"count": 2, "containers": True}`).
 - `site`: a real Slurm on two test hosts, for one module; the module's `SLURM_SITE` passes
   `slurm_or_skip`'s options (`{"gpus": 2}`, `{"oci": True}`).
+- modules that drive one daemon of this machine (`SHARES`) run one at a time across test workers.
 
 And for every module, what it left running (tests/support/leftovers.py), listed in the summary.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import uuid
 from collections.abc import Iterator
@@ -37,6 +39,21 @@ def hosts(request: pytest.FixtureRequest) -> Iterator[Cluster]:
 def site(request: pytest.FixtureRequest) -> Iterator[Site]:
     with cluster_or_skip(2) as hosts, slurm_or_skip(hosts, **_options(request, "SLURM_SITE", {})) as slurm:
         yield Site(hosts, slurm)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_module_per_daemon(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Modules that drive one daemon of this machine (the module's `SHARES`: "gluster" for
+    glusterd, whose volume commands take one lock machine-wide; "containers" for podman, docker
+    and their cgroups) take turns when several test workers run them (`pytest -n N`; scripts/test.sh
+    runs them one at a time), or two test runs at once: one waits here for the other's module."""
+    shared = getattr(request.module, "SHARES", None)
+    if shared is None:
+        yield
+        return
+    with open(f"/tmp/ucmctl-test-{shared}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 LEFT: dict[str, dict[int, str]] = {}

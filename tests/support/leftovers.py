@@ -10,6 +10,7 @@ import os
 import time
 from pathlib import Path
 
+from tests.support.netns import MADE_HERE
 from tests.support.processes import alive, environ
 
 # In the environment of every process this session starts on this machine (inherited).
@@ -29,10 +30,28 @@ def cmdline(pid: int) -> str:
         return ""
 
 
+def _netns(pid: int) -> int | None:
+    try:
+        return os.stat(f"/proc/{pid}/ns/net").st_ino
+    except OSError:
+        return None
+
+
+def _test_hosts() -> set[int]:
+    """The network namespaces of every test host on this machine now (tests/support/netns.py)."""
+    folder = Path("/run/netns")
+    return {p.stat().st_ino for p in folder.glob("ucm*")} if folder.is_dir() else set()
+
+
 def of_the_tests(pid: int, line: str) -> bool:
     env = environ(pid)
     if SESSION in env:  # started on this machine by a test session: this one, or another's
         return env[SESSION] == os.environ.get(SESSION)
+    netns = _netns(pid)
+    if netns in MADE_HERE:  # on one of this process's test hosts
+        return True
+    if netns in _test_hosts():  # on a test host of a test worker beside this one
+        return False
     return "UCMCTL_PROCESS" in env or any(d in line for d in DAEMONS)
 
 

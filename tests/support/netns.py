@@ -4,9 +4,11 @@ each with its own sshd, hostname and port space (needs root)."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import pwd
 import random
+import re
 import shlex
 import shutil
 import signal
@@ -19,6 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 SSHD = "/usr/sbin/sshd"
+# The network namespaces this test process made (their inodes): what runs in them is its own,
+# whatever test workers beside it run in theirs (tests/support/leftovers.py).
+MADE_HERE: set[int] = set()
 
 
 @dataclass
@@ -184,8 +189,7 @@ def cluster(
     podman: its own /etc/containers, /var/lib/containers and /run/containers (folders of its own
     bound over them), so its containers are its own; images built into `Cluster.image_store` with
     `Cluster.image_env` are seen, read-only, by every host."""
-    tag = f"{random.randrange(16**4):04x}"
-    subnet = f"10.213.{random.randrange(1, 250)}"
+    tag = uuid.uuid4().hex[:4]
     base = Path("/var/tmp") / f"ucmctl-hosts-{uuid.uuid4().hex[:8]}"
     (base / "shared").mkdir(parents=True)
     bridge = f"ucmb{tag}"
@@ -193,7 +197,7 @@ def cluster(
     _sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key))
     (base / "authorized_keys").write_text((base / "client_key.pub").read_text())
     ssh_config = base / "ssh_config"
-    c = Cluster(base=base, key=key, ssh_config=ssh_config, subnet=subnet)
+    c = Cluster(base=base, key=key, ssh_config=ssh_config)
     config_lines = []
     known_lines: list[str] = []
     try:
@@ -205,15 +209,14 @@ def cluster(
             podman(c.image_env, "images")  # the store exists before a host opens it
             for mount_point in ("/var/lib/containers", "/run/containers"):
                 Path(mount_point).mkdir(parents=True, exist_ok=True)
-        _sh("ip", "link", "add", bridge, "type", "bridge")
-        _sh("ip", "addr", "add", f"{subnet}.1/24", "dev", bridge)
-        _sh("ip", "link", "set", bridge, "up")
+        c.subnet = subnet = _bridge_on_a_free_subnet(bridge)
         Path("/run/sshd").mkdir(exist_ok=True)
         for i in range(1, count + 1):
             name, ns, veth = f"h{i}", f"ucm{tag}h{i}", f"ucv{tag}{i}"
             address = f"{subnet}.{10 + i}"
             c.hosts.append(Host(name, address, ns))
             _sh("ip", "netns", "add", ns)
+            MADE_HERE.add(os.stat(f"/run/netns/{ns}").st_ino)
             _sh("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
             _sh("ip", "link", "set", veth, "master", bridge, "up")
             _sh("ip", "netns", "exec", ns, "ip", "addr", "add", f"{address}/24", "dev", "eth0")
@@ -269,6 +272,24 @@ def cluster(
         yield c
     finally:
         _teardown(c, bridge)
+
+
+def _bridge_on_a_free_subnet(bridge: str) -> str:
+    """Make the bridge and give it a free 10.213.X.0/24: one no other bridge of this
+    machine holds. Chosen and taken under a lock, so that clusters made at once (test workers side
+    by side) never share a subnet: a shared one routes one cluster's connections to the other's."""
+    with open("/run/ucmctl-test-subnets.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        used = subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True, check=True)
+        taken = {int(m) for m in re.findall(r"inet 10\.213\.(\d+)\.", used.stdout)}
+        free = [n for n in range(1, 250) if n not in taken]
+        if not free:
+            raise RuntimeError("every 10.213.X.0/24 is taken by a bridge: test clusters left behind?")
+        subnet = f"10.213.{random.SystemRandom().choice(free)}"
+        _sh("ip", "link", "add", bridge, "type", "bridge")
+        _sh("ip", "addr", "add", f"{subnet}.1/24", "dev", bridge)
+        _sh("ip", "link", "set", bridge, "up")
+        return subnet
 
 
 def _own_podman(folder: Path, c: Cluster) -> str:

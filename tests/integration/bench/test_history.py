@@ -82,7 +82,9 @@ def test_runs_land_in_the_history_with_the_nodes_provenance(tmp_path: Path) -> N
     (cell,) = json.loads(saved.read_text())["cells"]
     measure = cell["measure"]
     series = measure["series"]
-    assert series["interval_s"] == 1.0 and series["t"][0] == 0.0 and series["t"] == sorted(series["t"])
+    # the first read as the phase begins (its time is when the read began: a loaded machine
+    # starts it a few ms late, and the series says so)
+    assert series["interval_s"] == 1.0 and 0.0 <= series["t"][0] < 0.5 and series["t"] == sorted(series["t"])
     assert series["t"][-1] >= measure["duration"] - 0.5
     assert set(series["instances"]) == {"prefill-0", "decode-0"}
     decode = series["instances"]["decode-0"]

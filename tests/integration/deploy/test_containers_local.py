@@ -35,6 +35,7 @@ from tests.support.processes import free_port
 from ucmctl.deploy.health import why_not
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
+SHARES = "containers"  # podman, docker, their cgroups: one module at a time (tests/support/fixtures.py)
 
 if os.geteuid() != 0 or shutil.which("podman") is None:
     pytest.skip("rootful podman is installed by scripts/setup.sh --tests (root)", allow_module_level=True)

@@ -21,6 +21,7 @@ from tests.support.processes import wait_for
 from tests.support.topology import mixed_sim, node_lines, write
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
+SHARES = "gluster"  # glusterd: one module at a time (tests/support/fixtures.py)
 
 
 def centralized(c: Cluster, name: str, *, extra_side: str = "", backend: Path | None = None) -> str:

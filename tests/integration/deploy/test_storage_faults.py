@@ -27,6 +27,7 @@ from tests.support import gluster
 from tests.support.storage_rig import BOUND_S, NAME, Rig, storage_rig
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
+SHARES = "gluster"  # glusterd: one module at a time (tests/support/fixtures.py)
 
 
 @pytest.fixture(scope="module")

@@ -24,6 +24,7 @@ from tests.support.slurm_topology import centralized, queued
 from tests.support.topology import write
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
+SHARES = "containers"  # podman, docker, their cgroups: one module at a time (tests/support/fixtures.py)
 
 
 SLURM_SITE = {"oci": True}  # the site's `site` fixture (tests/support/fixtures.py)

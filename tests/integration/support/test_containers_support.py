@@ -16,6 +16,7 @@ from tests.support.containers import build_base_image, cgroup_folders, cgroup_pa
 from tests.support.netns import Cluster, cluster_or_skip
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
+SHARES = "containers"  # podman, docker, their cgroups: one module at a time (tests/support/fixtures.py)
 
 LABEL = "io.ucmctl.test=containers-support"
 

@@ -12,6 +12,7 @@ from tests.support import gluster
 from tests.support.netns import cluster_or_skip
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
+SHARES = "gluster"  # glusterd: one module at a time (tests/support/fixtures.py)
 
 
 def test_a_volume_served_by_one_host_and_mounted_on_the_others() -> None:
