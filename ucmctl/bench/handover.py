@@ -10,9 +10,6 @@ import contextlib
 import math
 from typing import Any
 
-import aiohttp
-
-from ucmctl.bench.scrape import SCRAPE_TIMEOUT_S, fetch_metrics
 from ucmctl.core.exposition import samples
 from ucmctl.core.metric_names import PROXY_KV_HANDOVER
 
@@ -37,11 +34,6 @@ def parse(text: str) -> Reading | None:
     if not buckets or total is None or count is None:
         return None
     return sorted(buckets), total, count
-
-
-async def read(http: aiohttp.ClientSession, url: str) -> Reading | None:
-    text = await fetch_metrics(http, url, SCRAPE_TIMEOUT_S)
-    return parse(text) if text is not None else None
 
 
 def quantile(q: float, buckets: list[tuple[float, float]]) -> float | None:

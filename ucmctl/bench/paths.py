@@ -4,9 +4,6 @@ the proxy's selective disaggregation). A phase's figures are the counters' delta
 
 from __future__ import annotations
 
-import aiohttp
-
-from ucmctl.bench.scrape import SCRAPE_TIMEOUT_S, fetch_metrics
 from ucmctl.core.exposition import samples
 from ucmctl.core.metric_names import PROXY_PATHS
 
@@ -20,11 +17,6 @@ def parse(text: str) -> dict[str, float]:
         if s.name == PROXY_PATHS and path in counts:
             counts[path] += s.value
     return counts
-
-
-async def read(http: aiohttp.ClientSession, url: str) -> dict[str, float] | None:
-    text = await fetch_metrics(http, url, SCRAPE_TIMEOUT_S)
-    return parse(text) if text is not None else None
 
 
 def phase_counts(before: dict[str, float] | None, after: dict[str, float] | None) -> dict[str, int] | None:

@@ -20,6 +20,7 @@ from ucmctl.bench import client, goodput, handover, hitrate, metrics, paths, pro
 from ucmctl.bench.client import RequestResult
 from ucmctl.bench.fault import Fault
 from ucmctl.bench.hitrate import Instance
+from ucmctl.bench.scrape import SCRAPE_TIMEOUT_S, fetch_metrics
 from ucmctl.bench.series import Sampler
 from ucmctl.engines import DEFAULT_ENGINE, engine_for
 from ucmctl.engines.base import Metrics
@@ -245,10 +246,12 @@ async def measure(
 
 
 async def _proxy_reading(http: aiohttp.ClientSession, proxy: str | None) -> tuple[Any, Any] | None:
-    """What ucmctl's proxy counts of the phase: the KV handover and the paths requests took."""
+    """What ucmctl's proxy counts of the phase: the KV handover and the paths requests took (one
+    read of its /metrics)."""
     if proxy is None:
         return None
-    return await handover.read(http, proxy), await paths.read(http, proxy)
+    text = await fetch_metrics(http, proxy, SCRAPE_TIMEOUT_S)
+    return (handover.parse(text), paths.parse(text)) if text is not None else (None, None)
 
 
 def _proxy_figures(before: tuple[Any, Any] | None, after: tuple[Any, Any] | None) -> dict[str, Any]:

@@ -92,7 +92,8 @@ class ProxyState:
         decode = self.pick(req.ask("decode", cfg, first_leg=False))
         if decode is None:
             return None, False
-        cached = max(self.index.held(req.blocks, decode), self.index.stored(req.blocks)) * cfg.block_size
+        (held,), stored = self.index.leading(req.blocks, [decode])
+        cached = max(held, stored) * cfg.block_size
         return decode, req.tokens - cached < cfg.direct_below
 
     def remove(self, url: str, role: str | None = None) -> list[Instance]:
@@ -113,7 +114,7 @@ class Request:
     headers: dict[str, str]
     prefix: bytes | None = None  # the affinity key, where the policy reads one
     session: str | None = None  # the conversation
-    blocks: tuple[bytes, ...] = ()  # the prompt's blocks, where the policy reads them
+    blocks: tuple[int, ...] = ()  # the prompt's blocks, where the policy reads them
 
     def ask(self, role: str, config: ProxyConfig, *, first_leg: bool) -> Ask:
         """The leg of `role`; the prompt's prefix key goes with the leg that computes the prompt."""

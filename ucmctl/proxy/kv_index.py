@@ -2,8 +2,8 @@
 instances' own caches (HBM, or DRAM on the CPU) and whether in the shared store.
 
 A prompt is cut into blocks of the servers' block size (token-id prompts exactly; a text prompt
-by `CHARS_PER_TOKEN` characters a token, an estimate), each named by a digest chained over the
-blocks before it and the model, so a block's key names its whole prefix, as vLLM's block
+by `CHARS_PER_TOKEN` characters a token, an estimate), each named by a 64-bit hash chained over
+the blocks before it and the model, so a block's key names its whole prefix, as vLLM's block
 hashes do. When an instance computed or loaded a prompt, its blocks are in its cache; when a
 prefill (or a mixed instance) computed it, the connector saved its blocks to the store. Both
 are approximate: the index does not see an instance evict a block, nor the store refuse a
@@ -18,7 +18,10 @@ import array
 import hashlib
 from collections import OrderedDict
 from collections.abc import Sequence
+from functools import cache, lru_cache
 from typing import Any
+
+import numpy as np
 
 from ucmctl.proxy.pool import Instance
 from ucmctl.proxy.rewrite import CHARS_PER_TOKEN, prompt_of
@@ -27,58 +30,122 @@ ENTRIES = 262_144  # blocks remembered (a few tens of MiB at most)
 Holder = tuple[int, int]  # an instance's uid and epoch
 
 
-def block_keys(body: dict[str, Any], path: str, block_size: int) -> tuple[bytes, ...]:
+# The keys are 64-bit integers: a polynomial hash of each block's mixed units (token ids, or a
+# text prompt's bytes), chained over the blocks before it, then mixed again. Computed over the
+# whole prompt at once with numpy's wrapping uint64 arithmetic: the chain
+#     p[i] = p[i-1] * S + b[i]   (p[-1] the model's seed, S = R ** units a block)
+# unrolls to p[i] = S**(i+1) * seed + S**i * cumsum(b[k] * S**-k), S odd and so invertible mod
+# 2**64. Not a cryptographic digest: two prompts that meet on one key only share a routing guess.
+_R = 0x9E3779B97F4A7C15  # odd
+_M64 = (1 << 64) - 1
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser, element-wise (uint64, wrapping)."""
+    x = x ^ (x >> np.uint64(30))
+    x = x * np.uint64(0xBF58476D1CE4E5B9)
+    x = x ^ (x >> np.uint64(27))
+    x = x * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+@cache
+def _powers(units: int, blocks: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """R**j for a block's units, S**i and S**-i for the blocks (all mod 2**64)."""
+    r = np.cumprod(np.full(units, _R, dtype=np.uint64)) * np.uint64(pow(_R, -1, 1 << 64))
+    step = pow(_R, units, 1 << 64)
+    s = np.cumprod(np.full(blocks, step, dtype=np.uint64))  # S**1 .. S**blocks
+    inv = np.cumprod(np.full(blocks, pow(step, -1, 1 << 64), dtype=np.uint64)) * np.uint64(step)
+    for shared in (r, s, inv):  # cached: every call reads the same arrays
+        shared.flags.writeable = False
+    return r, s, inv  # inv: S**0 .. S**-(blocks-1)
+
+
+def _chain(units: np.ndarray, per_block: int, seed: int) -> tuple[int, ...]:
+    n = len(units) // per_block
+    if n == 0:
+        return ()
+    r, s, inv = _powers(per_block, _capacity(n))
+    with np.errstate(over="ignore"):
+        mixed = _mix(units[: n * per_block].astype(np.uint64)).reshape(n, per_block)
+        b = (mixed * r).sum(axis=1, dtype=np.uint64)
+        p = s[:n] * np.uint64(seed) + s[:n] * inv[1] * np.cumsum(b * inv[:n], dtype=np.uint64)
+        return tuple(_mix(p).tolist())
+
+
+def _text_chain(data: bytes, per_block: int, seed: int) -> tuple[int, ...]:
+    """A text prompt's blocks of bytes, hashed 8 bytes at a time (little-endian words) where a
+    block is whole words, as with every even block size."""
+    if per_block % 8:
+        return _chain(np.frombuffer(data, dtype=np.uint8), per_block, seed)
+    words = len(data) // per_block * per_block // 8
+    return _chain(np.frombuffer(data, dtype="<u8", count=words), per_block // 8, seed)
+
+
+def _capacity(n: int) -> int:
+    """Powers are made for a whole power of two of blocks (cached), at least `n`."""
+    return 1 << max(n - 1, 1).bit_length()
+
+
+@lru_cache(maxsize=64)  # the model name comes from the client: bounded
+def _seed(model: str) -> int:
+    return int.from_bytes(hashlib.blake2b(model.encode(), digest_size=8).digest(), "little")
+
+
+def block_keys(body: dict[str, Any], path: str, block_size: int) -> tuple[int, ...]:
     """The keys of the prompt's full blocks, each chained over the ones before and the model."""
     prompt = prompt_of(body, path)
+    seed = _seed(str(body.get("model", "")))
     if isinstance(prompt, str):
-        raw, step = prompt.encode(), block_size * CHARS_PER_TOKEN
-    else:
-        try:  # token ids as 8-byte integers, converted in C: a 32k-token prompt in well under 1 ms
-            raw, step = array.array("q", prompt).tobytes(), block_size * 8
-        except (OverflowError, TypeError):  # not ids a model has: no blocks to know of
-            return ()
-    view = memoryview(raw)
-    key = hashlib.blake2b(str(body.get("model", "")).encode(), digest_size=16).digest()
-    keys = []
-    for start in range(0, len(raw) - step + 1, step):
-        h = hashlib.blake2b(key, digest_size=16)
-        h.update(view[start : start + step])
-        key = h.digest()
-        keys.append(key)
-    return tuple(keys)
+        return _text_chain(prompt.encode(), block_size * CHARS_PER_TOKEN, seed)
+    try:  # token ids as 8-byte integers, checked and converted in C
+        ids = array.array("q", prompt)
+    except (OverflowError, TypeError):  # not ids a model has: no blocks to know of
+        return ()
+    return _chain(np.frombuffer(ids, dtype=np.int64), block_size, seed)
 
 
 class KvIndex:
     def __init__(self, entries: int = ENTRIES) -> None:
         # block key -> (the instances that hold it, whether the store has it)
-        self._blocks: OrderedDict[bytes, tuple[frozenset[Holder], bool]] = OrderedDict()
+        self._blocks: OrderedDict[int, tuple[frozenset[Holder], bool]] = OrderedDict()
         self._entries = entries
 
     def __len__(self) -> int:
         return len(self._blocks)
 
-    def held(self, keys: Sequence[bytes], inst: Instance) -> int:
+    def held(self, keys: Sequence[int], inst: Instance) -> int:
         """How many leading blocks `inst` holds in its own cache."""
-        me = (inst.uid, inst.epoch)
-        n = 0
-        for key in keys:
-            entry = self._blocks.get(key)
-            if entry is None or me not in entry[0]:
-                break
-            n += 1
-        return n
+        return self.leading(keys, [inst])[0][0]
 
-    def stored(self, keys: Sequence[bytes]) -> int:
+    def stored(self, keys: Sequence[int]) -> int:
         """How many leading blocks the store holds."""
-        n = 0
-        for key in keys:
-            entry = self._blocks.get(key)
-            if entry is None or not entry[1]:
-                break
-            n += 1
-        return n
+        return self.leading(keys, [])[1]
 
-    def took(self, keys: Sequence[bytes], inst: Instance, *, saved: bool) -> None:
+    def leading(self, keys: Sequence[int], insts: Sequence[Instance]) -> tuple[list[int], int]:
+        """How many leading blocks each of `insts` holds in its own cache, and how many the store
+        holds: one walk over the keys for all of them, ended where none holds the next block."""
+        mine = [(i.uid, i.epoch) for i in insts]
+        held = [0] * len(insts)
+        live = list(range(len(insts)))
+        stored, storing = 0, True
+        for n, key in enumerate(keys, 1):
+            entry = self._blocks.get(key)
+            if entry is None:
+                break
+            holders, in_store = entry
+            if storing and in_store:
+                stored = n
+            else:
+                storing = False
+            live = [k for k in live if mine[k] in holders]
+            for k in live:
+                held[k] = n
+            if not live and not storing:
+                break
+        return held, stored
+
+    def took(self, keys: Sequence[int], inst: Instance, *, saved: bool) -> None:
         """`inst` computed or loaded these blocks (and, `saved`, the store has them now)."""
         me = (inst.uid, inst.epoch)
         for key in keys:

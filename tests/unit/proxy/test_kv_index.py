@@ -24,6 +24,46 @@ def test_keys_name_whole_prefixes_of_full_blocks() -> None:
     assert len(block_keys(body(text), COMPLETIONS, 16)) == 3  # text: an estimate of 4 characters a token
 
 
+def _chained(units: list[int], per_block: int, model: str) -> list[int]:
+    """The keys as the chain defines them, one block after another in Python integers."""
+    from ucmctl.proxy import kv_index as k
+
+    def mix(x: int) -> int:
+        x ^= x >> 30
+        x = (x * 0xBF58476D1CE4E5B9) & k._M64
+        x ^= x >> 27
+        x = (x * 0x94D049BB133111EB) & k._M64
+        return x ^ (x >> 31)
+
+    p, keys = k._seed(model), []
+    for start in range(0, len(units) - per_block + 1, per_block):
+        block = units[start : start + per_block]
+        b = sum(mix(u & k._M64) * pow(k._R, j, 1 << 64) for j, u in enumerate(block))
+        p = (p * pow(k._R, per_block, 1 << 64) + b) & k._M64
+        keys.append(mix(p))
+    return keys
+
+
+def test_the_whole_prompt_at_once_gives_the_chain_block_by_block() -> None:
+    """The vectorized keys equal the chain's definition, computed one block at a time: token ids
+    (negative and large ones too) and text, prompts of 0 to 70 blocks, every model apart."""
+    import random
+
+    rng = random.Random(3)
+    for n in (1, 15, 16, 17, 33, 16 * 70 + 5):  # (an empty prompt is refused before: parse_body)
+        odd = [-rng.randrange(1, 9), 2**63 - 1 - rng.randrange(9)]
+        ids = [rng.choice([rng.randrange(50_000), rng.randrange(50_000), *odd]) for _ in range(n)]
+        assert list(block_keys(body(ids, "m1"), COMPLETIONS, 16)) == _chained(ids, 16, "m1")
+        text = "".join(rng.choice("abé漢 ") for _ in range(n * 2))
+        raw = text.encode()
+        words = [int.from_bytes(raw[i : i + 8], "little") for i in range(0, len(raw) - 7, 8)]
+        by_words = block_keys(body(text, "m2"), COMPLETIONS, 16)
+        by_bytes = block_keys(body(text, "m2"), COMPLETIONS, 5)
+        assert list(by_words) == _chained(words, 16 * CHARS_PER_TOKEN // 8, "m2")
+        assert list(by_bytes) == _chained(list(raw), 5 * CHARS_PER_TOKEN, "m2")
+    assert block_keys(body([2**63]), COMPLETIONS, 1) == () and block_keys(body([1.5]), COMPLETIONS, 1) == ()
+
+
 def test_leading_counts_and_what_the_store_has() -> None:
     index, a, b = KvIndex(), Instance("http://a:1", "mixed"), Instance("http://b:1", "mixed")
     keys = block_keys(body(list(range(64))), COMPLETIONS, 16)
@@ -43,3 +83,33 @@ def test_the_index_is_bounded() -> None:
     assert len(index) == 10
     newest = block_keys(body([29] * 32), COMPLETIONS, 16)
     assert index.held(newest, a) == 2 and index.stored(block_keys(body([0] * 32), COMPLETIONS, 16)) == 0
+
+
+
+def _walk(index: KvIndex, keys: tuple[int, ...], has: object) -> int:
+    """Leading blocks whose entry satisfies `has`, walked alone."""
+    n = 0
+    while n < len(keys) and has(index._blocks.get(keys[n], (frozenset(), False))):  # type: ignore[operator]
+        n += 1
+    return n
+
+
+def test_one_walk_for_every_candidate_counts_as_one_walk_each() -> None:
+    """`leading` (one walk over the prompt's keys for all candidates) gives each the count its
+    own walk gives, on prefixes that end at every block, stored or not."""
+    import random
+
+    rng = random.Random(7)
+    insts = [Instance(f"http://h{i}:1", "mixed") for i in range(4)]
+    keys = block_keys(body(list(range(16 * 12))), COMPLETIONS, 16)
+    for _ in range(200):
+        index = KvIndex()
+        for inst in insts:
+            index.took(keys[: rng.randrange(len(keys) + 1)], inst, saved=rng.random() < 0.5)
+        if rng.random() < 0.3:
+            insts[rng.randrange(4)].epoch += 1  # back in routing: holds nothing
+        asked = keys[: rng.randrange(len(keys) + 1)]
+        alone = [_walk(index, asked, lambda e, me=(i.uid, i.epoch): me in e[0]) for i in insts]
+        stored = _walk(index, asked, lambda e: e[1])
+        assert index.leading(asked, insts) == (alone, stored)
+        assert index.stored(asked) == stored and [index.held(asked, i) for i in insts] == alone

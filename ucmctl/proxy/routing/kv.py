@@ -77,8 +77,7 @@ class Kv(Policy):
         b = self.loading.seconds_per_token
         return a, (b if b is not None else a * PRIOR_LOAD_RATIO)
 
-    def _guess(self, inst: Instance, ask: Ask, stored: int) -> Guess:
-        held = self.index.held(ask.blocks, inst)
+    def _guess(self, inst: Instance, ask: Ask, held: int, stored: int) -> Guess:
         cached = max(held, stored) * self.block_size
         compute = max(ask.tokens - cached, 0)
         load = max(stored - held, 0) * self.block_size
@@ -93,11 +92,11 @@ class Kv(Policy):
             cap = math.ceil(BOUND * (sum(i.requests for i in cands) + 1) / len(cands))
             cands = [i for i in cands if i.requests + 1 <= cap] or list(cands)
         a, b = self._seconds()
-        stored = self.index.stored(ask.blocks)
         # scanned from a rotating start, so that equal costs are served round-robin
         start = self._next.get(ask.role, 0) % len(cands)
         turn = [*cands[start:], *cands[:start]]
-        guesses = [self._guess(i, ask, stored) for i in turn]
+        held, stored = self.index.leading(ask.blocks, turn)
+        guesses = [self._guess(i, ask, h, stored) for i, h in zip(turn, held, strict=True)]
         k, best = min(
             enumerate(guesses),
             key=lambda kg: (
