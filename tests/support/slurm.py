@@ -161,7 +161,7 @@ class Slurm:
         found: set[int] = set()
         for node in self.nodes:
             inode = _netns_inode(self._netns_path(node))
-            for procs in (FREEZER / f"slurm_{node}").glob("uid_*/job_*/**/cgroup.procs"):
+            for procs in _job_cgroup_procs(FREEZER / f"slurm_{node}"):
                 with contextlib.suppress(OSError):
                     for pid in map(int, procs.read_text().split()):
                         if _netns_inode(f"/proc/{pid}/ns/net") != inode or not _alive(pid):
@@ -415,3 +415,16 @@ def slurm_or_skip(
         pytest.skip(f"needs a Slurm cluster: {reason}")
     with slurm_cluster(hosts, nodes, gpus, oci) as s:
         yield s
+
+
+def _job_cgroup_procs(node: Path) -> list[Path]:
+    """The `cgroup.procs` of every job's cgroups on a node (`uid_*/job_*/...`). Walked with
+    os.walk, which skips a folder that goes while it walks (scancel removes the job's cgroups),
+    where Path.glob raises FileNotFoundError."""
+    found = []
+    for folder, _, files in os.walk(node):
+        parts = Path(folder).relative_to(node).parts
+        in_a_job = len(parts) >= 2 and parts[0].startswith("uid_") and parts[1].startswith("job_")
+        if in_a_job and "cgroup.procs" in files:
+            found.append(Path(folder) / "cgroup.procs")
+    return found
