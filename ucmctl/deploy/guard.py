@@ -27,7 +27,8 @@ from ucmctl.plan.model import Plan
 # Prints `held` and keeps the lock while it can write; else `busy` and the holder's line, or
 # `error` and why. The holder's line is renamed into place, whole; a holder that has just taken
 # the lock of a folder no `up` held before has not written it yet: `busy` waits up to a second
-# for it.
+# for it. Only the shell holds the lock (fd 9): its `sleep` does not inherit it, so the lock
+# goes the moment the shell does (a `sleep` forked as the shell was killed kept it a second more).
 _HOLD = """
 err=$({{ mkdir -p {run_dir} && : >>{lock}; }} 2>&1) || {{ echo error; echo "$err"; exit 0; }}
 command -v flock >/dev/null 2>&1 || {{ echo error; echo "flock is not installed (util-linux)"; exit 0; }}
@@ -39,7 +40,7 @@ flock -n 9 || {{
 }}
 printf '%s\\n' {who} > {owner}.$$ && mv -f {owner}.$$ {owner}
 echo {held}
-while echo .; do sleep 1; done
+while echo .; do sleep 1 9>&-; done
 """
 
 
