@@ -34,10 +34,9 @@ Holder = tuple[int, int]  # an instance's uid and epoch
 # text prompt's bytes), chained over the blocks before it, then mixed again. Computed over the
 # whole prompt at once with numpy's wrapping uint64 arithmetic: the chain
 #     p[i] = p[i-1] * S + b[i]   (p[-1] the model's seed, S = R ** units a block)
-# unrolls to p[i] = S**(i+1) * seed + S**i * cumsum(b[k] * S**-k), S odd and so invertible mod
+# unrolls to p[i] = S**(i+1) * (seed + S**-1 * cumsum(b[k] * S**-k)), S odd and so invertible mod
 # 2**64. Not a cryptographic digest: two prompts that meet on one key only share a routing guess.
 _R = 0x9E3779B97F4A7C15  # odd
-_M64 = (1 << 64) - 1
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
@@ -69,7 +68,7 @@ def _chain(units: np.ndarray, per_block: int, seed: int) -> tuple[int, ...]:
     with np.errstate(over="ignore"):
         mixed = _mix(units[: n * per_block].astype(np.uint64)).reshape(n, per_block)
         b = (mixed * r).sum(axis=1, dtype=np.uint64)
-        p = s[:n] * np.uint64(seed) + s[:n] * inv[1] * np.cumsum(b * inv[:n], dtype=np.uint64)
+        p = s[:n] * (np.uint64(seed) + inv[1] * np.cumsum(b * inv[:n], dtype=np.uint64))
         return tuple(_mix(p).tolist())
 
 

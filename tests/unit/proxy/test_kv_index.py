@@ -24,22 +24,25 @@ def test_keys_name_whole_prefixes_of_full_blocks() -> None:
     assert len(block_keys(body(text), COMPLETIONS, 16)) == 3  # text: an estimate of 4 characters a token
 
 
+M64 = (1 << 64) - 1
+
+
 def _chained(units: list[int], per_block: int, model: str) -> list[int]:
     """The keys as the chain defines them, one block after another in Python integers."""
     from ucmctl.proxy import kv_index as k
 
     def mix(x: int) -> int:
         x ^= x >> 30
-        x = (x * 0xBF58476D1CE4E5B9) & k._M64
+        x = (x * 0xBF58476D1CE4E5B9) & M64
         x ^= x >> 27
-        x = (x * 0x94D049BB133111EB) & k._M64
+        x = (x * 0x94D049BB133111EB) & M64
         return x ^ (x >> 31)
 
     p, keys = k._seed(model), []
     for start in range(0, len(units) - per_block + 1, per_block):
         block = units[start : start + per_block]
-        b = sum(mix(u & k._M64) * pow(k._R, j, 1 << 64) for j, u in enumerate(block))
-        p = (p * pow(k._R, per_block, 1 << 64) + b) & k._M64
+        b = sum(mix(u & M64) * pow(k._R, j, 1 << 64) for j, u in enumerate(block))
+        p = (p * pow(k._R, per_block, 1 << 64) + b) & M64
         keys.append(mix(p))
     return keys
 
