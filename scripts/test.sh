@@ -21,18 +21,42 @@ if ((quick)); then
 fi
 ruff check .
 ruff format --check ucmctl connector csrc  # the product code as the formatter writes it
-mypy                # the product packages (pyproject's [tool.mypy])
 lint-imports        # the layers import one way (pyproject's [tool.importlinter])
 if (($#)); then
+    mypy            # the product packages (pyproject's [tool.mypy])
     exec python -m pytest --durations=30 "$@"
 fi
-# The unit tests on every core (pytest-xdist). The integration tests that run on this machine
-# alone (simulated engines on loopback) on three workers, each module whole on one: they wait on
-# the simulators' timings far more than they compute (measured: a quarter of the two cores busy).
-# Then, one at a time, those of test hosts (network namespaces, GlusterFS, Slurm, containers: one
-# daemon of this machine each, and faults timed to the second) and those of the real vLLM (they
-# keep the cores busy, and a second run beside them would skew their timings).
-python -m pytest -n auto --durations=15 tests/unit
-python -m pytest -n 3 --dist loadfile --durations=15 -m "not root" tests/integration
-python -m pytest --durations=30 -m root tests/integration
-exec python -m pytest --durations=30 tests/e2e
+# Two lanes side by side, each line of their output prefixed with the lane's name:
+# - hosts: the tests of test hosts (network namespaces with sshd, GlusterFS, Slurm, containers),
+#   integration then end-to-end, one module at a time: they drive daemons of this machine and
+#   time faults to the second;
+# - local: the tests on this machine alone (simulated engines and real `vllm serve` on loopback),
+#   and mypy. The unit tests on both cores, the real-vLLM tests (they keep the cores busy) while
+#   the hosts lane runs its integration tests (measured: a quarter of the two cores busy: they
+#   wait on simulators, SSH and faults), then the integration tests of simulated engines on two
+#   workers, each module whole on one, beside the hosts lane's real-vLLM tests.
+# Both lanes run to their end; the suite fails if either failed.
+hosts_lane() {
+    python -m pytest --durations=30 -m root tests/integration tests/e2e
+}
+local_lane() {
+    local rc=0
+    python -m pytest -n auto --durations=15 tests/unit || rc=1
+    python -m pytest --durations=15 -m "not root" tests/e2e || rc=1
+    mypy || rc=1    # the product packages (pyproject's [tool.mypy])
+    python -m pytest -n 2 --dist loadfile --durations=15 -m "not root" tests/integration || rc=1
+    return $rc
+}
+lanes=$(mktemp -d)
+trap 'rm -rf "$lanes"' EXIT
+for lane in hosts local; do
+    { rc=0; "${lane}_lane" 2>&1 || rc=$?; echo $rc >"$lanes/$lane"; } | sed -u "s/^/[$lane] /" &
+done
+wait
+failed=0
+for lane in hosts local; do
+    rc=$(cat "$lanes/$lane" 2>/dev/null || echo 1)
+    echo "test.sh: the $lane lane $( ((rc == 0)) && echo passed || echo "failed (exit $rc)")"
+    ((rc == 0)) || failed=1
+done
+exit $failed

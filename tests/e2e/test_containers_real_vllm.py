@@ -22,6 +22,7 @@ from tests.support.cli import Cli
 from tests.support.containers import build_base_image, cgroup_parent, remove_cgroup
 from tests.support.netns import Cluster
 from tests.support.openai_checks import counter, greedy_with_logprobs
+from tests.support.topology import vllm_role
 from ucmctl.deploy.health import why_not
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
@@ -32,13 +33,8 @@ BASE = "ucmctl-test-vllm:1"
 HOSTS = {"count": 2, "containers": True}  # the `hosts` fixture's (tests/support/fixtures.py)
 
 
-def topology(c: Cluster, model: Path, name: str, container: str = "", decode_nodes: str = "[h2]",
-             decode: str = "") -> str:  # fmt: skip
-    env = (
-        'VLLM_CPU_KVCACHE_SPACE: "1", HF_HUB_OFFLINE: "1", TRANSFORMERS_OFFLINE: "1", '
-        'TORCHDYNAMO_DISABLE: "1"'
-    )
-    flags = "{max-model-len: 2048, block-size: 128, max-num-seqs: 4, enforce-eager: true}"
+def topology(c: Cluster, model: Path, name: str, container: str = "", decode_nodes: str = "h2",
+             decode: str = "", bind: tuple[str, str] = ("", "")) -> str:  # fmt: skip
     line = "  {n}: {{host: {addr}, key: {key}, platform: cpu, devices: 0, python: {py}{container}}}"
     nodes = "\n".join(
         line.format(n=n, addr=c.host(n).address, key=c.key, py=sys.executable, container=container)
@@ -51,9 +47,8 @@ model: {{path: {model}, served_name: m, dtype: bfloat16, hash_seed: 0}}
 nodes:
 {nodes}
 storage: {{storage_backends: {c.shared / name}, cache_buffer_capacity_gb: 0.25}}
-prefill: {{nodes: [h1], port: 8100, env: {{{env}, VLLM_CPU_OMP_THREADS_BIND: "0"}}, flags: {flags}}}
-decode: {{nodes: {decode_nodes}, port: 8200, env: {{{env}, VLLM_CPU_OMP_THREADS_BIND: "1"}},
-         flags: {flags}{decode}}}
+prefill: {vllm_role("h1", 8100, bind=bind[0])}
+decode: {vllm_role(decode_nodes, 8200, decode, bind=bind[1])}
 proxy: {{node: h1, port: 8000}}
 """
 
@@ -78,10 +73,12 @@ def test_1p1d_in_containers_answers_as_the_bare_one(hosts: Cluster, tmp_path: Pa
     proxy = f"http://{hosts.host('h1').address}:8000"
     decode = f"http://{hosts.host('h2').address}:8200"
 
-    # bare: 1P2D, decode-0 on h1 beside prefill, decode-1 on h2, decode restarted on failure
+    # bare: 1P2D, decode-0 on h1 beside prefill (each bound to a core of its own), decode-1 on h2,
+    # decode restarted on failure
     bare = tmp_path / "bare.yaml"
-    bare.write_text(topology(hosts, model, "e2e-bare", decode_nodes="[h1, h2]",
-                             decode=", restart: {policy: on-failure, backoff_s: 1}"))  # fmt: skip
+    bare.write_text(topology(hosts, model, "e2e-bare", decode_nodes="h1, h2",
+                             decode=", restart: {policy: on-failure, backoff_s: 1}",
+                             bind=("0", "1")))  # fmt: skip
     up = ucmctl("up", str(bare))
     assert up.returncode == 0, up.stderr[-3000:]
     try:

@@ -13,18 +13,13 @@ import pytest
 from tests.support.cli import Cli
 from tests.support.openai_checks import counter, greedy_with_logprobs
 from tests.support.slurm import Site
+from tests.support.topology import vllm_role
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 BLOCK = 128
 
 
 def topology(hosts: Any, model: Path) -> str:
-    # eager, as VllmServer.eager says why
-    flags = "{max-model-len: 2048, block-size: 128, max-num-seqs: 4, enforce-eager: true}"
-    env = (
-        'VLLM_CPU_KVCACHE_SPACE: "1", HF_HUB_OFFLINE: "1", TRANSFORMERS_OFFLINE: "1", '
-        'TORCHDYNAMO_DISABLE: "1"'
-    )
     line = "  {n}: {{host: {addr}, platform: cpu, devices: 0, python: {py}, workdir: {work}}}"
     work = hosts.shared / "work"
     nodes = "\n".join(line.format(n=n, addr=hosts.host(n).address, py=sys.executable, work=work)
@@ -37,8 +32,8 @@ cluster: {{kind: slurm, partition: debug, time_limit: "1:00:00"}}
 nodes:
 {nodes}
 storage: {{storage_backends: {hosts.shared / "store"}, cache_buffer_capacity_gb: 0.25}}
-prefill: {{nodes: [h1], port: 8100, env: {{{env}, VLLM_CPU_OMP_THREADS_BIND: "0"}}, flags: {flags}}}
-decode: {{nodes: [h2], port: 8200, env: {{{env}, VLLM_CPU_OMP_THREADS_BIND: "1"}}, flags: {flags}}}
+prefill: {vllm_role("h1", 8100)}
+decode: {vllm_role("h2", 8200)}
 proxy: {{node: h1, port: 8000}}
 """
 

@@ -26,6 +26,7 @@ from tests.support.cli import Cli
 from tests.support.netns import Cluster
 from tests.support.openai_checks import counter, greedy_with_logprobs
 from tests.support.processes import wait_for
+from tests.support.topology import vllm_role
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 BLOCK = 128
@@ -47,12 +48,6 @@ def volume(hosts: Cluster) -> Iterator[gluster.Volume]:
 
 
 def topology(c: Cluster, model: Path, store: Path) -> str:
-    env = (
-        'VLLM_CPU_KVCACHE_SPACE: "1", HF_HUB_OFFLINE: "1", TRANSFORMERS_OFFLINE: "1", '
-        'TORCHDYNAMO_DISABLE: "1"'
-    )
-    # eager, as VllmServer.eager says why
-    flags = "{max-model-len: 2048, block-size: 128, max-num-seqs: 4, enforce-eager: true}"
     line = "  {n}: {{host: {addr}, key: {key}, platform: cpu, devices: 0, python: {py}}}"
     nodes = "\n".join(
         line.format(n=n, addr=c.host(n).address, key=c.key, py=sys.executable) for n in ("h1", "h2")
@@ -65,8 +60,8 @@ nodes:
 {nodes}
 storage: {{storage_backends: {store}, cache_buffer_capacity_gb: 0.25, load_timeout_s: {BOUND_S},
           dump_timeout_s: {BOUND_S}}}
-prefill: {{nodes: [h1], port: 8100, env: {{{env}, VLLM_CPU_OMP_THREADS_BIND: "0"}}, flags: {flags}}}
-decode: {{nodes: [h2], port: 8200, env: {{{env}, VLLM_CPU_OMP_THREADS_BIND: "1"}}, flags: {flags}}}
+prefill: {vllm_role("h1", 8100)}
+decode: {vllm_role("h2", 8200)}
 proxy: {{node: h1, port: 8000}}
 """
 
