@@ -82,6 +82,7 @@ PROXY_INSTANCE_OUTPUT_CHUNKS = "ucmctl_proxy_instance_output_chunks_total"
 PROXY_INFO = "ucmctl_proxy_info"
 PROXY_ROUTING = "ucmctl_proxy_routing_info"  # the policy and where it learns where the KV is
 PROXY_KV_INDEX_BLOCKS = "ucmctl_proxy_kv_index_blocks"  # blocks the proxy's index knows of
+PROXY_KV_EVENTS = "ucmctl_proxy_kv_events_total"  # per instance, by outcome: applied, bad, gap, ...
 
 # ---- the simulator's own (counters without `_total`) --------------------------------------------
 SIM_STEPS = "ucmctl_sim_steps"

@@ -68,12 +68,18 @@ async def _session_ctx(app: web.Application) -> AsyncIterator[None]:
             unhealthy_after=cfg.unhealthy_after,
         )
     )
+    tasks = [task]
+    if state.feeds:
+        from ucmctl.proxy.kv_feed import run_feeds  # imports ZMQ: only where events are read
+
+        tasks.append(asyncio.create_task(run_feeds(state.feeds)))
     try:
         yield
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        for t in tasks:
+            t.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
         await state.session.close()
 
 
@@ -121,7 +127,7 @@ async def health(request: web.Request) -> web.Response:
 async def metrics(request: web.Request) -> web.Response:
     """Prometheus text."""
     state = request.app[STATE]
-    text = state.metrics.render(state.pool.all(), state.config.deployment, state.policy.describe())
+    text = state.metrics.render(state.pool.all(), state.config.deployment, state.routing_facts())
     return web.Response(
         text=text, content_type="text/plain", charset="utf-8", headers={"Cache-Control": "no-cache"}
     )
@@ -248,7 +254,7 @@ async def _set_draining(request: web.Request, draining: bool) -> web.Response:
 
 async def routing(request: web.Request) -> web.Response:
     """The routing policy and what it knows now (kv: its index and the measured speeds)."""
-    return web.json_response(request.app[STATE].policy.describe())
+    return web.json_response(request.app[STATE].routing_facts())
 
 
 async def instances_list(request: web.Request) -> web.Response:

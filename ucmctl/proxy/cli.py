@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import typer
 
@@ -21,6 +22,7 @@ TAKEN = {
     "instance",
     "routing_name",
     "prefix_affinity",
+    "kv_events",
 }
 
 
@@ -38,7 +40,7 @@ def proxy(
     ),
     prefiller: list[str] = typer.Option([], "--prefiller", help="prefill instance URL (repeat)"),
     bootstrap: list[str] = typer.Option(
-        [], "--bootstrap", help="--p2p mooncake: each prefiller's bootstrap server URL, same order"
+        [], "--bootstrap", help="--p2p mooncake: each prefiller's bootstrap URL, same order"
     ),
     decoder: list[str] = typer.Option([], "--decoder", help="decode instance URL (repeat)"),
     instance: list[str] = typer.Option([], "--instance", help="mixed-mode instance URL (repeat)"),
@@ -59,6 +61,15 @@ def proxy(
         "--direct-below",
         help="pd with the store: send a request whose tokens not cached on the chosen decode instance "
         "are fewer than this to it alone (it prefills them); 0: never",
+    ),
+    kv_events: list[str] = typer.Option(
+        [],
+        "--kv-events",
+        help="an instance's vLLM KV-cache events: URL=tcp://HOST:PORT (its --kv-events-config endpoint "
+        "tcp://*:PORT; repeat): the kv index reads what each cache holds instead of guessing it",
+    ),
+    served_model: str | None = typer.Option(
+        None, "--served-model", help="with --kv-events: the model name requests carry (the block keys' seed)"
     ),
     roles: str = typer.Option(
         "fixed", "--roles", help="fixed, or dynamic: any instance takes a prefill or a decode leg (pd, store)"
@@ -83,22 +94,21 @@ def proxy(
     Client API key: env UCMCTL_PROXY_API_KEY (never a flag: command lines end up in logs).
     Key sent to the instances: env UCMCTL_PROXY_UPSTREAM_API_KEY.
     """
+    _run(dict(locals()))
+
+
+def _run(given: dict[str, Any]) -> None:
+    """The proxy of the command line's values (`proxy`'s parameters by name)."""
+    from ucmctl.proxy.app import run
     from ucmctl.proxy.config import make_config
 
-    given = dict(locals())
-    upstreams = {"prefillers": prefiller, "bootstraps": bootstrap, "decoders": decoder, "instances": instance}
-    tuning = {k: v for k, v in given.items() if k not in {*TAKEN, "make_config"}}
-    config = make_config(
-        host=host,
-        port=port,
-        mode=mode,
-        p2p=p2p,
-        routing_name="affinity" if prefix_affinity else routing_name,
-        roles=roles,
+    upstreams = {k: given[o] for k, o in (("prefillers", "prefiller"), ("bootstraps", "bootstrap"),
+                                          ("decoders", "decoder"), ("instances", "instance"))}  # fmt: skip
+    tuning = {k: v for k, v in given.items() if k not in TAKEN}
+    run(make_config(
+        **{k: given[k] for k in ("host", "port", "mode", "p2p", "roles", "kv_events")},
+        routing_name="affinity" if given["prefix_affinity"] else given["routing_name"],
         env=dict(os.environ),
         **upstreams,
         **tuning,
-    )
-    from ucmctl.proxy.app import run
-
-    run(config)
+    ))  # fmt: skip

@@ -46,6 +46,9 @@ class ProxyConfig:
     direct_below: int = 0
     # pd with the store: roles per request, any instance takes a prefill or a decode leg
     dynamic_roles: bool = False
+    # (instance URL, ZMQ endpoint) of the instances whose vLLM KV-cache events the index reads
+    kv_events: tuple[tuple[str, str], ...] = ()
+    served_model: str | None = None  # the model name requests carry: the block keys' seed
     deployment: str | None = None
     health_interval: float = 2.0
     health_timeout: float = 2.0
@@ -110,6 +113,7 @@ def make_config(
     instances: list[str] | tuple[str, ...] = (),
     routing_name: str = routing.DEFAULT,
     roles: str = "fixed",
+    kv_events: list[str] | tuple[str, ...] = (),
     env: dict[str, str] | None = None,
     **tuning: object,
 ) -> ProxyConfig:
@@ -156,6 +160,9 @@ def make_config(
             fix=f"use one of {', '.join(routing.POLICIES)}",
         )
     _check_tuning(tuning)
+    feeds = _kv_events(kv_events, (*pre, *dec, *mix))
+    if feeds:
+        _check_feeds(policy, tuning)
     env = env or {}
     return ProxyConfig(
         host=host,
@@ -167,10 +174,61 @@ def make_config(
         decoders=dec,
         instances=mix,
         routing=policy,
+        kv_events=feeds,
         api_key=env.get(API_KEY_ENV) or None,
         upstream_api_key=env.get(UPSTREAM_API_KEY_ENV) or None,
         **tuning,  # type: ignore[arg-type]
     )
+
+
+def _kv_events(given: list[str] | tuple[str, ...], upstreams: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    """Each `URL=tcp://HOST:PORT` as (the instance's URL, the endpoint), or one UcmctlError."""
+    out: list[tuple[str, str]] = []
+    for item in given:
+        url, sep, endpoint = item.partition("=")
+        fix = "write --kv-events http://HOST:PORT=tcp://HOST:EVENTS_PORT"
+        if not sep:
+            raise UcmctlError.one(f"--kv-events {item!r} has no '='", fix=fix)
+        url = normalize_url(url, "--kv-events")
+        if url not in upstreams:
+            raise UcmctlError.one(f"--kv-events {url} is not an instance of this proxy", fix="name a "
+                                  "--prefiller, --decoder or --instance URL")  # fmt: skip
+        endpoint = _tcp_endpoint(endpoint)
+        if not endpoint:
+            raise UcmctlError.one(
+                f"--kv-events {url}: {item.partition('=')[2]!r} is not tcp://HOST:PORT", fix=fix
+            )
+        if any(u == url for u, _ in out):
+            raise UcmctlError.one(f"--kv-events {url} is given twice", fix="give each instance one endpoint")
+        out.append((url, endpoint))
+    return tuple(out)
+
+
+def _check_feeds(policy: str, tuning: dict[str, object]) -> None:
+    """--kv-events need a reader of the index and the model name that seeds its keys."""
+    if not (routing.POLICIES[policy].needs_blocks or tuning.get("direct_below")):
+        raise UcmctlError.one(
+            f"--kv-events feeds the proxy's KV index, which --routing {policy} does not read",
+            fix="use --routing kv (or --direct-below), or drop --kv-events",
+        )
+    if not tuning.get("served_model"):
+        raise UcmctlError.one(
+            "--kv-events needs --served-model: the model name requests carry seeds the block keys",
+            fix="add --served-model NAME (the servers' --served-model-name)",
+        )
+
+
+def _tcp_endpoint(text: str) -> str:
+    """`tcp://HOST:PORT` as ZMQ takes it, or "" when `text` is not one."""
+    try:
+        parsed = URL(text)
+        port = parsed.explicit_port
+    except ValueError:
+        return ""
+    if parsed.scheme != "tcp" or not parsed.host or port is None or parsed.path not in ("", "/"):
+        return ""
+    host = parsed.raw_host or ""
+    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
 
 
 def _check_upstreams(

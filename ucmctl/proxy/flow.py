@@ -18,6 +18,7 @@ from ucmctl.proxy import rewrite
 from ucmctl.proxy.config import ProxyConfig
 from ucmctl.proxy.handoff import Handoff, Store, make_handoff
 from ucmctl.proxy.health import log, record_failure, record_success
+from ucmctl.proxy.kv_feed import Feed
 from ucmctl.proxy.kv_index import KvIndex, block_keys
 from ucmctl.proxy.metrics import Metrics
 from ucmctl.proxy.pool import Instance, Pool
@@ -39,6 +40,7 @@ class ProxyState:
     metrics: Metrics = field(default_factory=Metrics)
     session: aiohttp.ClientSession | None = None
     upstream_headers: dict[str, str] = field(default_factory=dict)
+    feeds: list[Feed] = field(default_factory=list)  # the instances' KV-cache events into the index
 
     @classmethod
     def create(cls, config: ProxyConfig) -> ProxyState:
@@ -54,6 +56,10 @@ class ProxyState:
         ):
             for url in urls:
                 state.pool.add(url, role)
+        if index is not None:
+            model = config.served_model or ""
+            feeds = config.kv_events
+            state.feeds = [Feed(url, endpoint, model, state.pool, index) for url, endpoint in feeds]
         bootstrap_of = dict(zip(config.prefillers, config.bootstraps, strict=False))
         state.handoff = make_handoff(config.p2p, bootstrap_of, state.metrics, config.connect_timeout)
         # identity: relay the upstream's bytes as they are, no decompress and recompress
@@ -61,6 +67,15 @@ class ProxyState:
         if config.upstream_api_key:
             state.upstream_headers["Authorization"] = f"Bearer {config.upstream_api_key}"
         return state
+
+    def routing_facts(self) -> dict[str, object]:
+        """The policy's own facts, and where the index learns what each instance's cache holds."""
+        facts = self.policy.describe()
+        if self.feeds and "index" in facts:
+            facts["index"] = (f"vLLM KV events of {len(self.feeds)} instances, with the proxy's "
+                              "routing history")  # fmt: skip
+            facts["kv_events"] = [vars(f.stats).copy() for f in self.feeds]
+        return facts
 
     def timeout(self) -> aiohttp.ClientTimeout:
         """Per-leg timeouts: bounded connect and silence, no bound on a long generation."""

@@ -60,16 +60,32 @@ def _powers(units: int, blocks: int) -> tuple[np.ndarray, np.ndarray, np.ndarray
     return r, s, inv  # inv: S**0 .. S**-(blocks-1)
 
 
-def _chain(units: np.ndarray, per_block: int, seed: int) -> tuple[int, ...]:
+def _sums(units: np.ndarray, per_block: int, seed: int) -> np.ndarray:
+    """The chain's values p[i] of the whole blocks of `units`, before the last mix (uint64)."""
     n = len(units) // per_block
-    if n == 0:
-        return ()
     r, s, inv = _powers(per_block, _capacity(n))
     with np.errstate(over="ignore"):
         mixed = _mix(units[: n * per_block].astype(np.uint64)).reshape(n, per_block)
         b = (mixed * r).sum(axis=1, dtype=np.uint64)
-        p = s[:n] * (np.uint64(seed) + inv[1] * np.cumsum(b * inv[:n], dtype=np.uint64))
-        return tuple(_mix(p).tolist())
+        return s[:n] * (np.uint64(seed) + inv[1] * np.cumsum(b * inv[:n], dtype=np.uint64))
+
+
+def _chain(units: np.ndarray, per_block: int, seed: int) -> tuple[int, ...]:
+    if len(units) < per_block:
+        return ()
+    with np.errstate(over="ignore"):
+        return tuple(_mix(_sums(units, per_block, seed)).tolist())
+
+
+def extend(after: int, token_ids: Sequence[int], block_size: int) -> tuple[list[int], list[int]]:
+    """The chain continued over whole blocks of token ids after the chain value `after` (a
+    model's `seed`, or a value this returned): the values to continue from, and the blocks' keys,
+    the keys `block_keys` gives the same blocks of a prompt."""
+    if len(token_ids) < block_size:
+        return [], []
+    with np.errstate(over="ignore"):
+        sums = _sums(np.asarray(token_ids, dtype=np.int64), block_size, after)
+        return sums.tolist(), _mix(sums).tolist()
 
 
 def _text_chain(data: bytes, per_block: int, seed: int) -> tuple[int, ...]:
@@ -87,21 +103,22 @@ def _capacity(n: int) -> int:
 
 
 @lru_cache(maxsize=64)  # the model name comes from the client: bounded
-def _seed(model: str) -> int:
+def seed(model: str) -> int:
+    """The chain's start for a model's prompts."""
     return int.from_bytes(hashlib.blake2b(model.encode(), digest_size=8).digest(), "little")
 
 
 def block_keys(body: dict[str, Any], path: str, block_size: int) -> tuple[int, ...]:
     """The keys of the prompt's full blocks, each chained over the ones before and the model."""
     prompt = prompt_of(body, path)
-    seed = _seed(str(body.get("model", "")))
+    start = seed(str(body.get("model", "")))
     if isinstance(prompt, str):
-        return _text_chain(prompt.encode(), block_size * CHARS_PER_TOKEN, seed)
+        return _text_chain(prompt.encode(), block_size * CHARS_PER_TOKEN, start)
     try:  # token ids as 8-byte integers, checked and converted in C
         ids = array.array("q", prompt)
     except (OverflowError, TypeError):  # not ids a model has: no blocks to know of
         return ()
-    return _chain(np.frombuffer(ids, dtype=np.int64), block_size, seed)
+    return _chain(np.frombuffer(ids, dtype=np.int64), block_size, start)
 
 
 class KvIndex:
@@ -154,3 +171,10 @@ class KvIndex:
             self._blocks[key] = (kept | {me}, stored or saved)
         while len(self._blocks) > self._entries:
             self._blocks.popitem(last=False)
+
+    def lost(self, keys: Sequence[int], inst: Instance) -> None:
+        """`inst` no longer holds these blocks in its own cache (it evicted them)."""
+        for key in keys:
+            entry = self._blocks.get(key)
+            if entry is not None:
+                self._blocks[key] = (frozenset(h for h in entry[0] if h[0] != inst.uid), entry[1])

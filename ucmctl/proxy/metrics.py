@@ -37,6 +37,23 @@ LATENCY_BUCKETS = (
 HANDOVER_BUCKETS = tuple(round(0.0005 * 1.25**i, 6) for i in range(53))
 
 
+# what a feed's stats count (kv_feed.FeedStats) -> the outcome label of its events
+_EVENT_OUTCOMES = {"events": "applied", "bad": "bad", "gaps": "gap", "unknown_parent": "unknown_parent"}
+
+
+def _kv_event_lines(feeds: object, family: Callable[[str, str, str], None]) -> list[str]:
+    """The KV-cache events each instance's feed read, by outcome (none without feeds)."""
+    if not isinstance(feeds, list) or not feeds:
+        return []
+    family(names.PROXY_KV_EVENTS, "counter", "vLLM KV-cache events read per instance: applied, bad "
+           "(skipped), gap (batches missed: the instance then holds nothing), unknown_parent.")  # fmt: skip
+    return [
+        f'{names.PROXY_KV_EVENTS}{{instance="{escape(f["url"])}",outcome="{label}"}} {f[key]}'
+        for f in feeds
+        for key, label in _EVENT_OUTCOMES.items()
+    ]
+
+
 class Metrics:
     """Every counter and histogram the proxy keeps."""
 
@@ -101,6 +118,7 @@ class Metrics:
             if "blocks" in routing:
                 family(names.PROXY_KV_INDEX_BLOCKS, "gauge", "Prompt blocks the proxy's index knows of.")
                 out.append(f"{names.PROXY_KV_INDEX_BLOCKS} {routing['blocks']}")
+            out.extend(_kv_event_lines(routing.get("kv_events"), family))
         if deployment:
             family(names.PROXY_INFO, "gauge", "The deployment this proxy fronts.")
             out.append(f'{names.PROXY_INFO}{{deployment="{escape(deployment)}"}} 1')

@@ -12,6 +12,7 @@ from ucmctl.proxy.config import API_KEY_ENV, make_config, normalize_url
 
 P, D = "http://127.0.0.1:7800", "http://127.0.0.1:7801"
 PD = {"mode": "pd", "prefillers": [P], "decoders": [D]}
+KV = {"mode": "mixed", "instances": [P, D], "routing_name": "kv", "served_model": "m"}
 
 
 def test_pd_config_from_plan_arguments() -> None:
@@ -69,6 +70,13 @@ def test_url_normalized(url: str, expected: str) -> None:
         ({"mode": "mixed", "instances": [P], "health_interval": 0}, "--health-interval is 0"),
         ({"mode": "mixed", "instances": [P], "retries": -1}, "--retries is -1"),
         ({"mode": "mixed", "instances": [P], "unhealthy_after": 0}, "--unhealthy-after is 0"),
+        ({**KV, "kv_events": [P + "tcp://h:5557"]}, "has no '='"),
+        ({**KV, "kv_events": ["http://h:9=tcp://h:5557"]}, "--kv-events http://h:9 is not an instance"),
+        ({**KV, "kv_events": [f"{P}=tcp://h"]}, "'tcp://h' is not tcp://HOST:PORT"),
+        ({**KV, "kv_events": [f"{P}=ipc:///tmp/x"]}, "is not tcp://HOST:PORT"),
+        ({**KV, "kv_events": [f"{P}=tcp://h:1", f"{P}/=tcp://h:2"]}, f"--kv-events {P} is given twice"),
+        ({**KV, "routing_name": "session", "kv_events": [f"{P}=tcp://h:1"]}, "which --routing session"),
+        ({**KV, "served_model": None, "kv_events": [f"{P}=tcp://h:1"]}, "--kv-events needs --served-model"),
     ],
 )
 def test_bad_arguments_are_one_line_and_exit_2(kwargs: dict[str, object], needle: str) -> None:
@@ -79,6 +87,13 @@ def test_bad_arguments_are_one_line_and_exit_2(kwargs: dict[str, object], needle
     text = str(err.value)
     assert needle in text and "\n" not in text
     assert "(" in text  # every error says how to fix it
+
+
+def test_kv_events_name_an_instance_and_a_tcp_endpoint() -> None:
+    given = [f"{P}/v1=tcp://10.0.0.1:5557", f"{D}=tcp://[::1]:5558"]
+    config = make_config(host="127.0.0.1", port=7802, kv_events=given, **KV)  # type: ignore[arg-type]
+    assert config.kv_events == ((P, "tcp://10.0.0.1:5557"), (D, "tcp://[::1]:5558"))
+    assert config.served_model == "m"
 
 
 def test_cli_function_maps_options_to_config(monkeypatch: pytest.MonkeyPatch) -> None:

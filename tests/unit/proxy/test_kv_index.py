@@ -38,7 +38,7 @@ def _chained(units: list[int], per_block: int, model: str) -> list[int]:
         x = (x * 0x94D049BB133111EB) & M64
         return x ^ (x >> 31)
 
-    p, keys = k._seed(model), []
+    p, keys = k.seed(model), []
     for start in range(0, len(units) - per_block + 1, per_block):
         block = units[start : start + per_block]
         b = sum(mix(u & M64) * pow(k._R, j, 1 << 64) for j, u in enumerate(block))

@@ -1,0 +1,110 @@
+"""`kv` routing reads each instance's KV-cache events (vLLM's schema and transport: the publisher
+binds a ZMQ PUB socket, the proxy's SUB connects; multipart topic, 8-byte sequence number,
+msgpack batch): a prefix goes to the instance whose events say it holds it, and no longer once
+its events say it evicted it, even where the proxy's own routing history says otherwise; a
+missed batch and a malformed one are counted, and requests are served throughout. The
+publishers here are the test's own sockets, writing what vLLM writes (the simulator's engine does
+not publish events yet)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import msgspec
+import pytest
+import zmq
+
+from tests.support.processes import wait_for
+
+from .procs import Proc, completion, get, metric, post, proxy, sim
+
+Launch = Callable[..., list[Proc]]
+SHARED = [(n * 7) % 5000 + 10 for n in range(640)]  # 40 blocks of 16
+HASHES = [n.to_bytes(4, "big") * 8 for n in range(40)]  # vLLM 0.32's block hashes are 32 bytes
+
+
+def batch(*events: dict) -> bytes:
+    return msgspec.msgpack.encode([1.5, list(events), 0])
+
+
+def stored(hashes: list[bytes], ids: list[int]) -> dict:
+    return {"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": None, "token_ids": ids,
+            "block_size": 16, "lora_id": None, "medium": "GPU", "lora_name": None}  # fmt: skip
+
+
+class Publisher:
+    """One instance's event publisher: binds, as vLLM's engine does, and numbers its batches."""
+
+    def __init__(self, ctx: zmq.Context) -> None:
+        self.sock = ctx.socket(zmq.PUB)
+        self.port = self.sock.bind_to_random_port("tcp://127.0.0.1")
+        self.seq = 0
+
+    def send(self, payload: bytes, skip: int = 0) -> None:
+        self.seq += 1 + skip
+        self.sock.send_multipart([b"kv@sim", self.seq.to_bytes(8, "big"), payload])
+
+
+@pytest.fixture
+def publishers() -> Iterator[list[Publisher]]:
+    ctx = zmq.Context()
+    pubs = [Publisher(ctx) for _ in range(3)]
+    yield pubs
+    for p in pubs:
+        p.sock.close(linger=0)
+    ctx.term()
+
+
+def test_kv_routing_follows_each_instances_kv_events(
+    launch: Launch, tmp_path: Path, publishers: list[Publisher]
+) -> None:
+    mixed = [sim(tmp_path, "--block-size", "16") for _ in range(3)]
+    flags = ["--mode", "mixed", "--routing", "kv", "--block-size", "16", "--served-model", "sim-model"]
+    for m, pub in zip(mixed, publishers, strict=True):
+        flags += ["--instance", m.url, "--kv-events", f"{m.url}=tcp://127.0.0.1:{pub.port}"]
+    px = proxy(tmp_path, *flags)
+    launch(*mixed, px)
+
+    def feeds() -> list[dict]:
+        by_url = {f["url"]: f for f in json.loads(get(px.url + "/routing")[2])["kv_events"]}
+        return [by_url[m.url] for m in mixed]
+
+    def served() -> list[float]:
+        return [metric(m.url, "vllm:request_success_total", absent=0.0) for m in mixed]
+
+    def send(i: int, *events: dict) -> None:
+        """Publish one batch to instance i and wait until the proxy applied it."""
+        before = feeds()[i]["events"]
+        publishers[i].send(batch(*events))
+        assert wait_for(lambda: feeds()[i]["events"] >= before + len(events), 10), f"instance {i}'s events"
+
+    for i, pub in enumerate(publishers):  # until each SUB has joined (a PUB drops what no one reads)
+        assert wait_for(lambda i=i, pub=pub: pub.send(batch()) or feeds()[i]["batches"] >= 1, 10), i
+    routing = json.loads(get(px.url + "/routing")[2])
+    assert routing["index"].startswith("vLLM KV events of 3 instances"), routing
+
+    url = px.url + "/v1/completions"
+    send(2, stored(HASHES, SHARED))  # instance 2's cache holds the 40 blocks
+    before = served()
+    assert post(url, completion(2, prompt=[*SHARED, 7000]))[0] == 200
+    assert [int(a - b) for a, b in zip(served(), before, strict=True)] == [0, 0, 1]
+
+    # 2 evicted them (its own routing history still says it computed them), 0 holds them now
+    send(2, {"type": "BlockRemoved", "block_hashes": HASHES, "medium": "GPU"})
+    send(0, stored(HASHES, SHARED))
+    before = served()
+    for n in range(3):
+        assert post(url, completion(2, prompt=[*SHARED, 7001 + n]))[0] == 200
+    assert [int(a - b) for a, b in zip(served(), before, strict=True)] == [3, 0, 0]
+
+    # a batch missed on 1 and a malformed one: counted; requests still served
+    publishers[1].send(batch(), skip=1)
+    publishers[1].send(b"\xc1")
+    assert wait_for(lambda: feeds()[1]["bad"] == 1, 10), feeds()[1]
+    assert feeds()[1]["gaps"] == 1
+    assert post(url, completion(2, prompt=[5] * 40))[0] == 200
+    for i, outcome, value in ((2, "applied", 2), (0, "applied", 1), (1, "gap", 1), (1, "bad", 1)):
+        got = metric(px.url, "ucmctl_proxy_kv_events_total", instance=mixed[i].url, outcome=outcome)
+        assert got == value, (i, outcome, got)
