@@ -1,9 +1,10 @@
-"""1P1D of the real vLLM (CPU, tiny model) over SSH on two network-namespace hosts, first bare, then
-with every process in a podman container of an image that stands in for a user's vLLM image
-(Debian and the venv's vLLM, without ucmctl: tests/support/containers.py): `ucmctl image build`
-derives the image on both hosts, `up` passes the KV probe, the greedy answer through the proxy
-equals the bare deployment's token for token, `status` reads a kill -9 of decode's container
-as `exited (137)`, `down` leaves no container and no process on either host."""
+"""The real vLLM (CPU, tiny model) over SSH on network-namespace hosts, first bare (1P2D on three
+hosts, one decode killed mid-run), then 1P1D with every process in a podman container of an
+image that stands in for a user's vLLM image (Debian and the venv's vLLM, without ucmctl:
+tests/support/containers.py): `ucmctl image build` derives the image on both hosts, `up` passes
+the KV probe, the greedy answer through the proxy equals the bare deployment's token for token,
+`status` reads a kill -9 of decode's container as `exited (137)`, `down` leaves no container and
+no process on either host."""
 
 from __future__ import annotations
 
@@ -30,15 +31,15 @@ BLOCK = 128
 BASE = "ucmctl-test-vllm:1"
 
 
-HOSTS = {"count": 2, "containers": True}  # the `hosts` fixture's (tests/support/fixtures.py)
+HOSTS = {"count": 3, "containers": True}  # the `hosts` fixture's (tests/support/fixtures.py)
 
 
 def topology(c: Cluster, model: Path, name: str, container: str = "", decode_nodes: str = "h2",
-             decode: str = "", bind: tuple[str, str] = ("", "")) -> str:  # fmt: skip
+             decode: str = "") -> str:  # fmt: skip
     line = "  {n}: {{host: {addr}, key: {key}, platform: cpu, devices: 0, python: {py}{container}}}"
     nodes = "\n".join(
         line.format(n=n, addr=c.host(n).address, key=c.key, py=sys.executable, container=container)
-        for n in ("h1", "h2")
+        for n in sorted({"h1", *decode_nodes.split(", ")})
     )
     return f"""
 name: {name}
@@ -47,8 +48,8 @@ model: {{path: {model}, served_name: m, dtype: bfloat16, hash_seed: 0}}
 nodes:
 {nodes}
 storage: {{storage_backends: {c.shared / name}, cache_buffer_capacity_gb: 0.25}}
-prefill: {vllm_role("h1", 8100, bind=bind[0])}
-decode: {vllm_role(decode_nodes, 8200, decode, bind=bind[1])}
+prefill: {vllm_role("h1", 8100)}
+decode: {vllm_role(decode_nodes, 8200, decode)}
 proxy: {{node: h1, port: 8000}}
 """
 
@@ -73,12 +74,10 @@ def test_1p1d_in_containers_answers_as_the_bare_one(hosts: Cluster, tmp_path: Pa
     proxy = f"http://{hosts.host('h1').address}:8000"
     decode = f"http://{hosts.host('h2').address}:8200"
 
-    # bare: 1P2D, decode-0 on h1 beside prefill (each bound to a core of its own), decode-1 on h2,
-    # decode restarted on failure
+    # bare: 1P2D, prefill on h1, decode-0 on h2, decode-1 on h3, decode restarted on failure
     bare = tmp_path / "bare.yaml"
-    bare.write_text(topology(hosts, model, "e2e-bare", decode_nodes="h1, h2",
-                             decode=", restart: {policy: on-failure, backoff_s: 1}",
-                             bind=("0", "1")))  # fmt: skip
+    bare.write_text(topology(hosts, model, "e2e-bare", decode_nodes="h2, h3",
+                             decode=", restart: {policy: on-failure, backoff_s: 1}"))  # fmt: skip
     up = ucmctl("up", str(bare))
     assert up.returncode == 0, up.stderr[-3000:]
     try:
@@ -133,11 +132,11 @@ def decode_lost_and_back(
     ucmctl: Callable[..., subprocess.CompletedProcess[str]], hosts: Cluster, save: Path, prompt: list[int],
     tokens: list[int],
 ) -> None:  # fmt: skip
-    """`bench --fault kill:decode-1@10s` on the bare 1P2D (SIGKILL to decode-1 on h2 over SSH):
+    """`bench --fault kill:decode-1@10s` on the bare 1P2D (SIGKILL to decode-1 on h3 over SSH):
     the failed requests are exactly the answers cut mid-stream, decode-0 serves every request
     sent after the kill, the loss is reported within 10 s; decode-1's supervisor starts it
     again, and once back its first answer comes from the store, token for token."""
-    decode0 = f"http://{hosts.host('h1').address}:8200"
+    decode0 = f"http://{hosts.host('h2').address}:8200"
     served = counter(decode0, "vllm:request_success_total")
     run = ucmctl("bench", "--prefix-ratio", "0", "--input-len", "256", "--output-len", "32",
                  "--num-prompts", "30", "--request-rate", "1", "-q", "--fault", "kill:decode-1@10s",
@@ -154,7 +153,7 @@ def decode_lost_and_back(
     assert f["after"]["requests"] >= 2 and f["after"]["failed"] == 0, json.dumps(f)
     assert counter(decode0, "vllm:request_success_total") - served >= f["after"]["requests"]
     assert f["detected_after_s"] is not None and f["detected_after_s"] <= 10, f
-    decode1 = f"http://{hosts.host('h2').address}:8200"
+    decode1 = f"http://{hosts.host('h3').address}:8200"
     prefill = f"http://{hosts.host('h1').address}:8100"
     deadline = time.monotonic() + 240
     status = ""

@@ -3,7 +3,6 @@ role settings, a one-server simulator deployment, a file in the test's folder.""
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -17,23 +16,19 @@ def node_lines(c: Cluster, names: list[str], platform: str = "cpu") -> str:
     )
 
 
-def vllm_role(nodes: str, port: int, more: str = "", bind: str = "") -> str:
+def vllm_role(nodes: str, port: int, more: str = "") -> str:
     """A prefill/decode/mixed section (on `nodes`, such as "h1, h2"; `more` keys after the
     flags, such as ", restart: {...}") for the real vLLM on the CPU with the tiny model:
     offline, a 1 GiB KV cache, eager (VllmServer.eager says why), blocks of 128 tokens, and the
     worker inside the engine process (`distributed-executor-backend: uni`, with
     VLLM_ENABLE_V1_MULTIPROCESSING=0: VllmServer.in_process_worker says why, and that this is how
-    vLLM runs on one GPU): one import of torch and vLLM less per start, ~10 s on 2 cores.
-    With `bind` (VLLM_CPU_OMP_THREADS_BIND: where two servers share a node, `up` asks for it),
-    vLLM's multiproc executor instead, the only one that applies it."""
+    vLLM runs on one GPU): one import of torch and vLLM less per start, ~10 s on 2 cores. One
+    server per node: vLLM binds no cores then (only its multiproc executor applies
+    VLLM_CPU_OMP_THREADS_BIND, which `up` asks for where two servers share a node)."""
     env = ('VLLM_CPU_KVCACHE_SPACE: "1", HF_HUB_OFFLINE: "1", TRANSFORMERS_OFFLINE: "1", '
-           'TORCHDYNAMO_DISABLE: "1"')  # fmt: skip
-    flags = "max-model-len: 2048, block-size: 128, max-num-seqs: 4, enforce-eager: true"
-    if bind:
-        env += f", VLLM_CPU_OMP_THREADS_BIND: {json.dumps(bind)}"
-    else:
-        env += ', VLLM_ENABLE_V1_MULTIPROCESSING: "0"'
-        flags += ", distributed-executor-backend: uni"
+           'TORCHDYNAMO_DISABLE: "1", VLLM_ENABLE_V1_MULTIPROCESSING: "0"')  # fmt: skip
+    flags = ("max-model-len: 2048, block-size: 128, max-num-seqs: 4, enforce-eager: true, "
+             "distributed-executor-backend: uni")  # fmt: skip
     return f"{{nodes: [{nodes}], port: {port}, env: {{{env}}}, flags: {{{flags}}}{more}}}"
 
 
