@@ -112,7 +112,7 @@ class Translation:
         return keys
 
     def removed(self, event: Removed) -> list[int]:
-        return [found[1] for h in event.hashes if (found := self.blocks.pop(h, None)) is not None]
-
-    def cleared(self) -> None:
-        self.blocks.clear()
+        """The proxy's keys of the blocks removed. Their mapping stays: vLLM's hash names a
+        block's content (its prefix and tokens), so a block stored again, or after one of
+        these, is the same key."""
+        return [found[1] for h in event.hashes if (found := self.blocks.get(h)) is not None]

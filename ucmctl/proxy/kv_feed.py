@@ -101,7 +101,6 @@ class Feed:
 
     def _forget(self, insts: list[Instance]) -> None:
         """The instance holds nothing the index knew of (its earlier epoch's blocks are gone)."""
-        self.translation.cleared()
         for inst in insts:
             inst.epoch += 1
 

@@ -8,6 +8,7 @@ import json
 import os
 
 from ucmctl.core.errors import UcmctlError
+from ucmctl.sim.kv_events import parse_events_config
 from ucmctl.sim.p2p import PROTOCOLS, bootstrap_port
 from ucmctl.sim.profile import Profile, load_profile, prefill_slowdown
 from ucmctl.sim.server import SimConfig
@@ -37,6 +38,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--data-parallel-size", type=int, default=1)
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--kv-transfer-config")
+    p.add_argument("--kv-events-config")
     # The simulator's own flags.
     p.add_argument("--profile", default="zero", help="zero, a name in ucmctl/sim/profiles, or a JSON file")
     p.add_argument("--prefill-us-per-token", type=float, help="override the profile")
@@ -117,6 +119,7 @@ def parse_serve_args(argv: list[str]) -> tuple[SimConfig, list[str]]:
         p2p=p2p,
         bootstrap_port=bootstrap_port(),
         kv_load_failure_policy=_failure_policy(args.kv_transfer_config),
+        kv_events=parse_events_config(args.kv_events_config),
     )
     return config, ignored
 

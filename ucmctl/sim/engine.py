@@ -27,7 +27,9 @@ import time
 import zlib
 from array import array
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from ucmctl.core.histogram import Histogram
 from ucmctl.sim.external import ExternalTier
@@ -126,6 +128,8 @@ class Engine:
         self.stats: EngineStats = EngineStats()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        # where the prefix cache's events go (sim/kv_events.Publisher.send); None: not recorded
+        self.publish: Callable[[list[dict[str, Any]]], None] | None = None
 
     @property
     def kv_usage(self) -> float:
@@ -177,9 +181,17 @@ class Engine:
             await self._save_new_blocks(chunks, decoding)  # the connector's wait_for_save, for real
             free_at = done + (time.monotonic() - saving)
             self._advance(chunks, decoding, time.monotonic())
+            self.flush_events()
             self.stats.steps += 1
             self.stats.planned_ms += compute_ms
             self.stats.elapsed_ms += (time.monotonic() - started) * 1000
+
+    def flush_events(self) -> None:
+        """Publish what the prefix cache recorded since the last time, as one batch."""
+        events = self.cache.events
+        if self.publish is not None and events:
+            self.publish(list(events))
+            events.clear()
 
     def _drop_cancelled(self) -> None:
         if any(r.cancelled for r in self.waiting):
@@ -319,7 +331,7 @@ class Engine:
         r.external_hit_tokens = external * self.block_size
         r.computed = (local + external) * self.block_size
         r.saved_blocks = local + external  # what came from a cache needs no save
-        self.cache.insert(r.keys[: local + external])
+        self.cache.insert(r.keys[: local + external], None, r.prompt)
 
     async def _save_new_blocks(
         self, chunks: list[tuple[SimRequest, int]], decoding: list[SimRequest]
@@ -333,7 +345,11 @@ class Engine:
 
         def save(r: SimRequest, start: int, stop: int) -> None:
             new = r.keys[start:stop]
-            self.cache.insert(new)
+            size = self.block_size  # the tokens an event of these blocks names, where recorded
+            tokens = (
+                (r.prompt + r.output)[start * size : stop * size] if self.cache.events is not None else ()
+            )
+            self.cache.insert(new, r.keys[start - 1] if start else None, tokens)
             to_save.extend(new)
             packs.extend(
                 self.external.packs(r.keys, start, len(new), r.pack_heads) or [None] * len(new)

@@ -1,4 +1,6 @@
-"""Block keys from token ids, and the engine-local prefix cache (fixed capacity, LRU)."""
+"""Block keys from token ids, and the engine-local prefix cache (fixed capacity, LRU), which
+records what it gains and loses as vLLM's KV-cache events (its schema: sim/kv_events.py sends
+them) when asked to."""
 
 from __future__ import annotations
 
@@ -6,6 +8,7 @@ import hashlib
 from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import Any
 
 KEY_SIZE = 16
 
@@ -34,11 +37,13 @@ def extend_keys(keys: list[bytes], tokens: Sequence[int], block_size: int, names
 class PrefixCache:
     """The blocks an engine keeps in its own KV memory (vLLM's HBM prefix cache)."""
 
-    def __init__(self, capacity_blocks: int, enabled: bool = True) -> None:
+    def __init__(self, capacity_blocks: int, enabled: bool = True, block_size: int = 16) -> None:
         self.capacity = max(0, capacity_blocks)
         self.enabled = enabled and self.capacity > 0
+        self.block_size = block_size
         self._blocks: OrderedDict[bytes, None] = OrderedDict()
         self.evictions = 0
+        self.events: list[dict[str, Any]] | None = None  # a list: record vLLM's events there
 
     def __len__(self) -> int:
         return len(self._blocks)
@@ -55,15 +60,35 @@ class PrefixCache:
             n += 1
         return n
 
-    def insert(self, keys: Sequence[bytes]) -> None:
+    def insert(self, keys: Sequence[bytes], parent: bytes | None = None, tokens: Sequence[int] = ()) -> None:
+        """Cache the blocks `keys` (after the block `parent`, holding `tokens`, a block's worth
+        each: what an event of them names)."""
         if not self.enabled:
             return
-        for key in keys:
+        run: list[int] = []  # the positions of the new blocks in a row: one BlockStored
+        for n, key in enumerate(keys):
             if key in self._blocks:
                 self._blocks.move_to_end(key)
+                self._stored(keys, run, parent, tokens)
+                run = []
                 continue
             self._blocks[key] = None
-            self._evict()
+            run.append(n)
+        self._stored(keys, run, parent, tokens)
+        self._evict()
+
+    def _stored(
+        self, keys: Sequence[bytes], run: list[int], parent: bytes | None, tokens: Sequence[int]
+    ) -> None:
+        if self.events is None or not run:
+            return
+        first, size = run[0], self.block_size
+        self.events.append({
+            "type": "BlockStored", "block_hashes": [keys[n] for n in run],
+            "parent_block_hash": keys[first - 1] if first else parent,
+            "token_ids": list(tokens[first * size : (run[-1] + 1) * size]), "block_size": size,
+            "lora_id": None, "medium": "GPU", "lora_name": None,
+        })  # fmt: skip
 
     def resize(self, capacity: int) -> None:
         """A new capacity; the least recently used blocks beyond it go."""
@@ -71,9 +96,14 @@ class PrefixCache:
         self._evict()
 
     def _evict(self) -> None:
+        gone = []
         while len(self._blocks) > self.capacity:
-            self._blocks.popitem(last=False)
+            gone.append(self._blocks.popitem(last=False)[0])
             self.evictions += 1
+        if gone and self.events is not None:
+            self.events.append({"type": "BlockRemoved", "block_hashes": gone, "medium": "GPU"})
 
     def reset(self) -> None:
         self._blocks.clear()
+        if self.events is not None:
+            self.events.append({"type": "AllBlocksCleared"})

@@ -20,6 +20,7 @@ from ucmctl.sim import p2p as p2p_protocol
 from ucmctl.sim import replies
 from ucmctl.sim.engine import Engine, SimRequest
 from ucmctl.sim.external import ExternalTier
+from ucmctl.sim.kv_events import EventsConfig, Publisher
 from ucmctl.sim.metrics import exposition
 from ucmctl.sim.prefix_cache import PrefixCache, block_keys
 from ucmctl.sim.profile import SLOWDOWN_VARIABLE, Profile, prefill_slowdown
@@ -49,6 +50,7 @@ class SimConfig:
     p2p: str | None = None  # the P2P protocol of its Mooncake connector (sim/p2p.py), if any
     bootstrap_port: int = p2p_protocol.DEFAULT_BOOTSTRAP_PORT  # mooncake, prefill side
     kv_load_failure_policy: str = "fail"  # vLLM's default: a failed KV load fails the request
+    kv_events: EventsConfig | None = None  # --kv-events-config: publish the prefix cache's events
 
 
 class BadRequest(Exception):
@@ -73,7 +75,9 @@ class SimServer:
                 block_size=config.block_size,
                 max_num_seqs=config.max_num_seqs,
                 max_num_batched_tokens=config.max_num_batched_tokens,
-                cache=PrefixCache(config.kv_cache_blocks, enabled=config.prefix_caching),
+                cache=PrefixCache(
+                    config.kv_cache_blocks, enabled=config.prefix_caching, block_size=config.block_size
+                ),
                 external=self.external,
                 vocab=tokenizer.vocab_size,
             )
@@ -87,6 +91,7 @@ class SimServer:
                 self.engine_id, config.host, config.bootstrap_port, config.port
             )
         self._session: aiohttp.ClientSession | None = None
+        self.publishers: list[Publisher] = []  # one per engine, with --kv-events-config
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -102,6 +107,10 @@ class SimServer:
 
     async def _start(self, _: web.Application) -> None:
         for e in self.engines:
+            if self.config.kv_events is not None:
+                self.publishers.append(Publisher(self.config.kv_events, e.index))
+                e.cache.events = []
+                e.publish = self.publishers[-1].send
             e.start()
         if self.bootstrap is not None:
             await self.bootstrap.start()
@@ -109,6 +118,8 @@ class SimServer:
     async def _stop(self, _: web.Application) -> None:
         for e in self.engines:
             await e.stop()
+        for publisher in self.publishers:
+            publisher.close()
         if self.bootstrap is not None:
             await self.bootstrap.stop()
         if self._session is not None:
@@ -139,6 +150,7 @@ class SimServer:
     async def reset_prefix_cache(self, request: web.Request) -> web.Response:
         for e in self.engines:
             e.cache.reset()
+            e.flush_events()
         return web.Response(status=200)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:

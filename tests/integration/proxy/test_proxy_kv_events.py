@@ -2,9 +2,8 @@
 binds a ZMQ PUB socket, the proxy's SUB connects; multipart topic, 8-byte sequence number,
 msgpack batch): a prefix goes to the instance whose events say it holds it, and no longer once
 its events say it evicted it, even where the proxy's own routing history says otherwise; a
-missed batch and a malformed one are counted, and requests are served throughout. The
-publishers here are the test's own sockets, writing what vLLM writes (the simulator's engine does
-not publish events yet)."""
+missed batch and a malformed one are counted, and requests are served throughout: first from the
+test's own sockets, writing what vLLM writes, then from simulators publishing their own."""
 
 from __future__ import annotations
 
@@ -16,7 +15,7 @@ import msgspec
 import pytest
 import zmq
 
-from tests.support.processes import wait_for
+from tests.support.processes import free_port, wait_for
 
 from .procs import Proc, completion, get, metric, post, proxy, sim
 
@@ -108,3 +107,55 @@ def test_kv_routing_follows_each_instances_kv_events(
     for i, outcome, value in ((2, "applied", 2), (0, "applied", 1), (1, "gap", 1), (1, "bad", 1)):
         got = metric(px.url, "ucmctl_proxy_kv_events_total", instance=mixed[i].url, outcome=outcome)
         assert got == value, (i, outcome, got)
+
+
+def test_kv_routing_reads_the_simulators_own_events(launch: Launch, tmp_path: Path) -> None:
+    """Simulators publishing their prefix caches' events (as vLLM does; 128 blocks of KV each):
+    a prompt sent to one of them directly, which the proxy never routed, is routed there; once
+    that one evicted it, and another holds it, to the other."""
+    ports = [free_port(), free_port()]
+    small = ["--block-size", "16", "--kv-bytes-per-token", "1024", "--kv-cache-gib", str(2**-9)]  # 128 blocks
+    events = [{"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{p}"} for p in ports]
+    mixed = [sim(tmp_path, *small, "--kv-events-config", json.dumps(e)) for e in events]
+    flags = ["--mode", "mixed", "--routing", "kv", "--block-size", "16", "--served-model", "sim-model"]
+    for m, port in zip(mixed, ports, strict=True):
+        flags += ["--instance", m.url, "--kv-events", f"{m.url}=tcp://127.0.0.1:{port}"]
+    px = proxy(tmp_path, *flags)
+    launch(*mixed, px)
+
+    def applied(i: int) -> int:
+        return int(metric(px.url, "ucmctl_proxy_kv_events_total", instance=mixed[i].url, outcome="applied"))
+
+    def direct(i: int, prompt: list[int]) -> None:
+        """A request to instance i itself, then its events read by the proxy."""
+        before = applied(i)
+        assert post(mixed[i].url + "/v1/completions", completion(1, prompt=prompt))[0] == 200
+        assert wait_for(lambda: applied(i) > before, 10), f"no event of instance {i} read"
+
+    # each SUB joins its publisher in the background: a first request's events may go unread
+    tries = iter(range(10_000))
+    for i in (0, 1):
+        assert wait_for(lambda i=i: one_block(mixed[i], next(tries)) or applied(i) > 0, 15, every=0.2), i
+    other = [[(n * 11 + k) % 5000 + 10 for n in range(640)] for k in range(2)]  # 40 blocks each
+    direct(1, SHARED)  # instance 1 holds SHARED, unknown to the proxy's routing history
+    assert took(px, mixed, [*SHARED, 9]) == [0, 1]
+    # instance 1 evicts it (two other prompts of 40 blocks: a request holds its 41 blocks while
+    # it runs, the cache keeps the 87 left), 0 holds it: routed there, where the proxy's own
+    # history says 1
+    for prompt in other:
+        direct(1, prompt)
+    direct(0, SHARED)
+    assert took(px, mixed, [*SHARED, 10]) == [1, 0]
+
+
+def one_block(instance: Proc, n: int) -> None:
+    """A request of one new block straight to an instance (its events: that block stored)."""
+    assert post(instance.url + "/v1/completions", completion(1, prompt=[100 + n] * 20))[0] == 200
+
+
+def took(px: Proc, instances: list[Proc], prompt: list[int]) -> list[int]:
+    """A request through the proxy: how many requests each instance served meanwhile."""
+    before = [metric(m.url, "vllm:request_success_total") for m in instances]
+    assert post(px.url + "/v1/completions", completion(2, prompt=prompt))[0] == 200
+    after = [metric(m.url, "vllm:request_success_total") for m in instances]
+    return [int(a - b) for a, b in zip(after, before, strict=True)]
