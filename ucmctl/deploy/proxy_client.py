@@ -8,6 +8,7 @@ import os
 import time
 import urllib.error
 import urllib.request
+from typing import Any
 
 from ucmctl.core.errors import ExitStatus, UcmctlError
 from ucmctl.plan.model import Process
@@ -102,7 +103,7 @@ def routing_line(proxy: Process) -> str | None:
     if proxy.proxy.direct_below:
         line += f", straight to decode below {proxy.proxy.direct_below} tokens to compute"
     if "index" in got:
-        line += f"; index: {got['index']}, {got.get('blocks', 0)} blocks"
+        line += f"; index: {got['index']}, {got.get('blocks', 0)} blocks{_events_read(got)}"
         for leg in ("prefill", "load"):
             speed = got.get(leg)
             if isinstance(speed, dict):
@@ -110,3 +111,12 @@ def routing_line(proxy: Process) -> str | None:
                 per = 1e3 * float(speed.get("seconds_per_token") or 0.0)
                 line += f"; {leg} {per:.3g} ms/token, {how}"
     return line
+
+
+def _events_read(got: dict[str, Any]) -> str:
+    """What the proxy's KV-event feeds read, all servers together ("" without feeds)."""
+    feeds = got.get("kv_events")
+    if not isinstance(feeds, list) or not feeds:
+        return ""
+    read, gaps, bad = (sum(int(f.get(k, 0)) for f in feeds) for k in ("events", "gaps", "bad"))
+    return f" ({read} events read, {gaps} batches missed, {bad} malformed)"

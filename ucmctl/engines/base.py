@@ -37,6 +37,7 @@ class ServerSpec(BaseModel):
     enable_expert_parallel: bool = False
     flags: dict[str, Any] = {}  # the topology's extra flags: true is a bare flag, false --no-flag
     kv_transfer_config: dict[str, Any] | None = None  # the engine's connector config (JSON)
+    kv_events_config: dict[str, Any] | None = None  # the engine's KV-cache event publisher (JSON)
 
     @property
     def external_dp(self) -> bool:

@@ -114,6 +114,8 @@ class VllmEngine(Engine):
         argv += flag_words(spec.flags)
         if spec.kv_transfer_config is not None:
             argv += ["--kv-transfer-config", json.dumps(spec.kv_transfer_config)]
+        if spec.kv_events_config is not None:
+            argv += ["--kv-events-config", json.dumps(spec.kv_events_config)]
         return argv
 
     def kv_transfer_config(self, kv: KvTransfer) -> dict[str, Any] | None:

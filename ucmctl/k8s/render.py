@@ -331,7 +331,7 @@ class _Renderer:
 
     def _service_argv(self, p: Process) -> list[Word]:
         """The Mooncake master's or the proxy's argv: listeners on the pod, upstreams by DNS (the
-        proxy's from its spec, with each server's pod address)."""
+        proxy's from its spec, with each server's pod address, without KV-cache events)."""
         if p.proxy is not None:
             urls = self._upstream_urls()
 
@@ -340,10 +340,12 @@ class _Renderer:
                     raise AssertionError(f"proxy upstream {url} is no server of the plan")
                 return urls[url]
 
+            # no KV-cache events across pods (a pod's publisher port is its DP rank's, its shell's)
             ups = tuple(
                 u.model_copy(update={"url": by_dns(u.url), "bootstrap": u.bootstrap and by_dns(u.bootstrap)})
                 for u in p.proxy.upstreams
             )
+            ups = tuple(u.model_copy(update={"kv_events": None}) for u in ups)
             return list(p.proxy.model_copy(update={"host": ANY_ADDRESS, "upstreams": ups}).argv())
         words: list[Word] = list(p.argv)
         for flag in ("--host", "--rpc_address", "--metrics_host"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import posixpath
+from typing import Any
 
 from ucmctl.core import routing_names
 from ucmctl.core.platforms import DEVICE_VARIABLE, NIC_VARIABLES, Platform
@@ -262,7 +263,17 @@ def _server_spec(
         enable_expert_parallel=side.expert_parallel,
         flags=dict(side.flags),
         kv_transfer_config=engine.kv_transfer_config(_kv_transfer(t, s, ucm_config)),
+        kv_events_config=_kv_events_config(s),
     )
+
+
+def _kv_events_config(s: Server) -> dict[str, Any] | None:
+    """vLLM's --kv-events-config where the proxy reads the server's events: ZMQ, the engine
+    binding every address on its port (it adds its DP rank to the port given)."""
+    if s.kv_events_port is None:
+        return None
+    base = s.kv_events_port - (s.dp_rank or 0)
+    return {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{base}"}
 
 
 def _server_ports(s: Server) -> dict[str, int]:
@@ -272,6 +283,8 @@ def _server_ports(s: Server) -> dict[str, int]:
         ports["kv"] = s.kv_port
     if s.bootstrap_port:
         ports["bootstrap"] = s.bootstrap_port
+    if s.kv_events_port:
+        ports["kv_events"] = s.kv_events_port
     if s.dp_rank == 0 and s.dp_rpc_port:
         ports["dp_rpc"] = s.dp_rpc_port
     return ports
@@ -380,6 +393,7 @@ def _proxy(t: Topology, nodes: dict[str, NodePlan], upstream: list[Process]) -> 
         block_size=_block_size(upstream),
         direct_below=proxy.direct_below,
         roles=proxy.roles,
+        served_model=t.model.served_name or t.model.path,
     )
     argv = spec.argv()
     base = f"http://{reach_address(node)}:{proxy.port}"
@@ -410,15 +424,23 @@ def _block_size(servers: list[Process]) -> int | None:
     return size if isinstance(size, int) and not isinstance(size, bool) else None
 
 
+def _tcp(address: str, port: int) -> str:
+    return f"tcp://[{address}]:{port}" if ":" in address else f"tcp://{address}:{port}"
+
+
 def _upstream(t: Topology, p: Process, router: str | None) -> Upstream:
     """A server as the proxy reaches it; with the mooncake router, a prefiller's bootstrap
-    server (the proxy asks it for the prefiller's engine)."""
+    server (the proxy asks it for the prefiller's engine); where the proxy reads KV-cache
+    events, the server's publisher."""
     assert p.url is not None
+    events = None
+    if "kv_events" in p.ports:
+        events = _tcp(reach_address(t.nodes[p.node]), p.ports["kv_events"])
     if t.mode is Mode.mixed:
-        return Upstream(url=str(p.url), role="mixed")
+        return Upstream(url=str(p.url), role="mixed", kv_events=events)
     if p.role != "prefill":
-        return Upstream(url=str(p.url), role="decode")
+        return Upstream(url=str(p.url), role="decode", kv_events=events)
     bootstrap = None
     if router == "mooncake":
         bootstrap = f"http://{reach_address(t.nodes[p.node])}:{p.ports['bootstrap']}"
-    return Upstream(url=str(p.url), role="prefill", bootstrap=bootstrap)
+    return Upstream(url=str(p.url), role="prefill", bootstrap=bootstrap, kv_events=events)

@@ -17,6 +17,7 @@ class Upstream(BaseModel):
     url: str  # the API server, as the proxy reaches it
     role: Literal["prefill", "decode", "mixed"]
     bootstrap: str | None = None  # P2P mooncake: the prefiller's bootstrap server
+    kv_events: str | None = None  # where its KV-cache events are published (tcp://HOST:PORT)
 
 
 class ProxySpec(BaseModel):
@@ -32,6 +33,7 @@ class ProxySpec(BaseModel):
     block_size: int | None = None  # the servers' KV block size, where the topology sets it
     direct_below: int = 0  # centralized: fewer tokens to compute than this go to a decode alone
     roles: Literal["fixed", "dynamic"] = "fixed"  # dynamic: any server takes either leg (centralized)
+    served_model: str | None = None  # the model name requests carry (the KV events' block keys)
 
     def argv(self) -> list[str]:
         """The command line that runs this proxy."""
@@ -57,4 +59,9 @@ class ProxySpec(BaseModel):
             argv += ["--direct-below", str(self.direct_below)]
         if self.roles == "dynamic":
             argv += ["--roles", "dynamic"]
+        feeds = [f"{u.url}={u.kv_events}" for u in self.upstreams if u.kv_events]
+        for feed in feeds:
+            argv += ["--kv-events", feed]
+        if feeds and self.served_model:
+            argv += ["--served-model", self.served_model]
         return argv

@@ -120,8 +120,17 @@ def parse_serve_args(argv: list[str]) -> tuple[SimConfig, list[str]]:
         bootstrap_port=bootstrap_port(),
         kv_load_failure_policy=_failure_policy(args.kv_transfer_config),
         kv_events=parse_events_config(args.kv_events_config),
+        data_parallel_rank=_rank(args.data_parallel_rank),
     )
     return config, ignored
+
+
+def _rank(raw: str | None) -> int:
+    if raw is None:
+        return 0
+    if not raw.isdigit():
+        raise UcmctlError.one(f"--data-parallel-rank {raw!r} is not a rank (0, 1, ...)")
+    return int(raw)
 
 
 def _failure_policy(raw: str | None) -> str:

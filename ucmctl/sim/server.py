@@ -51,6 +51,7 @@ class SimConfig:
     bootstrap_port: int = p2p_protocol.DEFAULT_BOOTSTRAP_PORT  # mooncake, prefill side
     kv_load_failure_policy: str = "fail"  # vLLM's default: a failed KV load fails the request
     kv_events: EventsConfig | None = None  # --kv-events-config: publish the prefix cache's events
+    data_parallel_rank: int = 0  # external DP: this server's rank (its engine's)
 
 
 class BadRequest(Exception):
@@ -108,7 +109,9 @@ class SimServer:
     async def _start(self, _: web.Application) -> None:
         for e in self.engines:
             if self.config.kv_events is not None:
-                self.publishers.append(Publisher(self.config.kv_events, e.index))
+                # vLLM's rule: each engine publishes on the endpoint's port plus its DP rank
+                rank = self.config.data_parallel_rank + e.index
+                self.publishers.append(Publisher(self.config.kv_events, rank))
                 e.cache.events = []
                 e.publish = self.publishers[-1].send
             e.start()

@@ -55,11 +55,14 @@ FIELDS: tuple[Newer, ...] = (
     Newer("topology", "storage.pack_blocks", 1),  # a file per block (no packs)
     Newer("topology", "proxy.direct_below", 0),  # selective disaggregation off
     Newer("topology", "proxy.roles", "fixed"),
+    Newer("topology", "proxy.kv_events", True),  # the servers' KV-cache events, where the index is read
+    *(Newer("topology", f"{role}.kv_events_port", None) for role in SERVER_ROLES),
     Newer("plan", "nodes.*.slurm_node", ALWAYS),  # where a scheduler put it this time: not the plan's own
     Newer("plan", "nodes.*.systemd", False),
     Newer("plan", "processes.*.restart.script", None),
     Newer("plan", "store.pack_blocks", 1),
     Newer("plan", "processes.*.proxy", ALWAYS),  # the proxy's spec: its argv holds the same
+    Newer("plan", "processes.*.server.kv_events_config", None),  # no KV-cache events published
     Newer("suite", "workload", None),  # a suite without a workload: the prefix one
 )
 

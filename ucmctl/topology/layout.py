@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ucmctl.core import routing_names
 from ucmctl.core.names import ServerRole
 from ucmctl.core.platforms import Platform
 from ucmctl.engines.mooncake import connector_for
@@ -31,6 +32,9 @@ class Server:
     dp_rpc_port: int | None
     kv_port: int | None  # Mooncake kv_port (MooncakeConnectorV1); the server uses kv_port .. + tp - 1
     bootstrap_port: int | None = None  # MooncakeConnector bootstrap server (p2p prefill)
+    # the port its KV-cache events are published on (the engine binds its endpoint's port plus
+    # its DP rank), where the proxy reads them
+    kv_events_port: int | None = None
 
     @property
     def name(self) -> str:
@@ -52,6 +56,18 @@ def devices_per_server(side: Side) -> int:
 
 def is_external_dp(side: Side) -> bool:
     return side.dp > 1 and side.dp_mode is DpMode.external
+
+
+EVENTS_PORT_OFFSET = 1000  # a server's KV-cache events, by default: its API port + this
+
+
+def reads_kv_events(topology: Topology) -> bool:
+    """Whether the proxy reads the servers' KV-cache events: its index is read (routing kv, or
+    direct decodes) and the topology leaves them on."""
+    proxy = topology.proxy
+    if proxy is None or not proxy.kv_events:
+        return False
+    return routing_names.canonical(proxy.routing.value) == "kv" or proxy.direct_below > 0
 
 
 def servers(topology: Topology) -> list[Server]:
@@ -80,6 +96,10 @@ def servers(topology: Topology) -> list[Server]:
                     kv_port = side.kv_port + local * side.tp
                 if facts is not None and facts.bootstrap_port and side_name == "prefill":
                     bootstrap = side.bootstrap_port + local
+            events = None  # one engine per server only: the proxy reads one stream per instance
+            if reads_kv_events(topology) and not (side.dp > 1 and side.dp_mode is DpMode.internal):
+                base = side.kv_events_port or side.port + EVENTS_PORT_OFFSET
+                events = base + local + (rank or 0)
             out.append(
                 Server(
                     side=side_name,
@@ -95,6 +115,7 @@ def servers(topology: Topology) -> list[Server]:
                     dp_rpc_port=rpc,
                     kv_port=kv_port,
                     bootstrap_port=bootstrap,
+                    kv_events_port=events,
                 )
             )
     return out

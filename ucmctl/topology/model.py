@@ -330,6 +330,12 @@ class Proxy(Strict):
         description="centralized: a request with fewer tokens than this not cached on the chosen decode "
         "instance (its own cache, then the store) goes to it alone, which prefills them; 0: never",
     )
+    kv_events: bool = Field(
+        True,
+        description="routing kv or direct_below: every server publishes its KV-cache events and the proxy "
+        "reads what each one's cache holds from them (servers of one engine each); false: the proxy's "
+        "routing history alone",
+    )
     roles: Literal["fixed", "dynamic"] = Field(
         "fixed",
         description="centralized: dynamic lets any API server take a prefill or a decode leg, chosen per "
@@ -372,6 +378,11 @@ class Side(Strict):
     kv_port: Port = Field(20001, description="Mooncake kv_port of a node's first server (+ i*tp)")
     bootstrap_port: Port = Field(
         8998, description="MooncakeConnector bootstrap port of a node's first prefill server (+ i)"
+    )
+    kv_events_port: Port | None = Field(
+        None,
+        description="port of a node's first server's KV-cache event publisher (+ i), where the proxy reads "
+        "the events (proxy.kv_events); default: each server's API port + 1000. The engine adds its DP rank",
     )
     kv_peer: PeerParallel | None = Field(
         None, description="the other side's dp/tp in the Mooncake config (default: derived)"

@@ -72,13 +72,12 @@ def check_placement(t: Topology, bad) -> None:
             )
         for p in server.kv_ports:
             claim(server.node, p, f"{server.name} Mooncake kv_port", (server.side, "kv_port"))
-        if server.bootstrap_port:
-            claim(
-                server.node,
-                server.bootstrap_port,
-                f"{server.name} Mooncake bootstrap",
-                (server.side, "bootstrap_port"),
-            )
+        for port, what, key in (
+            (server.bootstrap_port, "Mooncake bootstrap", "bootstrap_port"),
+            (server.kv_events_port, "KV-cache events", "kv_events_port"),
+        ):
+            if port:
+                claim(server.node, port, f"{server.name} {what}", (server.side, key))
     if t.proxy is not None:
         claim(t.proxy.node, t.proxy.port, "proxy", ("proxy", "port"))
 

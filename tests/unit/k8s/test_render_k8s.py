@@ -391,6 +391,17 @@ def test_cuda_p2p_bootstrap_urls_and_gpu_requests() -> None:
     ]
 
 
+def test_kv_routing_renders_a_proxy_that_reads_no_events_across_pods() -> None:
+    text = (REPO / "topologies" / "2p2d-centralized.yaml").read_text()
+    plan = build_plan(parse_topology(text.replace("\nproxy:\n", "\nproxy:\n  routing: kv\n", 1)))
+    assert "--kv-events" in next(p for p in plan.processes if p.role == "proxy").argv  # on the nodes
+    manifests = render_manifests(plan)
+    for m in manifests:
+        validate_object(m.obj)
+    proxy = _containers(next(iter(_by_kind(manifests, "Deployment").values())))[0]["command"]
+    assert "--routing" in proxy and "--kv-events" not in proxy and "--served-model" not in proxy
+
+
 def test_xpyd_instances_and_two_backends() -> None:
     _, plan = _load(REPO / "topologies" / "xpyd.yaml")
     manifests = render_manifests(plan)

@@ -4,6 +4,8 @@ pods' addresses."""
 
 from __future__ import annotations
 
+import json
+
 from tests.unit.plan.conftest import TOPOLOGIES
 from ucmctl.plan.build import build_plan
 from ucmctl.plan.model import Plan
@@ -31,13 +33,41 @@ def test_the_default_routing_adds_nothing_and_the_spec_says_it() -> None:
 
 
 def test_kv_routing_and_direct_below_reach_the_proxys_command_line() -> None:
-    p = proxy_of(plan_with("routing: kv", "direct_below: 256"))
+    p = proxy_of(plan_with("routing: kv", "direct_below: 256", "kv_events: false"))
     assert p.proxy is not None and p.proxy.routing == "kv" and p.proxy.direct_below == 256
     tail = p.argv[p.argv.index("--routing") :]
     assert tail == ["--routing", "kv", "--direct-below", "256"]  # the example sets no block size
     assert p.proxy.block_size is None
     assert p.argv == p.proxy.argv()
     assert proxy_of(plan_with("routing: prefix")).argv[-2:] == ["--routing", "affinity"]
+
+
+def test_where_the_index_is_read_every_server_publishes_its_kv_events_and_the_proxy_reads_them() -> None:
+    for routing in (["routing: kv"], ["direct_below: 100"]):
+        plan = plan_with(*routing)
+        p = proxy_of(plan)
+        feeds = [p.argv[k + 1] for k, word in enumerate(p.argv) if word == "--kv-events"]
+        published = []
+        for s in plan.servers():  # each server's API port + 1000, bound on every address
+            port = s.ports["http"] + 1000
+            assert s.ports["kv_events"] == port, s.ports
+            config = json.loads(s.argv[s.argv.index("--kv-events-config") + 1])
+            assert config == {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{port}"}
+            published.append(f"{s.url}=tcp://{s.url.split('//')[1].rsplit(':', 1)[0]}:{port}")
+        assert feeds == published and len(feeds) == 4
+        assert p.argv[-2:] == ["--served-model", "/models/QwQ-32B"] and p.argv == p.proxy.argv()  # type: ignore[union-attr]
+    for quiet in (["routing: kv", "kv_events: false"], ["routing: session"]):
+        plan = plan_with(*quiet)
+        assert "--kv-events" not in proxy_of(plan).argv and "--served-model" not in proxy_of(plan).argv
+        assert all("--kv-events-config" not in s.argv and "kv_events" not in s.ports for s in plan.servers())
+
+
+def test_a_set_events_port_counts_from_the_nodes_first_server() -> None:
+    text = BASE.replace("\nproxy:\n", "\nproxy:\n  routing: kv\n", 1)
+    text = text.replace("\ndecode:\n", "\ndecode:\n  kv_events_port: 9100\n", 1)
+    assert "kv_events_port: 9100" in text
+    ports = {s.name: s.ports["kv_events"] for s in build_plan(parse_topology(text)).servers()}
+    assert ports == {"prefill-0": 8800, "prefill-1": 8801, "decode-0": 9100, "decode-1": 9101}
 
 
 def test_dynamic_roles_reach_the_proxys_command_line() -> None:
