@@ -1,7 +1,8 @@
 """1P1D with the real vLLM (tiny model) over SSH on two network-namespace hosts sharing one
 storage folder, a GlusterFS volume served from a third host (each of the two mounts it with its
-own FUSE client): requests through the proxy, decode loads the prefix that prefill stored, and
-its greedy tokens equal those of an instance holding the same prefix in its own cache. Then the
+own FUSE client): requests through the proxy (routing by KV: it reads both servers' KV-cache
+events), decode loads the prefix that prefill stored, and its greedy tokens equal those of an
+instance holding the same prefix in its own cache. Then the
 storage fails during `ucmctl bench` three ways (the brick killed, the storage host's link cut
 30 s, the volume stopped and started): no request fails, the report names the errors, no store
 wait outlasts its bound by a second, and KV crosses the store again once it is back."""
@@ -62,7 +63,7 @@ storage: {{storage_backends: {store}, cache_buffer_capacity_gb: 0.25, load_timeo
           dump_timeout_s: {BOUND_S}}}
 prefill: {vllm_role("h1", 8100)}
 decode: {vllm_role("h2", 8200)}
-proxy: {{node: h1, port: 8000}}
+proxy: {{node: h1, port: 8000, routing: kv}}
 """
 
 
@@ -94,6 +95,11 @@ def test_1p1d_over_ssh_decode_hits_what_prefill_stored(
         assert "hit external: 3" in logs
         # Prefill holds the same prefix in its own cache (it computed it): a local hit there.
         local = greedy_with_logprobs(prefill, prompt)
+        # the proxy reads both servers' own KV-cache events (vLLM's publisher, as the plan set it)
+        feeds = read_feeds(f"http://{hosts.host('h1').address}:8000")
+        assert {f["url"] for f in feeds} == {decode, prefill}, feeds
+        assert all(f["events"] > 0 for f in feeds), feeds
+        assert all(f["bad"] == f["gaps"] == f["unknown_parent"] == 0 for f in feeds), feeds
         assert counter(prefill, "vllm:prefix_cache_hits_total") >= 3 * BLOCK
         assert via_proxy[0] == local[0]  # the same greedy tokens ...
         assert via_proxy[1] == local[1]  # ... and the same top logprobs: the same KV bytes
@@ -153,6 +159,18 @@ def test_1p1d_over_ssh_decode_hits_what_prefill_stored(
     assert hosts.processes_of("e2e-two-hosts") == []
     blocks = [f for f in (volume.brick / "store").rglob("*") if f.is_file()]
     assert len(blocks) >= 8, blocks  # the blocks went to the server's brick, over the network
+
+
+def read_feeds(proxy: str) -> list[dict]:
+    """The proxy's KV-event feeds once each has read an event (vLLM publishes a step's events
+    right after it)."""
+
+    def feeds() -> list[dict]:
+        with urllib.request.urlopen(proxy + "/routing", timeout=10) as r:
+            return json.loads(r.read()).get("kv_events", [])
+
+    wait_for(lambda: all(f["events"] > 0 for f in feeds() or [{"events": 0}]), timeout=30)
+    return feeds()
 
 
 def kv_crosses_the_store(proxy: str, decode: str, prompt: list[int]) -> tuple[list[int], list[int]] | None:

@@ -119,4 +119,6 @@ def _events_read(got: dict[str, Any]) -> str:
     if not isinstance(feeds, list) or not feeds:
         return ""
     read, gaps, bad = (sum(int(f.get(k, 0)) for f in feeds) for k in ("events", "gaps", "bad"))
-    return f" ({read} events read, {gaps} batches missed, {bad} malformed)"
+    silent = sum(1 for f in feeds if not f.get("batches"))  # unreachable, or nothing sent yet
+    unheard = f", {silent} of {len(feeds)} servers not heard from" if silent else ""
+    return f" ({read} events read, {gaps} batches missed, {bad} malformed{unheard})"

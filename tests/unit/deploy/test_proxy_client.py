@@ -67,13 +67,16 @@ def test_kv_says_its_index_and_speeds(answering: tuple[str, dict]) -> None:
 
 def test_kv_says_what_its_event_feeds_read(answering: tuple[str, dict]) -> None:
     url, said = answering
-    feeds = [{"url": "a", "events": 40, "gaps": 1, "bad": 0}, {"url": "b", "events": 2, "gaps": 0, "bad": 3}]
+    feeds = [{"url": "a", "batches": 9, "events": 40, "gaps": 1, "bad": 0},
+             {"url": "b", "batches": 1, "events": 2, "gaps": 0, "bad": 3},
+             {"url": "c", "batches": 0, "events": 0, "gaps": 0, "bad": 0}]  # fmt: skip
     said.update({**KV, "index": "vLLM KV events of 2 instances, with the proxy's routing history",
                  "kv_events": feeds})  # fmt: skip
     line = routing_line(proxy_process(url, routing="kv"))
     assert line is not None and line.startswith(
         "proxy routing: kv; index: vLLM KV events of 2 instances, with the proxy's routing history, "
-        "1234 blocks (42 events read, 1 batches missed, 3 malformed); prefill 0.366 ms/token"
+        "1234 blocks (42 events read, 1 batches missed, 3 malformed, 1 of 3 servers not heard from); "
+        "prefill 0.366 ms/token"
     ), line
 
 
