@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import random
 import signal
@@ -66,22 +67,47 @@ def _ephemeral_low() -> int:
 
 def free_port(span: int = 1) -> int:
     """The first of `span` consecutive loopback ports free now (a server with
-    `servers_per_node: 2` takes its port and the next), none handed out before in this process.
-    They are below the kernel's ephemeral range: a port from bind(0) is one that any outgoing
-    connection may take as its local port before the server binds it (a fresh-clone CI lost
-    a prefill's second port so, EADDRINUSE), and two calls before either port is bound could
-    get the same one. (Not below 20000: Mooncake's transfer engine takes RPC ports at random
-    from 15000-17000.)"""
+    `servers_per_node: 2` takes its port and the next), none handed out before to a test process
+    still alive on this machine. They are below the kernel's ephemeral range: a port from
+    bind(0) is one that any outgoing connection may take as its local port before the server
+    binds it (a fresh-clone CI lost a prefill's second port so, EADDRINUSE). Two test processes
+    side by side (test.sh's lanes, pytest-xdist's workers) could draw the same free port before
+    either bound it (a CI run lost a decode's port so): the ports handed out are kept in one
+    record for the machine, under a lock. (Not below 20000: Mooncake's transfer engine takes
+    RPC ports at random from 15000-17000.)"""
     low = _ephemeral_low()
     rng = random.Random()
-    for _ in range(1000):
-        base = rng.randrange(20000, max(20001, low - span))
-        ports = range(base, base + span)
-        if any(p in _HANDED_OUT for p in ports) or not all(_bindable(p) for p in ports):
-            continue
-        _HANDED_OUT.update(ports)
-        return base
+    with _port_record() as taken:
+        for _ in range(1000):
+            base = rng.randrange(20000, max(20001, low - span))
+            ports = range(base, base + span)
+            if any(p in _HANDED_OUT or p in taken for p in ports) or not all(_bindable(p) for p in ports):
+                continue
+            _HANDED_OUT.update(ports)
+            taken.update(dict.fromkeys(ports, os.getpid()))
+            return base
     raise RuntimeError(f"no {span} free loopback ports that were not handed out before")
+
+
+PORT_RECORD = Path("/tmp/ucmctl-test-ports")  # "port pid" lines, one machine's test processes
+
+
+@contextlib.contextmanager
+def _port_record() -> Iterator[dict[int, int]]:
+    """The ports handed out to test processes still alive (port -> pid), changed in place and
+    written back, under the record's lock."""
+    with open(f"{PORT_RECORD}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        taken: dict[int, int] = {}
+        with contextlib.suppress(FileNotFoundError):
+            for line in PORT_RECORD.read_text().split("\n"):
+                port, _, pid = line.partition(" ")
+                if port.isdigit() and pid.isdigit() and alive(int(pid)):
+                    taken[int(port)] = int(pid)
+        yield taken
+        tmp = PORT_RECORD.with_name(f"{PORT_RECORD.name}.{os.getpid()}")
+        tmp.write_text("".join(f"{port} {pid}\n" for port, pid in taken.items()))
+        tmp.replace(PORT_RECORD)
 
 
 def _bindable(port: int) -> bool:
