@@ -7,9 +7,10 @@ its batches (kv_events.decode) and applies them: blocks stored in the engine's c
 by the instance, blocks removed are not, a cleared cache holds nothing (a new `epoch`). The
 batches are numbered; a gap (the publisher's buffer overran, or the proxy missed some while it
 reconnected) means blocks may have gone unseen, so the instance is taken to hold nothing, as
-after a clear, until new events say otherwise. A malformed event is counted and skipped, never
-a crash. Where no event arrives, the routing history still fills the index (the approximate
-source), so a feed that cannot be reached costs accuracy, not requests.
+after a clear or a restart (batches numbered from 1 again), until new events say otherwise.
+A malformed event is counted and skipped, never a crash. Where no event arrives, the routing
+history still fills the index (the approximate source), so a feed that cannot be reached costs
+accuracy, not requests.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ class FeedStats:
     batches: int = 0
     events: int = 0
     bad: int = 0  # malformed events or batches, skipped
-    gaps: int = 0  # batches missed: the instance then counts as holding nothing
+    gaps: int = 0  # batches missed: the instance then counts as holding nothing (as after a restart)
     unknown_parent: int = 0  # stored blocks whose prefix was never seen stored (no key)
     last_seq: int | None = None
 
@@ -65,7 +66,8 @@ class Feed:
         s = self.stats
         insts = self.instances()
         if seq is not None and s.last_seq is not None and seq != s.last_seq + 1:
-            s.gaps += 1
+            # numbered from 1 again: the publisher restarted (its cache is new); ahead: missed
+            s.gaps += seq > s.last_seq
             self._forget(insts)
         if seq is not None:
             s.last_seq = seq

@@ -54,12 +54,15 @@ def test_a_clear_or_a_missed_batch_leaves_the_instance_holding_nothing() -> None
     assert index.leading(KEYS, [mine]) == ([4], 0)
     feed.apply(5, batch())  # batch 4 never came: a removal may be in it
     assert index.leading(KEYS, [mine]) == ([0], 0) and feed.stats.gaps == 1
+    feed.apply(6, batch(stored(HASHES, None, PROMPT)))
+    feed.apply(1, batch())  # numbered from 1 again: the server restarted, its cache is empty
+    assert index.leading(KEYS, [mine]) == ([0], 0) and feed.stats.gaps == 1
     # vLLM's hashes name content: after a clear, a block stored after a known one has its key
-    feed.apply(6, batch(stored([b"\x09" * 32], HASHES[3], list(range(16)))))
+    feed.apply(2, batch(stored([b"\x09" * 32], HASHES[3], list(range(16)))))
     longer = block_keys({"model": "m", "prompt": [*PROMPT, *range(16)]}, COMPLETIONS, 16)
     assert feed.stats.unknown_parent == 0 and index.leading(longer, [mine]) == ([0], 0)
     assert index.leading(longer[4:], [mine]) == ([1], 0)  # the fifth block alone is held
-    feed.apply(7, batch(stored([b"\x0a" * 32], b"\x0b" * 32, list(range(16)))))  # never seen
+    feed.apply(3, batch(stored([b"\x0a" * 32], b"\x0b" * 32, list(range(16)))))  # never seen
     assert feed.stats.unknown_parent == 1
 
 
