@@ -102,13 +102,9 @@ def _run(given: dict[str, Any]) -> None:
     from ucmctl.proxy.app import run
     from ucmctl.proxy.config import make_config
 
-    upstreams = {k: given[o] for k, o in (("prefillers", "prefiller"), ("bootstraps", "bootstrap"),
-                                          ("decoders", "decoder"), ("instances", "instance"))}  # fmt: skip
+    upstreams = {f"{k}s": given[k] for k in ("prefiller", "bootstrap", "decoder", "instance")}
     tuning = {k: v for k, v in given.items() if k not in TAKEN}
-    run(make_config(
-        **{k: given[k] for k in ("host", "port", "mode", "p2p", "roles", "kv_events")},
-        routing_name="affinity" if given["prefix_affinity"] else given["routing_name"],
-        env=dict(os.environ),
-        **upstreams,
-        **tuning,
-    ))  # fmt: skip
+    named = {k: given[k] for k in ("host", "port", "mode", "p2p", "roles", "kv_events")}
+    routing_name = "affinity" if given["prefix_affinity"] else given["routing_name"]
+    config = make_config(**named, routing_name=routing_name, env=dict(os.environ), **upstreams, **tuning)
+    run(config)

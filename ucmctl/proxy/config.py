@@ -191,8 +191,8 @@ def _kv_events(given: list[str] | tuple[str, ...], upstreams: tuple[str, ...]) -
             raise UcmctlError.one(f"--kv-events {item!r} has no '='", fix=fix)
         url = normalize_url(url, "--kv-events")
         if url not in upstreams:
-            raise UcmctlError.one(f"--kv-events {url} is not an instance of this proxy", fix="name a "
-                                  "--prefiller, --decoder or --instance URL")  # fmt: skip
+            fix_url = "name a --prefiller, --decoder or --instance URL"
+            raise UcmctlError.one(f"--kv-events {url} is not an instance of this proxy", fix=fix_url)
         endpoint = _tcp_endpoint(endpoint)
         if not endpoint:
             raise UcmctlError.one(

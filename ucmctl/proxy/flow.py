@@ -72,8 +72,8 @@ class ProxyState:
         """The policy's own facts, and where the index learns what each instance's cache holds."""
         facts = self.policy.describe()
         if self.feeds and "index" in facts:
-            facts["index"] = (f"vLLM KV events of {len(self.feeds)} instances, with the proxy's "
-                              "routing history")  # fmt: skip
+            n = len(self.feeds)
+            facts["index"] = f"vLLM KV events of {n} instances, with the proxy's routing history"
             facts["kv_events"] = [vars(f.stats).copy() for f in self.feeds]
         return facts
 

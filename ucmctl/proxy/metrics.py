@@ -45,8 +45,11 @@ def _kv_event_lines(feeds: object, family: Callable[[str, str, str], None]) -> l
     """The KV-cache events each instance's feed read, by outcome (none without feeds)."""
     if not isinstance(feeds, list) or not feeds:
         return []
-    family(names.PROXY_KV_EVENTS, "counter", "vLLM KV-cache events read per instance: applied, bad "
-           "(skipped), gap (batches missed: the instance then holds nothing), unknown_parent.")  # fmt: skip
+    help_ = (
+        "vLLM KV-cache events read per instance: applied, bad (skipped), gap (batches missed: the "
+        "instance then holds nothing), unknown_parent."
+    )
+    family(names.PROXY_KV_EVENTS, "counter", help_)
     return [
         f'{names.PROXY_KV_EVENTS}{{instance="{escape(f["url"])}",outcome="{label}"}} {f[key]}'
         for f in feeds

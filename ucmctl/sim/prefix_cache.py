@@ -83,12 +83,14 @@ class PrefixCache:
         if self.events is None or not run:
             return
         first, size = run[0], self.block_size
-        self.events.append({
-            "type": "BlockStored", "block_hashes": [keys[n] for n in run],
+        stored = {
+            "type": "BlockStored",
+            "block_hashes": [keys[n] for n in run],
             "parent_block_hash": keys[first - 1] if first else parent,
-            "token_ids": list(tokens[first * size : (run[-1] + 1) * size]), "block_size": size,
-            "lora_id": None, "medium": "GPU", "lora_name": None,
-        })  # fmt: skip
+            "token_ids": list(tokens[first * size : (run[-1] + 1) * size]),
+            "block_size": size,
+        }
+        self.events.append({**stored, "lora_id": None, "medium": "GPU", "lora_name": None})
 
     def resize(self, capacity: int) -> None:
         """A new capacity; the least recently used blocks beyond it go."""
