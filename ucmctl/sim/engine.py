@@ -79,6 +79,12 @@ class SimRequest:
     def prefill_done(self) -> bool:
         return self.computed >= self.prefill_target
 
+    def tokens_of(self, start: int, stop: int, block_size: int) -> list[int]:
+        """The tokens of blocks `start` to `stop` of the prompt and then the answer, without
+        copying either whole."""
+        first, last, n = start * block_size, stop * block_size, len(self.prompt)
+        return self.prompt[first:last] + self.output[max(first - n, 0) : max(last - n, 0)]
+
 
 @dataclass
 class EngineStats:
@@ -345,10 +351,7 @@ class Engine:
 
         def save(r: SimRequest, start: int, stop: int) -> None:
             new = r.keys[start:stop]
-            size = self.block_size  # the tokens an event of these blocks names, where recorded
-            tokens = (
-                (r.prompt + r.output)[start * size : stop * size] if self.cache.events is not None else ()
-            )
+            tokens = r.tokens_of(start, stop, self.block_size) if self.cache.events is not None else []
             self.cache.insert(new, r.keys[start - 1] if start else None, tokens)
             to_save.extend(new)
             packs.extend(

@@ -65,3 +65,12 @@ def test_kv_events_config_as_vllm_reads_it() -> None:
                       (on + '"endpoint": "ipc:///x"}', "is not tcp://HOST:PORT")):  # fmt: skip
         with pytest.raises(UcmctlError, match=says):
             parse_events_config(bad)
+
+
+def test_a_requests_block_tokens_span_its_prompt_then_its_answer() -> None:
+    from ucmctl.sim.engine import SimRequest
+
+    r = SimRequest(request_id="r", prompt=PROMPT[:40], max_tokens=30, keys=[], arrival=0.0)
+    r.output = PROMPT[40:70]
+    for start, stop in ((0, 1), (1, 3), (2, 4), (3, 4), (0, 4)):
+        assert r.tokens_of(start, stop, 16) == (r.prompt + r.output)[start * 16 : stop * 16]
