@@ -23,23 +23,22 @@ from tests.support.processes import sim_server
 from ucmctl.bench.hitrate import Instance
 from ucmctl.bench.prompts import vocab_from_model
 from ucmctl.bench.runner import BenchConfig, Target
+from ucmctl.bench.workloads import PrefixSpec
 from ucmctl.bench.workloads.prefix.runner import run_bench
 
 
 def ours(url: str, model: str, streams: int, tokens: int, input_len: int, seed: int) -> tuple[float, int]:
+    spec = PrefixSpec(input_lens=[input_len], prefix_ratio=0.0, num_prompts=streams)
     cfg = BenchConfig(
-        input_lens=[input_len],
-        prefix_ratio=0.0,
-        num_prompts=streams,
         concurrency=streams,
         output_len=tokens,
         seed=seed,
         vocab=vocab_from_model(Path(model)),
         model=model,
     )
-    (cell,) = asyncio.run(run_bench(cfg, Target(url, [Instance("sim", "mixed", url)])))
-    m = cell["measure"]
-    return float(m["output_throughput"]), int(m["failed"])
+    (cell,) = asyncio.run(run_bench(cfg, spec, Target(url, [Instance("sim", "mixed", url)])))
+    m = cell.measure
+    return float(m.output_throughput or 0), m.failed
 
 
 def theirs(

@@ -15,6 +15,7 @@ from tests.support.vllm_server import VllmServer
 from ucmctl.bench.hitrate import Instance
 from ucmctl.bench.prompts import vocab_from_model
 from ucmctl.bench.runner import BenchConfig, Target
+from ucmctl.bench.workloads import PrefixSpec
 from ucmctl.bench.workloads.prefix.runner import run_bench
 
 INPUT, OUTPUT, PROMPTS, CONCURRENCY = 512, 32, 16, 4
@@ -22,10 +23,8 @@ VENV_BIN = Path(sys.executable).parent
 
 
 def ours(srv: VllmServer, seed: int, output_len: int = OUTPUT) -> dict[str, float]:
+    spec = PrefixSpec(input_lens=[INPUT], prefix_ratio=0.0, num_prompts=PROMPTS)
     cfg = BenchConfig(
-        input_lens=[INPUT],
-        prefix_ratio=0.0,
-        num_prompts=PROMPTS,
         concurrency=CONCURRENCY,
         output_len=output_len,
         seed=seed,
@@ -33,8 +32,9 @@ def ours(srv: VllmServer, seed: int, output_len: int = OUTPUT) -> dict[str, floa
         model="m",
         temperature=0.0,
     )
-    (cell,) = asyncio.run(run_bench(cfg, Target(srv.url, [Instance("vllm", "mixed", srv.url)])))
-    return cell["measure"]
+    (cell,) = asyncio.run(run_bench(cfg, spec, Target(srv.url, [Instance("vllm", "mixed", srv.url)])))
+    assert cell.measure is not None
+    return cell.measure.document()
 
 
 def vllm_bench_serve(

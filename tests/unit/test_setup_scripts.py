@@ -23,8 +23,10 @@ TEST_INFRASTRUCTURE = {
 
 
 def setup_options(script: str) -> list[str]:
-    """The options `script` passes to scripts/setup.sh (its one call of it)."""
-    calls = re.findall(r"^\s*bash scripts/setup\.sh(.*)$", (ROOT / "scripts" / script).read_text(), re.M)
+    """The options `script` passes to scripts/setup.sh (its one call of it, after any
+    environment assignments)."""
+    text = (ROOT / "scripts" / script).read_text()
+    calls = re.findall(r"^\s*(?:[A-Z_]+=\S*\s+)*bash scripts/setup\.sh(.*)$", text, re.M)
     assert len(calls) == 1, f"{script} calls setup.sh {len(calls)} times"
     return calls[0].split()
 

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ucmctl.core.errors import UcmctlError
+from ucmctl.topology.digest_compat import with_older
 
 if TYPE_CHECKING:  # pydantic, which `ucmctl --help` and `bench history` need not import
     from ucmctl.bench.results import Cell
@@ -228,7 +229,8 @@ def _create(path: Path, db: sqlite3.Connection) -> None:
 # ---- what a run is keyed by -------------------------------------------------------------------
 def key_fields(doc: dict[str, Any]) -> dict[str, Any]:
     """What must be equal for two runs to be compared, flat: `name: value`."""
-    prov, config = doc.get("provenance") or {}, doc.get("config") or {}
+    prov = doc.get("provenance") or {}
+    config = with_older("bench", {"config": dict(doc.get("config") or {})})["config"]
     fields: dict[str, Any] = {
         "topology_digest": prov.get("topology_digest"),
         "plan_digest": prov.get("plan_digest"),

@@ -1,5 +1,6 @@
 """The base of a saved result's typed parts: named fields typed, any other key kept as it was,
-and the JSON object it was read from given back with its keys in their order."""
+and the JSON object it was read from (or built from: a runner's keyword arguments, then what it
+set) given back with its keys in their order."""
 
 from __future__ import annotations
 
@@ -23,6 +24,16 @@ class Open(BaseModel):
         if isinstance(data, dict) and model is not data:
             model._keys = list(data)
         return model
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """Set a field or a kept key; a key it did not have goes after the others."""
+        super().__setattr__(name, value)
+        if not name.startswith("_") and self._keys and name not in self._keys:
+            self._keys.append(name)
+
+    def put(self, key: str, value: Any) -> None:
+        """Set a key that no field names (kept as it is)."""
+        setattr(self, key, value)
 
     def given(self) -> list[str]:
         """The keys it was read from (or built with), in their order."""

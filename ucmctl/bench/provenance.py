@@ -126,7 +126,7 @@ def deployment_facts(record: Any | None, model: str | None, url: str | None) -> 
 
 def prompts_digest(cells: list[Cell]) -> str | None:
     """One digest of every cell's prompts, for the provenance."""
-    parts = [str(c.value("prompts_digest")) for c in cells if c.value("prompts_digest")]
+    parts = [c.prompts_digest for c in cells if c.prompts_digest]
     if not parts:
         return None
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]

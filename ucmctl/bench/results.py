@@ -2,18 +2,19 @@
 their preseed and measure phases, for every readable `schema_version` (1: cells without
 `workload` and `label`, read as prefix; 2). The keys a model does not name are kept as they
 were (extra), so a record reads and dumps back to the same values in the same key order
-(`open_model.Open.document`); numbers keep their type (an int stays an int). A runner's cells,
-a saved result's and a history run's are read once through `cells_of`, and the report, compare,
-the history and the suite command read them typed. A phase's fields are its core (`vllm bench
+(`open_model.Open.document`); numbers keep their type (an int stays an int). Runners build
+them (`runner.measure` a phase, each workload's runner its cells); a saved result's and a
+history run's are read once through `cells_of`; the report, compare, the history and the suite
+read them typed. A phase's fields are its core (`vllm bench
 serve`'s figures, the failures, the measured hit rates) and those of each per-phase extra
 (`bench/extras/`): the report says each extra's lines under its tables."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, PrivateAttr, field_validator
 
 from ucmctl.bench.cells import cell_key, first_leg_of, row_name
 from ucmctl.bench.extras.fault import FaultFields
@@ -24,6 +25,9 @@ from ucmctl.bench.extras.paths import PathsFields
 from ucmctl.bench.extras.series import SeriesFields
 from ucmctl.bench.extras.trace_lag import TraceLagFields
 from ucmctl.bench.open_model import Open
+
+if TYPE_CHECKING:
+    from ucmctl.bench.client import RequestResult
 
 SCHEMA_VERSION = 2  # 2: cells name their workload and label; version 1 results read the same
 READABLE_VERSIONS = (1, 2)
@@ -80,6 +84,16 @@ class Phase(
     p99_e2el_ms: Number | None = None
     errors: list[ErrorCount] = Field(default_factory=list)
     hit_rate: HitRate | None = None  # measured: per instance and in total
+    _requests: list[RequestResult] = PrivateAttr(default_factory=list)  # as sent; never saved
+
+    def requests(self) -> list[RequestResult]:
+        """Its requests as `runner.measure` sent them, for the runner that built it (a saved
+        phase has none)."""
+        return self._requests
+
+    def hit_rates(self) -> dict[str, Any]:
+        """The measured hit rates as `hitrate.hit_rates` gave them ({} where none were read)."""
+        return self.hit_rate.document() if self.hit_rate else {}
 
     def totals(self) -> dict[str, Any]:
         """The measured hit rates and counters in total ({} where none were read)."""
@@ -97,11 +111,19 @@ class Cell(Open):
     label: str | None = None
     input_len: int | None = None
     repeat: int = 0
+    stream: int | None = None  # the prompts' stream number (`prompts.prompt_ids`)
+    prompts_digest: str | None = None  # of the prompts it sent
     scenario: str | None = None  # a suite's: recompute, hbm, ucm
     point: dict[str, Any] | None = None  # the sweep point: request_rate, max_concurrency
     point_name: str | None = None  # named when the run swept several points
     prefix_ratio: Number | None = None  # prefix: the share of each prompt asked to be reused
     ideal_hit_rate: Number | None = None  # the hit rate the workload allows
+    ideal_reused_tokens: int | None = None  # of its prompts' tokens, those a cache could hold
+    ideal_total_tokens: int | None = None
+    round: int | None = None  # multi-turn: its round (None: rounds 2..R together)
+    warmup_ideal_hit_rate: Number | None = None  # long-doc: of its warm-up round
+    speedup: Number | None = None  # trace: as replayed (None: back to back)
+    trace_requests: int | None = None  # trace: its requests
     preseed: Phase | None = None
     measure: Phase | None = None
     primary: bool = False  # the cell the tables lead with
@@ -142,7 +164,7 @@ class Cell(Open):
 
 
 def cells_of(cells: Iterable[Cell | dict[str, Any]]) -> list[Cell]:
-    """Cells as typed: a runner's or a saved result's dicts read; typed cells as they are."""
+    """Cells as typed: a saved result's dicts read; a runner's (typed) as they are."""
     return [c if isinstance(c, Cell) else Cell.model_validate(c) for c in cells]
 
 

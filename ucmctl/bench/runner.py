@@ -1,6 +1,6 @@
 """The phase engine every workload runs on: the run's settings (`BenchConfig`), its target, one
 phase sent and summarized (`measure`: latencies, measured hit rates, goodput, handover, series,
-losses, fault), what a server says of itself, and the cells made ready for JSON."""
+losses, fault) as a typed phase, and what a server says of itself."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from ucmctl.bench import client, goodput, handover, hitrate, metrics, paths, pro
 from ucmctl.bench.client import RequestResult
 from ucmctl.bench.fault import Fault
 from ucmctl.bench.hitrate import Instance
+from ucmctl.bench.results import Phase
 from ucmctl.bench.scrape import SCRAPE_TIMEOUT_S, fetch_metrics
 from ucmctl.bench.series import Sampler
 from ucmctl.engines import DEFAULT_ENGINE, engine_for
@@ -28,16 +29,13 @@ from ucmctl.engines.base import Metrics
 
 @dataclass
 class BenchConfig:
-    input_lens: list[int]
-    prefix_ratio: float = 0.8
-    num_prompts: int = 128
+    """A run's settings, whatever its workload (whose own parameters are its spec's)."""
+
     concurrency: int = 128
     output_len: int = 1000
     request_rate: float = math.inf
     ignore_eos: bool = True
     seed: int = 0
-    reset_hbm: bool = False
-    repeats: int = 1
     vocab: int = 8000
     model: str | None = None
     temperature: float | None = None
@@ -179,9 +177,10 @@ async def measure(
     *,
     schedule: Sequence[float] | None = None,
     collect_tokens: bool = False,
-) -> dict[str, Any]:
+) -> Phase:
     """One phase of any workload: send, then summarize under vLLM's key names, with the measured
-    hit rates and preemptions (counter deltas across the phase) and the goodput when asked."""
+    hit rates and preemptions (counter deltas across the phase) and the goodput when asked; its
+    requests kept (`Phase.requests`) for the runner."""
     watch = target.watch
     if watch is not None and cfg.fail_fast:
         _fail_fast(watch)  # lost between the phases
@@ -241,8 +240,14 @@ async def measure(
         summary["lost"] = [loss.as_dict() for loss in watch.losses_since(mark)]
     if fault is not None:
         summary["fault"] = await fault.report(http, run.results, run.duration)
-    summary["_results"] = run.results  # dropped before saving; kept for tests and debugging
-    return summary
+    return phase_of(summary, run.results)
+
+
+def phase_of(summary: dict[str, Any], requests: list[RequestResult]) -> Phase:
+    """A phase from its figures (in their order) and the requests they summarize."""
+    phase = Phase.model_validate(summary)
+    phase._requests = requests
+    return phase
 
 
 async def _proxy_reading(http: aiohttp.ClientSession, proxy: str | None) -> tuple[Any, Any] | None:
@@ -292,18 +297,6 @@ def _fail_fast(watch: Watched) -> None:
             status=ExitStatus.FAILURE,
             fix="see its last log lines with `ucmctl logs`; run without --fail-fast to go on without it",
         )
-
-
-def strip_private(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The cells without per-request objects, ready for JSON."""
-    out = []
-    for cell in cells:
-        c = dict(cell)
-        for phase in ("preseed", "measure"):
-            if c.get(phase):
-                c[phase] = {k: v for k, v in c[phase].items() if not k.startswith("_")}
-        out.append(c)
-    return out
 
 
 def model_path_of(plan: Any) -> str | None:

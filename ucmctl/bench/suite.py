@@ -29,6 +29,7 @@ from pydantic import (
     model_validator,
 )
 
+from ucmctl.bench.results import Cell, cells_of
 from ucmctl.bench.runner import BenchConfig, Target
 from ucmctl.bench.workloads import BY_KIND, AnyWorkload, PrefixSpec, WorkloadSpec
 from ucmctl.core.errors import ExitStatus, UcmctlError
@@ -49,14 +50,23 @@ def _all_scenarios() -> list[Scenario]:
 _FLAT_KINDS = ("prefix", "multi-turn", "long-doc", "trace")
 
 
+# The prefix workload's parameters are the suite's top-level keys (`input_lens`, ...), never its
+# `workload:`'s: they are dumped there, not in the workload.
+_SUITE_KEYS = frozenset(PrefixSpec.model_fields) - {"kind"}
+
+
+def _dump(spec: WorkloadSpec) -> dict[str, Any]:
+    return spec.model_dump(mode="json", exclude=set(_SUITE_KEYS) if isinstance(spec, PrefixSpec) else None)
+
+
 def _flat_dump(workload: WorkloadSpec) -> dict[str, Any]:
     """The spec's parameters; one of `_FLAT_KINDS` with every other of those kinds' at its default."""
-    own = workload.model_dump(mode="json")
+    own = _dump(workload)
     if workload.kind not in _FLAT_KINDS:
         return own
     flat: dict[str, Any] = {}
     for kind in _FLAT_KINDS:
-        flat.update(BY_KIND[kind].model_validate({}).model_dump(mode="json"))
+        flat.update(_dump(BY_KIND[kind].model_validate({})))
     return {**flat, **own}
 
 
@@ -91,6 +101,17 @@ class Suite(BaseModel):
             return {**value, "kind": "prefix"}
         return value
 
+    @field_validator("workload")
+    @classmethod
+    def _prefix_takes_the_suites_keys(cls, value: WorkloadSpec | None) -> WorkloadSpec | None:
+        given = sorted(value.model_fields_set & _SUITE_KEYS) if isinstance(value, PrefixSpec) else []
+        if given:
+            raise ValueError(
+                f"{given[0]}: the prefix workload's parameters are the suite's own keys "
+                f"({', '.join(sorted(_SUITE_KEYS))}), not the workload's"
+            )
+        return value
+
     @field_serializer("workload")
     def _dump_workload(self, workload: WorkloadSpec | None) -> dict[str, Any] | None:
         return None if workload is None else _flat_dump(workload)
@@ -104,12 +125,27 @@ class Suite(BaseModel):
         return self
 
     def spec(self) -> WorkloadSpec:
-        """The suite's workload: the guides' prefix one when it names none."""
-        return self.workload or PrefixSpec()
+        """The suite's workload: the guides' prefix one when it names none, with the suite's
+        input lengths, prefix ratio, prompts and cache reset (a suite runs the repeats itself)."""
+        if self.workload is not None and not isinstance(self.workload, PrefixSpec):
+            return self.workload
+        return self.cell_spec(self.input_lens)
+
+    def cell_spec(self, input_lens: list[int]) -> WorkloadSpec:
+        """The workload of one cell of the suite: the prefix one at these input lengths, once."""
+        if self.workload is not None and not isinstance(self.workload, PrefixSpec):
+            return self.workload
+        return PrefixSpec(
+            input_lens=input_lens,
+            prefix_ratio=self.prefix_ratio,
+            num_prompts=self.num_prompts,
+            reset_hbm=self.reset_hbm,
+            repeats=1,
+        )
 
     @property
     def kind(self) -> str:
-        return self.spec().kind
+        return self.workload.kind if self.workload is not None else "prefix"
 
     def digest(self) -> str:
         # A suite without a workload digests as before workloads existed: its results resume.
@@ -127,15 +163,11 @@ class Suite(BaseModel):
     def bench_config(self, vocab: int) -> BenchConfig:
         rate = math.inf if self.request_rate == "inf" else float(self.request_rate)
         return BenchConfig(
-            input_lens=list(self.input_lens),
-            prefix_ratio=self.prefix_ratio,
-            num_prompts=self.num_prompts,
             concurrency=self.concurrency,
             output_len=self.output_len,
             request_rate=rate,
             ignore_eos=self.ignore_eos,
             seed=self.seed,
-            reset_hbm=self.reset_hbm,
             vocab=vocab,
             settle_s=self.settle_s,
         )
@@ -189,7 +221,7 @@ class ResultsFile:
     def __init__(self, path: Path, suite: Suite) -> None:
         self.path = path
         self.digest = suite.digest()
-        self.done: dict[tuple[str, int, int], list[dict[str, Any]]] = {}
+        self.done: dict[tuple[str, int, int], list[Cell]] = {}
         self.attempt = 0
         self.salt = secrets.randbelow(1 << 30)  # the first header keeps it: this file's own prompts
 
@@ -217,7 +249,7 @@ class ResultsFile:
                     self.attempt = max(self.attempt, int(rec.get("attempt", 0)) + 1)
                 elif rec.get("type") == "cell":  # one run's cells ("cell": a file of before workloads)
                     cells = rec["cells"] if "cells" in rec else [rec["cell"]]
-                    self.done[(rec["scenario"], rec["input_len"], rec["repeat"])] = cells
+                    self.done[(rec["scenario"], rec["input_len"], rec["repeat"])] = cells_of(cells)
         self._append(
             {
                 "type": "header",
@@ -232,10 +264,16 @@ class ResultsFile:
         text = ":".join(str(x) for x in (self.salt, self.attempt, *cell))
         return int(hashlib.sha256(text.encode()).hexdigest()[:12], 16)
 
-    def record(self, key: tuple[str, int, int], cells: list[dict[str, Any]]) -> None:
+    def record(self, key: tuple[str, int, int], cells: list[Cell]) -> None:
         self.done[key] = cells
         self._append(
-            {"type": "cell", "scenario": key[0], "input_len": key[1], "repeat": key[2], "cells": cells}
+            {
+                "type": "cell",
+                "scenario": key[0],
+                "input_len": key[1],
+                "repeat": key[2],
+                "cells": [c.document() for c in cells],
+            }
         )
 
     def _append(self, rec: dict[str, Any]) -> None:
@@ -277,7 +315,7 @@ class DeployApi:
         deploy_down(deployment)
 
 
-CellRunner = Callable[[BenchConfig, Target], list[dict[str, Any]]]
+CellRunner = Callable[[WorkloadSpec, BenchConfig, Target], list[Cell]]
 
 
 def run_suite(
@@ -291,7 +329,7 @@ def run_suite(
     log: Callable[[str], None] = lambda _: None,
     cache_salt: str | None = None,
     fail_fast: bool = False,
-) -> list[dict[str, Any]]:
+) -> list[Cell]:
     """Run what the results file lacks; return every cell of the suite in matrix order. Every
     request carries `cache_salt`: no cell hits a block an earlier run of the suite stored. With
     `fail_fast`, a process of the deployment lost while a cell runs stops the suite at once (the
@@ -318,21 +356,14 @@ def run_suite(
             for key in todo:
                 _, input_len, repeat = key
                 li = lengths.index(input_len)
-                cfg = BenchConfig(
-                    **{**base.__dict__, "input_lens": [input_len] if input_len else [], "repeats": 1}
-                )
+                cfg = BenchConfig(**base.__dict__)
                 # A stream of prompts of its own per cell, attempt and results file: a re-run never
                 # hits the store entries that an interrupted or an earlier run left behind.
                 cfg.stream_base = results.stream(si, li, repeat)
-                cells = run_cell(cfg, target)
+                cells = run_cell(suite.cell_spec([input_len] if input_len else []), cfg, target)
                 for cell in cells:
-                    cell.update(
-                        {
-                            "scenario": scenario,
-                            "repeat": repeat,
-                            "topology_digest": scenario_topologies[scenario].digest(),
-                        }
-                    )
+                    cell.scenario, cell.repeat = scenario, repeat
+                    cell.put("topology_digest", scenario_topologies[scenario].digest())
                 results.record(key, cells)
                 log(f"{scenario} {input_len or suite.kind}: done")
         finally:

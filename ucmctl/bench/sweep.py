@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from ucmctl.core.errors import UcmctlError
 
 if TYPE_CHECKING:
+    from ucmctl.bench.results import Cell
     from ucmctl.bench.runner import BenchConfig, Progress, Target
     from ucmctl.bench.workloads import WorkloadSpec
 
@@ -116,11 +117,11 @@ async def run_points(
     target: Target,
     progress: Progress | None,
     log: Callable[[str], None],
-) -> list[dict[str, Any]]:
+) -> list[Cell]:
     """The workload once per sweep point; one point is a plain run."""
     from ucmctl.bench.runner import BenchConfig
 
-    cells: list[dict[str, Any]] = []
+    cells: list[Cell] = []
     width = workload.streams_per_run(cfg)
     for j, point in enumerate(points):
         run_cfg = BenchConfig(
@@ -135,9 +136,9 @@ async def run_points(
         if len(points) > 1:
             log(f"sweep point {j + 1}/{len(points)}: {point.label()}")
         for cell in await workload.run(run_cfg, target, progress, log):
-            cell["point"] = point.as_dict()
+            cell.point = point.as_dict()
             if len(points) > 1:
-                cell["point_name"] = name
+                cell.point_name = name
             cells.append(cell)
     return cells
 

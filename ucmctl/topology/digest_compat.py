@@ -2,7 +2,8 @@
 (its default): a digest leaves a field out while it holds that value, so that a topology, a
 deployment's plan and a suite digest as they did before the field existed, and stored
 baselines, history files and suite results still compare and resume. One table for the three;
-a new field of any of them that enters a digest gets a row here."""
+a new field of any of them that enters a digest gets a row here. And the fields a bench result
+held and no longer holds, each with the value the results before held (`OLDER`)."""
 
 from __future__ import annotations
 
@@ -65,6 +66,37 @@ FIELDS: tuple[Newer, ...] = (
     Newer("plan", "processes.*.server.kv_events_config", None),  # no KV-cache events published
     Newer("suite", "workload", None),  # a suite without a workload: the prefix one
 )
+
+
+class Older(NamedTuple):
+    """A field of a bench result's JSON that results made before held and newer ones may leave
+    out: keyed (`bench.history.key_fields`) as if it held `default` where it is absent."""
+
+    record: Literal["bench"]
+    path: str  # dotted
+    default: Any
+
+
+# The prefix workload's parameters moved from the run's settings to its spec: a run of another
+# workload no longer says them; the results before held the options' defaults.
+OLDER: tuple[Older, ...] = (
+    Older("bench", "config.input_lens", []),
+    Older("bench", "config.prefix_ratio", 0.8),
+    Older("bench", "config.num_prompts", 128),
+    Older("bench", "config.reset_hbm", False),
+    Older("bench", "config.repeats", 1),
+)
+
+
+def with_older(record: Literal["bench"], data: dict[str, Any]) -> dict[str, Any]:
+    """`data`, the record's JSON, with every field of OLDER for it that it lacks at its default
+    (changed in place, and returned)."""
+    for field in OLDER:
+        if field.record == record:
+            *parents, name = field.path.split(".")
+            for holder in _holders(data, parents):
+                holder.setdefault(name, field.default)
+    return data
 
 
 def without_newer(record: Record, data: dict[str, Any]) -> dict[str, Any]:

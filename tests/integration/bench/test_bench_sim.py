@@ -17,17 +17,19 @@ from tests.support.processes import sim_server
 from tests.unit.bench.helpers import invoke
 from ucmctl.bench.hitrate import Instance
 from ucmctl.bench.open_model import plain
-from ucmctl.bench.results import cells_of
-from ucmctl.bench.runner import BenchConfig, Target, strip_private
+from ucmctl.bench.results import Cell, cells_of
+from ucmctl.bench.runner import BenchConfig, Target
+from ucmctl.bench.workloads import PrefixSpec
 from ucmctl.bench.workloads.prefix.runner import run_bench
 from ucmctl.core.errors import ExitStatus
 
 BLOCK = 16
 
 
-def _bench(url: str, **kw: object) -> list[dict]:
-    cfg = BenchConfig(**{"input_lens": [1000], "num_prompts": 8, "concurrency": 4, "output_len": 12, **kw})
-    return asyncio.run(run_bench(cfg, Target(url, [Instance("sim", "mixed", url)])))
+def _bench(url: str, output_len: int = 12, **kw: object) -> list[Cell]:
+    cfg = BenchConfig(concurrency=4, output_len=output_len)
+    spec = PrefixSpec.model_validate({"input_lens": [1000], "num_prompts": 8, **kw})
+    return asyncio.run(run_bench(cfg, spec, Target(url, [Instance("sim", "mixed", url)])))
 
 
 def test_phases_exact_lengths_and_local_hit_rate(tmp_path: Path) -> None:
@@ -36,29 +38,33 @@ def test_phases_exact_lengths_and_local_hit_rate(tmp_path: Path) -> None:
         import urllib.request
 
         text = urllib.request.urlopen(f"{sim.url}/metrics").read().decode()
-    pre, mea = cell["preseed"], cell["measure"]
-    assert [r.usage_prompt_tokens for r in pre["_results"]] == [800] * 8
-    assert [r.output_tokens for r in pre["_results"]] == [1] * 8
-    assert [r.usage_prompt_tokens for r in mea["_results"]] == [1000] * 8
-    assert [r.output_tokens for r in mea["_results"]] == [12] * 8  # --ignore-eos: exactly the length
-    assert all(len(r.itl) == 11 for r in mea["_results"])
-    assert (pre["completed"], pre["failed"], mea["completed"], mea["failed"]) == (8, 0, 8, 0)
-    assert mea["total_input_tokens"] == 8000 and mea["total_output_tokens"] == 96
+    pre, mea = cell.preseed, cell.measure
+    assert pre is not None and mea is not None
+    assert [r.usage_prompt_tokens for r in pre.requests()] == [800] * 8
+    assert [r.output_tokens for r in pre.requests()] == [1] * 8
+    assert [r.usage_prompt_tokens for r in mea.requests()] == [1000] * 8
+    assert [r.output_tokens for r in mea.requests()] == [12] * 8  # --ignore-eos: exactly the length
+    assert all(len(r.itl) == 11 for r in mea.requests())
+    assert (pre.completed, pre.failed, mea.completed, mea.failed) == (8, 0, 8, 0)
+    assert mea.total_input_tokens == 8000 and mea.total_output_tokens == 96
     # preseed: nothing cached yet; measure: the 800-token prefix (50 whole blocks) of each prompt
-    assert pre["hit_rate"]["total"]["local_hit_rate"] == 0.0
-    assert mea["hit_rate"]["total"]["local_queries"] == 8000
-    assert mea["hit_rate"]["total"]["local_hit_rate"] == pytest.approx(0.8)
-    assert mea["usage_cached_tokens"] == 6400  # the server's own account agrees
+    assert pre.totals()["local_hit_rate"] == 0.0
+    assert mea.totals()["local_queries"] == 8000
+    assert mea.totals()["local_hit_rate"] == pytest.approx(0.8)
+    assert mea.value("usage_cached_tokens") == 6400  # the server's own account agrees
     # the deltas cover the phases exactly: the server saw nothing else
     assert metric(text, "vllm:prefix_cache_queries_total") == 8 * 800 + 8 * 1000
-    assert 0 < mea["mean_ttft_ms"] < mea["mean_e2el_ms"]
+    assert 0 < mea.mean_ttft_ms < mea.mean_e2el_ms  # type: ignore[operator]
     # one 2 ms decode step per token: never faster; slower by what the client adds under load
-    assert 1.8 <= mea["mean_tpot_ms"] < 10.0
-    # the runner's cell read as typed gives back the JSON it was: keys in order, ints as ints
-    saved = strip_private([cell])
-    (typed,) = cells_of(saved)
+    assert 1.8 <= mea.mean_tpot_ms < 10.0  # type: ignore[operator]
+    # the runner's typed cell saved and read back is the same JSON: keys in order, ints as ints
+    saved = json.dumps(plain([cell]), default=str)
+    assert list(json.loads(saved)[0]) == [
+        "input_len", "repeat", "stream", "prefix_ratio", "preseed", "measure", "prompts_digest",
+    ]  # fmt: skip
+    (typed,) = cells_of(json.loads(saved))
     assert typed.measure is not None and typed.measure.total_input_tokens == 8000
-    assert json.dumps(plain([typed]), default=str) == json.dumps(saved, default=str)
+    assert json.dumps(plain([typed]), default=str) == saved
 
 
 def test_reset_hbm_leaves_only_the_store_to_hit(tmp_path: Path) -> None:
@@ -69,11 +75,12 @@ def test_reset_hbm_leaves_only_the_store_to_hit(tmp_path: Path) -> None:
         (ucm,) = _bench(sim.url, input_lens=[4096], reset_hbm=True, output_len=4)
     with sim_server(tmp_path, "--block-size", str(BLOCK)) as sim:
         (hbm_reset,) = _bench(sim.url, input_lens=[4096], reset_hbm=True, output_len=4)
-    rates = ucm["measure"]["hit_rate"]["total"]
+    assert ucm.measure is not None and hbm_reset.measure is not None
+    rates = ucm.measure.totals()
     assert rates["local_hit_rate"] == 0.0
     assert abs(rates["external_hit_rate"] - 0.8) <= 0.02  # the target: within 2 points
     assert rates["external_hit_rate"] == pytest.approx(3264 / 4096)  # 204 whole blocks of 3276 tokens
-    assert hbm_reset["measure"]["hit_rate"]["total"]["hit_rate"] == 0.0  # no store: nothing left to hit
+    assert hbm_reset.measure.totals()["hit_rate"] == 0.0  # no store: nothing left to hit
 
 
 def test_each_run_is_cold_by_its_own_cache_salt_and_a_salt_given_again_is_warm(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import sqlite3
 import threading
 import time
@@ -23,6 +24,8 @@ from ucmctl.bench.report import document
 from ucmctl.core.errors import UcmctlError
 from ucmctl.plan.build import build_plan
 from ucmctl.topology.load import load_topology
+
+MADE_BEFORE = Path(__file__).parent / "data" / "made-before-typed"
 
 
 def doc(ttfts: dict[int, float], *, salt: str = "s1", num_prompts: int = 8, **prov: Any) -> dict[str, Any]:
@@ -188,3 +191,21 @@ def test_a_field_newer_than_the_history_keeps_its_plan_digests_at_its_default() 
     assert digest(plan) == hashlib.sha256(json.dumps(older, sort_keys=True).encode()).hexdigest()[:16]
     packed = plan.model_copy(update={"store": plan.store.model_copy(update={"pack_blocks": 4})})
     assert digest(packed) != digest(plan)
+
+
+def test_a_run_of_another_workload_keys_as_before_without_the_prefix_parameters(tmp_path: Path) -> None:
+    """The prefix workload's parameters left a run's config (they are its spec's): a run of
+    another workload made now keys as those made before, which held the options' defaults."""
+    path = tmp_path / "history.sqlite"
+    shutil.copy(MADE_BEFORE / "history.sqlite", path)
+    runs = history.runs(path, history.Filter(last=100))
+    assert {r.workload for r in runs} == {"prefix", "multi-turn", "long-doc", "trace"}
+    prefix_keys = ("input_lens", "prefix_ratio", "num_prompts", "reset_hbm", "repeats")
+    for run in runs:
+        doc = history.document(path, run.id)
+        if run.workload != "prefix":  # as this version saves it
+            doc["config"] = {k: v for k, v in doc["config"].items() if k not in prefix_keys}
+        assert history.provenance_key(history.key_fields(doc)) == run.provenance_key, run.workload
+    doc = history.document(path, runs[0].id)
+    other = {**doc, "config": {**doc["config"], "num_prompts": 64}}  # a value that is not the default
+    assert history.provenance_key(history.key_fields(other)) != runs[0].provenance_key

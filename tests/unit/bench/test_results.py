@@ -15,7 +15,7 @@ import pytest
 from pydantic import ValidationError
 
 from ucmctl.bench import history
-from ucmctl.bench.results import Phase, Record, read_record
+from ucmctl.bench.results import Cell, Phase, Record, read_record
 
 DATA = Path(__file__).parent / "data" / "made-before-typed"
 BASELINES = Path(__file__).resolve().parents[3] / "benchmarks" / "baselines"
@@ -53,7 +53,9 @@ def test_a_result_saved_before_reads_as_a_typed_record(workload: str) -> None:
     by_role = rates["by_role"]
     leg = by_role.get("prefill") or by_role.get("mixed") or rates["total"]
     assert first.measure.first_leg() == leg["hit_rate"] is not None
-    assert first.model_extra is not None and first.model_extra["stream"] == doc["cells"][0]["stream"]
+    assert first.stream == doc["cells"][0]["stream"]
+    newer = Cell.model_validate({**doc["cells"][0], "a_newer_key": [1]})  # kept as it is
+    assert newer.model_extra == {"a_newer_key": [1]} and newer.document()["a_newer_key"] == [1]
 
 
 def test_a_history_made_before_reads_each_run_as_a_typed_record(tmp_path: Path) -> None:

@@ -8,8 +8,10 @@ from typing import Any
 import pytest
 
 from ucmctl.bench.report import markdown
+from ucmctl.bench.results import Cell, cells_of
 from ucmctl.bench.runner import BenchConfig, Target
 from ucmctl.bench.suite import ResultsFile, Suite, apply_scenario, load_suite, run_suite
+from ucmctl.bench.workloads import PrefixSpec, WorkloadSpec
 from ucmctl.core.errors import UcmctlError
 from ucmctl.plan.build import build_plan
 from ucmctl.topology.load import load_topology
@@ -91,21 +93,17 @@ def test_matrix_resume_and_table(tmp_path: Path) -> None:
     calls: list[tuple[int, int]] = []
 
     def runner(fail_after: int | None) -> Any:
-        def run_cell(cfg: BenchConfig, target: Target) -> list[dict[str, Any]]:
+        def run_cell(spec: WorkloadSpec, cfg: BenchConfig, target: Target) -> list[Cell]:
             if fail_after is not None and len(calls) >= fail_after:
                 raise Interrupt()
-            calls.append((cfg.input_lens[0], cfg.stream_base))
-            assert target.url == "http://sim" and cfg.repeats == 1
-            ttft = {100: 10.0, 200: 20.0}[cfg.input_lens[0]] * (1 + len(calls))
-            return [
-                {
-                    "input_len": cfg.input_lens[0],
-                    "repeat": 0,
-                    "prefix_ratio": 0.8,
-                    "preseed": None,
-                    "measure": measure(ttft),
-                }
-            ]
+            assert isinstance(spec, PrefixSpec) and len(spec.input_lens) == 1
+            calls.append((spec.input_lens[0], cfg.stream_base))
+            assert target.url == "http://sim" and spec.repeats == 1 and spec.num_prompts == 2
+            ttft = {100: 10.0, 200: 20.0}[spec.input_lens[0]] * (1 + len(calls))
+            return cells_of(
+                [{"input_len": spec.input_lens[0], "repeat": 0, "prefix_ratio": 0.8, "preseed": None,
+                  "measure": measure(ttft)}]
+            )  # fmt: skip
 
         return run_cell
 
@@ -125,7 +123,7 @@ def test_matrix_resume_and_table(tmp_path: Path) -> None:
     cells = run_suite(suite, topo, str(EP), again, runner(fail_after=None), deployer2, 8000)
     assert len(calls) == 6  # only the three missing cells ran
     assert deployer2.events == ["up:nostore", "down:ep-dp4tp8-dp8tp4", "up:ucm", "down:ep-dp4tp8-dp8tp4"]
-    assert [(c["scenario"], c["input_len"]) for c in cells] == [
+    assert [(c.scenario, c.input_len) for c in cells] == [
         ("recompute", 100),
         ("recompute", 200),
         ("hbm", 100),
@@ -148,7 +146,7 @@ def test_matrix_resume_and_table(tmp_path: Path) -> None:
 def test_fail_fast_reaches_every_cell_and_a_loss_takes_the_scenario_down(tmp_path: Path) -> None:
     seen: list[bool] = []
 
-    def run_cell(cfg: BenchConfig, target: Target) -> list[dict[str, Any]]:
+    def run_cell(spec: WorkloadSpec, cfg: BenchConfig, target: Target) -> list[Cell]:
         seen.append(cfg.fail_fast)
         raise UcmctlError.one("stopped at once (--fail-fast): LOST decode-0 on n2: not running")
 
@@ -164,7 +162,7 @@ def test_cut_last_line_is_run_again(tmp_path: Path) -> None:
     suite = _suite()
     results = ResultsFile(tmp_path / "r.jsonl", suite)
     results.open(fresh=False)
-    results.record(("recompute", 100, 0), {"input_len": 100, "measure": measure(1.0)})
+    results.record(("recompute", 100, 0), cells_of([{"input_len": 100, "measure": measure(1.0)}]))
     with (tmp_path / "r.jsonl").open("a") as f:
         f.write('{"type":"cell","scenario":"recompute","input_len":200,"rep')  # killed mid-write
     again = ResultsFile(tmp_path / "r.jsonl", suite)

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import typer
-from annotated_types import Ge
+from annotated_types import Ge, Le
 
 from ucmctl.bench.commands import app
 from ucmctl.bench.runner import BenchConfig
@@ -34,19 +34,25 @@ def _fields(spec: type[WorkloadSpec]) -> dict[str, Any]:
 def test_every_spec_field_is_an_option_with_the_same_default_and_bound(spec: type[WorkloadSpec]) -> None:
     options = _options()
     for name, field in _fields(spec).items():
+        if (spec, name) == (PrefixSpec, "input_lens"):  # `--input-len 4096,8192`, read as text
+            assert options["input_len"].default is None and field.default_factory() == []
+            continue
         option = options.get(name)
         assert option is not None, f"{spec.__name__}.{name} has no `ucmctl bench` option"
         assert f"--{name.replace('_', '-')}" in option.opts
         assert option.default == field.default, f"--{name}: {option.default!r} != {field.default!r}"
         ge = next((m.ge for m in field.metadata if isinstance(m, Ge)), None)
+        le = next((m.le for m in field.metadata if isinstance(m, Le)), None)
         assert option.min == ge, f"--{name}: min {option.min} != ge {ge}"
+        assert getattr(option, "max", None) == le, f"--{name}: max != le {le}"
 
 
 def test_every_workload_option_is_a_spec_field() -> None:
-    """An option whose help starts `KIND:` sets that workload's spec (prefix's are the run's own)."""
+    """An option whose help starts `KIND:` sets that workload's spec."""
     for name, option in _options().items():
         kind = (option.help or "").split(":")[0]
-        if kind in BY_KIND and kind != "prefix" and name != "back_to_back":  # --back-to-back: speedup null
+        # --back-to-back: speedup null; --input-len: input_lens, read as text
+        if kind in BY_KIND and name not in ("back_to_back", "input_len"):
             assert name in _fields(BY_KIND[kind]), f"--{name} is not a field of {BY_KIND[kind].__name__}"
 
 
@@ -79,10 +85,10 @@ def test_suite_workloads_parse_as_the_spec_of_their_kind(tmp_path: Path) -> None
     for kind, spec in BY_KIND.items():
         lens = {"input_lens": [1]} if kind == "prefix" else {}
         suite = Suite.model_validate({**base, **lens, "workload": {"kind": kind}})
-        assert suite.workload == spec() and suite.spec() == spec()
-    for absent in ({}, {"workload": None}, {"workload": {}}):  # the prefix workload
-        suite = Suite.model_validate({**base, "input_lens": [1], **absent})
-        assert suite.spec() == PrefixSpec() and suite.kind == "prefix"
+        assert suite.workload == spec() and suite.spec() == spec(**lens)
+    for absent in ({}, {"workload": None}, {"workload": {}}):  # the prefix workload, the suite's keys
+        suite = Suite.model_validate({**base, "input_lens": [1], "prefix_ratio": 0.5, **absent})
+        assert suite.spec() == PrefixSpec(input_lens=[1], prefix_ratio=0.5) and suite.kind == "prefix"
     trace = Suite.model_validate({**base, "workload": {"kind": "trace", "trace": "t.jsonl", "speedup": None}})
     assert trace.workload == TraceSpec(trace="t.jsonl", speedup=None)  # null: back to back
     bad = tmp_path / "bad.yaml"
@@ -123,6 +129,21 @@ def test_a_trace_suite_reads_its_trace_relative_to_the_suite_file(tmp_path: Path
     ).spec()
     spec.load(tmp_path / "suites")
     assert isinstance(spec, TraceSpec) and len(spec.requests) == 3
-    assert spec.describe(BenchConfig(input_lens=[]))["trace"] == str(tmp_path / "suites" / "t.jsonl")
+    assert spec.describe(BenchConfig())["trace"] == str(tmp_path / "suites" / "t.jsonl")
     with pytest.raises(UcmctlError, match=r"workload\.trace: a trace workload needs `trace: FILE`"):
         TraceSpec().load(tmp_path)
+
+
+def test_the_prefix_workloads_parameters_are_the_suites_own_keys(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: s\ntopology: t.yaml\ninput_lens: [8]\nworkload: {kind: prefix, num_prompts: 4}\n")
+    with pytest.raises(UcmctlError) as err:
+        load_suite(bad)
+    assert str(err.value) == (
+        f"{bad}: workload: Value error, num_prompts: the prefix workload's parameters are the suite's own "
+        "keys (input_lens, num_prompts, prefix_ratio, repeats, reset_hbm), not the workload's"
+    )
+    suite = Suite.model_validate(
+        {"name": "s", "topology": "t.yaml", "input_lens": [8, 16], "num_prompts": 4, "repeats": 3}
+    )
+    assert suite.cell_spec([16]) == PrefixSpec(input_lens=[16], num_prompts=4)  # a cell runs once

@@ -52,7 +52,7 @@ def test_long_doc_orders() -> None:
 def test_multi_turn_sizes_and_limits() -> None:
     spec = MultiTurnSpec(users=4, rounds=3, system_tokens=100, question_tokens=10)
     assert spec.longest_prompt(20) == 100 + 3 * 10 + 2 * 20
-    cfg = BenchConfig(input_lens=[], output_len=20)
+    cfg = BenchConfig(output_len=20)
     assert spec.in_flight_tokens(cfg, 2) == 2 * (170 + 20) and spec.in_flight_tokens(cfg, 99) == 4 * 190
     assert spec.describe(cfg) == {
         "workload": "multi-turn", "users": 4, "rounds": 3, "system_tokens": 100, "question_tokens": 10,

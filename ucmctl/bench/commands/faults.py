@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 
 def fault_spec(
-    text: str | None, workload: WorkloadSpec, url: str | None, rates: list[float], num_prompts: int
+    text: str | None, workload: WorkloadSpec, url: str | None, rates: list[float]
 ) -> FaultSpec | None:
     """--fault parsed and checked against the run before anything is sent (exit 2)."""
     if text is None:
@@ -36,7 +36,8 @@ def fault_spec(
         )
     if "--fault" not in workload.own_options:
         raise foreign_option(workload.kind, "--fault")
-    if not math.isinf(rates[0]) and spec.at_s >= num_prompts / rates[0]:
+    num_prompts = workload.measure_requests()
+    if num_prompts is not None and not math.isinf(rates[0]) and spec.at_s >= num_prompts / rates[0]:
         raise UcmctlError.one(
             f"'{text}': the measure phase sends its {num_prompts} requests within about "
             f"{num_prompts / rates[0]:.0f} s at {rates[0]:g}/s, before {spec.at_s:g} s",

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from ucmctl.bench.workloads import WorkloadSpec
 
 
+@o.with_workload_options
 def run(
     ctx: typer.Context,
     deployment: str | None = o.DEPLOYMENT,
@@ -45,28 +46,12 @@ def run(
     engine: str | None = o.ENGINE,
     metrics_url: list[str] = o.METRICS_URL,
     workload: str = o.WORKLOAD,
-    input_len: str | None = o.INPUT_LEN,
-    prefix_ratio: float = o.PREFIX_RATIO,
-    num_prompts: int = o.NUM_PROMPTS,
     concurrency: str | None = o.CONCURRENCY,
     output_len: int | None = o.OUTPUT_LEN,
     request_rate: str = o.REQUEST_RATE,
     goodput: list[str] = o.GOODPUT,
-    users: int = o.USERS,
-    rounds: int = o.ROUNDS,
-    system_tokens: int = o.SYSTEM_TOKENS,
-    question_tokens: int = o.QUESTION_TOKENS,
-    trace: Path | None = o.TRACE,
-    speedup: float = o.SPEEDUP,
-    back_to_back: bool = o.BACK_TO_BACK,
-    documents: int = o.DOCUMENTS,
-    doc_tokens: int = o.DOC_TOKENS,
-    repeat_count: int = o.REPEAT_COUNT,
-    repeat_mode: str = o.REPEAT_MODE,
     ignore_eos: bool = o.IGNORE_EOS,
     seed: int = o.SEED,
-    reset_hbm: bool = o.RESET_HBM,
-    repeats: int = o.REPEATS,
     model: str | None = o.MODEL,
     model_dir: Path | None = o.MODEL_DIR,
     vocab: int | None = o.VOCAB,
@@ -85,6 +70,7 @@ def run(
     history_file: str | None = o.HISTORY_FILE,
     label: str | None = o.LABEL,
     sample_interval: float = o.SAMPLE_INTERVAL,
+    **params: Any,
 ) -> None:
     """Send a workload (default: the guides' preseed then measure) and print its figures; without
     a subcommand this is what runs. Against a deployment, every process is watched meanwhile: one
@@ -121,8 +107,6 @@ class Where:
 def bench(opts: RunOptions) -> None:
     """One `ucmctl bench` run, its options as typed."""
     from ucmctl.bench import report
-    from ucmctl.bench.results import cells_of
-    from ucmctl.bench.runner import strip_private
     from ucmctl.bench.sweep import points, run_points
 
     checked = check_options(opts)
@@ -133,7 +117,7 @@ def bench(opts: RunOptions) -> None:
     sweep = points(checked.rates, checked.concurrencies)
     with watching(where.record, where.target), faulting(where.record, checked.fault, where.target):
         sent = run_points(checked.spec, cfg, sweep, where.target, progress, err.print)
-        cells = cells_of(strip_private(loop.run(sent)))  # the runner's cells, read once
+        cells = loop.run(sent)
     report.print_cells(cells, out)
     doc = document(checked.spec, cfg, model, where, cells, capacity, sweep)
     write_outputs(cells, doc, opts.save, opts.csv, opts.markdown, opts.plot, sweep=len(sweep) > 1)
@@ -149,7 +133,7 @@ def check_options(opts: RunOptions) -> Checked:
     from ucmctl.bench.goodput import parse_goodput
     from ucmctl.bench.sweep import parse_concurrencies, parse_rates
 
-    spec = spec_of(opts.workload, vars(opts))
+    spec = spec_of(opts.workload, opts.params)
     slos = parse_goodput(opts.goodput) if opts.goodput else {}
     rates = parse_rates(opts.request_rate)
     if opts.concurrency:
@@ -160,7 +144,7 @@ def check_options(opts: RunOptions) -> Checked:
     if opts.deployment is not None and opts.url is not None:
         raise UcmctlError.one("--deployment and --url both given", fix="pass one of them")
     check_engine(opts)
-    fault = fault_spec(opts.fault, spec, opts.url, rates, opts.num_prompts)
+    fault = fault_spec(opts.fault, spec, opts.url, rates)
     if opts.plot:
         report.check_plot_available()
     return Checked(spec, slos, rates, concurrencies, fault, checked_history(opts.history_file))
@@ -241,7 +225,7 @@ def configure(opts: RunOptions, checked: Checked, where: Where) -> tuple[BenchCo
     facts = loop.run(server_facts([target.url, *(i.url for i in target.instances)]))
     model = facts.model if opts.model is None else opts.model
     out_len = opts.output_len or spec.default_output_len
-    input_lens = input_lengths(opts, spec, facts.max_model_len, out_len)
+    fit_input_lengths(opts, spec, facts.max_model_len, out_len)
     spec.check(out_len, facts.max_model_len)
     vocab, known = vocabulary(opts.model_dir, opts.vocab, [where.model_path, facts.root])
     if not known:
@@ -254,16 +238,11 @@ def configure(opts: RunOptions, checked: Checked, where: Where) -> tuple[BenchCo
             )
     target.endpoint = opts.endpoint
     cfg = BenchConfig(
-        input_lens=input_lens,
-        prefix_ratio=opts.prefix_ratio,
-        num_prompts=opts.num_prompts,
         concurrency=checked.concurrencies[0],
         output_len=out_len,
         request_rate=checked.rates[0],
         ignore_eos=opts.ignore_eos,
         seed=opts.seed,
-        reset_hbm=opts.reset_hbm,
-        repeats=opts.repeats,
         vocab=vocab,
         model=model,
         temperature=opts.temperature,
@@ -277,18 +256,20 @@ def configure(opts: RunOptions, checked: Checked, where: Where) -> tuple[BenchCo
     return cfg, model
 
 
-def input_lengths(opts: RunOptions, spec: WorkloadSpec, max_model_len: int | None, out_len: int) -> list[int]:
+def fit_input_lengths(opts: RunOptions, spec: WorkloadSpec, max_model_len: int | None, out_len: int) -> None:
     """The input lengths of a workload that takes --input-len: its values, else the default that
-    fits the server's context; none for another workload, which refuses --input-len."""
+    fits the server's context. Another workload refuses --input-len."""
+    given = opts.params["input_len"]
     if "--input-len" not in spec.own_options:
-        if opts.input_len is not None:
+        if given is not None:
             raise foreign_option(spec.kind, "--input-len")
-        return []
-    if opts.input_len is not None:
-        return parse_ints(opts.input_len, "--input-len")
-    input_lens = [default_input_len(max_model_len, out_len)]
-    err.print(f"input length {input_lens[0]} tokens (the default; --input-len to choose)", soft_wrap=True)
-    return input_lens
+        return
+    if given is not None:
+        spec.take_input_lens(parse_ints(given, "--input-len"))
+        return
+    length = default_input_len(max_model_len, out_len)
+    spec.take_input_lens([length])
+    err.print(f"input length {length} tokens (the default; --input-len to choose)", soft_wrap=True)
 
 
 def document(

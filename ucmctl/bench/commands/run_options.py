@@ -1,24 +1,46 @@
-"""`ucmctl bench`'s (`bench run`'s) options, one `typer.Option` each in the order `--help`
-lists them, and `RunOptions`, the values one run was given."""
+"""`ucmctl bench`'s (`bench run`'s) options: the run's, one `typer.Option` each in the order
+`--help` lists them, then every workload's parameters, made from their table
+(`workload_defaults.PARAMS`); `RunOptions`, the values one run was given."""
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import typer
 
 from ucmctl.bench import workload_defaults as defaults
 from ucmctl.bench.commands.common import HISTORY_HELP, SALT_HELP
 
-DEFAULT_INPUT_LEN = 4096
 DEFAULT_VOCAB = 8000
+Command = TypeVar("Command", bound=Callable[..., None])
 
 
 def param_option(param: defaults.Param) -> Any:
-    """A workload parameter's option: `--name`, its default, its lower bound and its help."""
-    return typer.Option(param.default, param.option, min=param.ge, help=param.help)
+    """A workload parameter's option: `--name`, its default, its bounds and its help (which
+    names the workload)."""
+    return typer.Option(param.default, param.option, min=param.ge, max=param.le, help=param.help)
+
+
+def with_workload_options(command: Command) -> Command:
+    """`command` (whose `**params` takes them) with every workload's parameters as options."""
+    signature = inspect.signature(command)
+    own = [p for p in signature.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    added = [
+        inspect.Parameter(
+            param.name,
+            inspect.Parameter.KEYWORD_ONLY,
+            default=param_option(param),
+            annotation=param.annotation,
+        )
+        for table in defaults.PARAMS.values()
+        for param in table.values()
+    ]
+    command.__signature__ = signature.replace(parameters=[*own, *added])  # type: ignore[attr-defined]
+    return command
 
 
 DEPLOYMENT = typer.Option(None, "--deployment", "-d", help="a deployment started by `ucmctl up`")
@@ -39,20 +61,6 @@ WORKLOAD = typer.Option(
     "-w",
     help="prefix (preseed then measure), multi-turn, trace (--trace FILE) or long-doc",
 )
-INPUT_LEN = typer.Option(
-    None,
-    "--input-len",
-    help=f"prefix: measured prompt lengths, e.g. 4096,8192 (default {DEFAULT_INPUT_LEN}, less where "
-    "the server's max_model_len leaves no room for --output-len)",
-)
-PREFIX_RATIO = typer.Option(
-    0.8,
-    "--prefix-ratio",
-    min=0.0,
-    max=0.999,
-    help="prefix: preseed length / input length (0: no preseed)",
-)
-NUM_PROMPTS = typer.Option(128, "--num-prompts", min=1, help="prefix: prompts per phase")
 CONCURRENCY = typer.Option(
     None,
     "--concurrency",
@@ -74,28 +82,8 @@ GOODPUT = typer.Option(
     "--goodput",
     help="SLOs for goodput, as vllm bench serve: --goodput ttft:500 tpot:50 e2el:20000 (ms)",
 )
-USERS, ROUNDS, SYSTEM_TOKENS, QUESTION_TOKENS = map(param_option, defaults.MULTI_TURN_PARAMS.values())
-TRACE = typer.Option(
-    defaults.TRACE.trace,
-    "--trace",
-    help="trace: a JSONL trace in Mooncake's format (docs/trace-format.md)",
-)
-SPEEDUP = typer.Option(
-    defaults.TRACE.speedup, "--speedup", help="trace: replay X times faster than its timestamps"
-)
-BACK_TO_BACK = typer.Option(
-    False, "--back-to-back", help="trace: ignore the timestamps, keep --concurrency requests in flight"
-)
-DOCUMENTS, DOC_TOKENS, REPEAT_COUNT, REPEAT_MODE = map(param_option, defaults.LONG_DOC_PARAMS.values())
 IGNORE_EOS = typer.Option(True, "--ignore-eos/--no-ignore-eos", help="always generate --output-len")
 SEED = typer.Option(0, "--seed", min=0, help="prompts of different seeds share no prefix")
-RESET_HBM = typer.Option(
-    False,
-    "--reset-hbm",
-    help="prefix: clear every instance's local prefix cache between the phases "
-    "(real vLLM: needs VLLM_SERVER_DEV_MODE=1)",
-)
-REPEATS = typer.Option(1, "--repeats", min=1, help="prefix: run everything N times (fresh prompts)")
 MODEL = typer.Option(None, "--model", help="served model name (default: /v1/models' first)")
 MODEL_DIR = typer.Option(None, "--model-dir", help="model folder: its vocabulary bounds the ids")
 VOCAB = typer.Option(
@@ -137,35 +125,20 @@ SAMPLE_INTERVAL = typer.Option(
 
 @dataclass
 class RunOptions:
-    """The options of one `ucmctl bench` run, as typed (Typer has checked their ranges)."""
+    """The options of one `ucmctl bench` run, as typed (Typer has checked their ranges): the
+    run's, and the workloads' parameters by name (`params`)."""
 
     deployment: str | None
     url: str | None
     engine: str | None
     metrics_url: list[str]
     workload: str
-    input_len: str | None
-    prefix_ratio: float
-    num_prompts: int
     concurrency: str | None
     output_len: int | None
     request_rate: str
     goodput: list[str]
-    users: int
-    rounds: int
-    system_tokens: int
-    question_tokens: int
-    trace: Path | None
-    speedup: float
-    back_to_back: bool
-    documents: int
-    doc_tokens: int
-    repeat_count: int
-    repeat_mode: str
     ignore_eos: bool
     seed: int
-    reset_hbm: bool
-    repeats: int
     model: str | None
     model_dir: Path | None
     vocab: int | None
@@ -184,8 +157,10 @@ class RunOptions:
     history_file: str | None
     label: str | None
     sample_interval: float
+    params: dict[str, Any]
 
     @classmethod
     def of(cls, values: dict[str, Any]) -> RunOptions:
-        """The options among `values` (the run callback's arguments; others are left out)."""
+        """The options among `values` (the run callback's arguments, its `params` the workloads'
+        parameters; others are left out)."""
         return cls(**{f.name: values[f.name] for f in fields(cls)})

@@ -25,7 +25,9 @@ from ucmctl.bench.commands.common import (
 )
 
 if TYPE_CHECKING:
+    from ucmctl.bench.results import Cell
     from ucmctl.bench.suite import ResultsFile, Suite
+    from ucmctl.bench.workloads import WorkloadSpec
 
 
 def suite(
@@ -52,8 +54,6 @@ def suite(
     """Run a matrix of input lengths x scenarios (recompute, hbm, ucm), redeploying per scenario.
     Interrupted? Run it again: finished cells are kept in the results file."""
     from ucmctl.bench import provenance, report
-    from ucmctl.bench.results import cells_of
-    from ucmctl.bench.runner import strip_private
     from ucmctl.bench.suite import DeployApi, load_suite, run_suite
     from ucmctl.topology.load import load_topology
 
@@ -68,32 +68,29 @@ def suite(
     results_file = _results_file(results, fresh, the_suite)
     progress = None if quiet else RichProgress(err)
 
-    workload = the_suite.spec()
-    workload.load(path.parent)  # a trace: relative to the suite file
+    the_suite.spec().load(path.parent)  # a trace: relative to the suite file
 
-    def run_cell(cfg: Any, target: Any) -> list[dict[str, Any]]:
+    def run_cell(workload: WorkloadSpec, cfg: Any, target: Any) -> list[Cell]:
         from ucmctl.deploy.state import StateStore
 
         check_capacity(workload, cfg, target, cfg.concurrency)
         records[:] = [StateStore().load(topology.name)]
         with watching(records[0], target):  # as `bench` run: losses in `lost`
-            return strip_private(loop.run(workload.run(cfg, target, progress, err.print)))
+            return loop.run(workload.run(cfg, target, progress, err.print))
 
     salt = cache_salt_of(cache_salt)
-    cells = cells_of(
-        run_suite(
-            the_suite,
-            topology,
-            str(topo_path),
-            results_file,
-            run_cell,
-            DeployApi(),
-            vocab,
-            err.print,
-            cache_salt=salt,
-            fail_fast=fail_fast,
-        )
-    )  # the suite's cells, read once
+    cells = run_suite(
+        the_suite,
+        topology,
+        str(topo_path),
+        results_file,
+        run_cell,
+        DeployApi(),
+        vocab,
+        err.print,
+        cache_salt=salt,
+        fail_fast=fail_fast,
+    )
     report.print_cells(cells, out)
     out.print(report.markdown(cells))
     prov = provenance.provenance(topology.digest(), str(topo_path))

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Any
 from rich.markup import escape
 
 from ucmctl.bench.commands.common import err
-from ucmctl.bench.commands.run_options import DEFAULT_INPUT_LEN, DEFAULT_VOCAB
+from ucmctl.bench.commands.run_options import DEFAULT_VOCAB
+from ucmctl.bench.workload_defaults import DEFAULT_INPUT_LEN
 from ucmctl.core.errors import UcmctlError
 
 if TYPE_CHECKING:

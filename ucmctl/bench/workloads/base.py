@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ucmctl.bench.workload_defaults import Param
 
 if TYPE_CHECKING:
+    from ucmctl.bench.results import Cell
     from ucmctl.bench.runner import BenchConfig, Progress, Target
 
 
@@ -48,6 +49,16 @@ class WorkloadSpec(BaseModel):
         """Read the workload's files (paths relative to `base`) and check what the options'
         and the suite's own checks leave, before anything is sent."""
 
+    def take_input_lens(self, lengths: list[int]) -> None:
+        """`ucmctl bench`: the input lengths, given or fitted to the server, of a workload whose
+        `own_options` has `--input-len`."""
+        raise NotImplementedError(f"{self.kind} takes no input lengths")
+
+    def measure_requests(self) -> int | None:
+        """Requests one measure phase sends, where the spec alone says (`--fault`'s time is
+        checked against it at a request rate)."""
+        return None
+
     def check_rates(self, rates: list[float]) -> None:
         """`ucmctl bench`: refuse `--request-rate`s the workload is not sent at."""
 
@@ -69,10 +80,10 @@ class WorkloadSpec(BaseModel):
     @abstractmethod
     async def run(
         self, cfg: BenchConfig, target: Target, progress: Progress | None, log: Callable[[str], None]
-    ) -> list[dict[str, Any]]:
+    ) -> list[Cell]:
         """Send the workload once; its cells, the one the tables lead with marked `primary`."""
 
 
 def field_of(param: Param) -> Any:
-    """A spec's field for a workload parameter: its default and lower bound (the option's)."""
-    return Field(param.default) if param.ge is None else Field(param.default, ge=param.ge)
+    """A spec's field for a workload parameter: its default and bounds (the option's)."""
+    return Field(param.default, ge=param.ge, le=param.le)  # None: no bound

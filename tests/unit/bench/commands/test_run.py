@@ -13,22 +13,34 @@ import pytest
 import typer
 
 from ucmctl.bench.commands import app
-from ucmctl.bench.commands.run import check_options, input_lengths, run, url_target
+from ucmctl.bench.commands.run import check_options, fit_input_lengths, run, url_target
 from ucmctl.bench.commands.run_options import RunOptions
-from ucmctl.bench.workloads import MultiTurnSpec, PrefixSpec
+from ucmctl.bench.workload_defaults import PARAMS
+from ucmctl.bench.workloads import BY_KIND, MultiTurnSpec, PrefixSpec
 from ucmctl.core.errors import UcmctlError
+
+WORKLOAD_PARAMS = [param for table in PARAMS.values() for param in table.values()]
 
 
 def options(**changes: Any) -> RunOptions:
-    """The options of `ucmctl bench` given nothing, with `changes`."""
-    defaults = {p.name: p.default for p in typer.main.get_command(app).params}
-    return dataclasses.replace(RunOptions.of(defaults), **changes)
+    """The options of `ucmctl bench` given nothing, with `changes` (a workload's by name)."""
+    values = {p.name: p.default for p in typer.main.get_command(app).params} | changes
+    params = {p.name: values.pop(p.name) for p in WORKLOAD_PARAMS}
+    return RunOptions.of({**values, "params": params})
 
 
-def test_run_options_are_the_callbacks_parameters_in_order() -> None:
+def test_run_options_are_the_callbacks_parameters_in_order_then_every_workloads() -> None:
     parameters = list(inspect.signature(run).parameters)
-    assert parameters[0] == "ctx"
-    assert [f.name for f in dataclasses.fields(RunOptions)] == parameters[1:]
+    own = [f.name for f in dataclasses.fields(RunOptions) if f.name != "params"]
+    assert parameters == ["ctx", *own, *(p.name for p in WORKLOAD_PARAMS)]
+    command = {p.name: p for p in typer.main.get_command(app).params}
+    for kind, table in PARAMS.items():
+        assert kind in BY_KIND
+        for param in table.values():  # each option as its table states it, its help naming its workload
+            option = command[param.name]
+            assert option.opts == [param.option] and option.default == param.default
+            assert option.help == param.help and param.help.startswith(f"{kind}: ")
+            assert (getattr(option, "min", None), getattr(option, "max", None)) == (param.ge, param.le)
 
 
 def test_run_options_take_only_their_own_values() -> None:
@@ -91,12 +103,14 @@ def test_a_url_target_refused(changes: dict[str, Any], said: str) -> None:
 
 
 def test_input_lengths_given_defaulted_or_refused(capsys: pytest.CaptureFixture[str]) -> None:
-    assert input_lengths(options(input_len="100,200"), PrefixSpec(), None, 10) == [100, 200]
-    assert input_lengths(options(), PrefixSpec(), 2048, 100) == [1792]  # the context's room, whole 256s
+    given, default = PrefixSpec(), PrefixSpec()
+    fit_input_lengths(options(input_len="100,200"), given, None, 10)
+    fit_input_lengths(options(), default, 2048, 100)
+    assert (given.input_lens, default.input_lens) == ([100, 200], [1792])  # the context's room, whole 256s
     assert "input length 1792 tokens (the default; --input-len to choose)" in capsys.readouterr().err
-    assert input_lengths(options(workload="multi-turn"), MultiTurnSpec(), None, 10) == []
+    fit_input_lengths(options(workload="multi-turn"), MultiTurnSpec(), None, 10)
     with pytest.raises(UcmctlError) as caught:
-        input_lengths(options(workload="multi-turn", input_len="100"), MultiTurnSpec(), None, 10)
+        fit_input_lengths(options(workload="multi-turn", input_len="100"), MultiTurnSpec(), None, 10)
     assert str(caught.value) == "--input-len: --input-len is for the prefix workload, not multi-turn"
 
 

@@ -17,7 +17,7 @@ from .test_run import options
 
 
 def _values(**changes: Any) -> dict[str, Any]:
-    return vars(options(**changes))
+    return options(**changes).params
 
 
 def test_each_option_only_one_workload_takes_names_it() -> None:

@@ -12,9 +12,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from array import array
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ucmctl.bench import client, prompts
+from ucmctl.bench.results import Cell
 from ucmctl.bench.reuse import ReuseTracker
 from ucmctl.bench.runner import BenchConfig, NoProgress, Progress, Target, measure
 
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
 
 async def run_long_doc(
     cfg: BenchConfig, spec: LongDocSpec, target: Target, progress: Progress | None = None
-) -> list[dict[str, Any]]:
+) -> list[Cell]:
     """One cell: the warm-up round as its first phase, the query round measured."""
     progress = progress or NoProgress()
     stream = cfg.stream_base
@@ -58,7 +59,7 @@ async def run_long_doc(
             [spec.doc_tokens] * spec.documents,
             progress,
         )
-        warm.update({"input_len": spec.doc_tokens, "output_len": 1})
+        warm.input_len, warm.output_len = spec.doc_tokens, 1
         if cfg.settle_s > 0:
             await asyncio.sleep(cfg.settle_s)
         query = await measure(
@@ -70,22 +71,22 @@ async def run_long_doc(
             [spec.doc_tokens] * len(order),
             progress,
         )
-        query.update({"input_len": spec.doc_tokens, "output_len": cfg.output_len})
+        query.input_len, query.output_len = spec.doc_tokens, cfg.output_len
     total = spec.doc_tokens * len(order)
     return [
-        {
-            "workload": spec.kind,
-            "label": f"{spec.documents}x{spec.doc_tokens} {spec.repeat_mode}",
-            "input_len": spec.doc_tokens,
-            "repeat": 0,
-            "stream": stream,
-            "preseed": warm,
-            "measure": query,
-            "ideal_hit_rate": query_reuse / total if total else None,
-            "ideal_reused_tokens": query_reuse,
-            "ideal_total_tokens": total,
-            "warmup_ideal_hit_rate": warm_reuse / (spec.doc_tokens * spec.documents),
-            "prompts_digest": digest.hexdigest()[:16],
-            "primary": True,
-        }
+        Cell(
+            workload=spec.kind,
+            label=f"{spec.documents}x{spec.doc_tokens} {spec.repeat_mode}",
+            input_len=spec.doc_tokens,
+            repeat=0,
+            stream=stream,
+            preseed=warm,
+            measure=query,
+            ideal_hit_rate=query_reuse / total if total else None,
+            ideal_reused_tokens=query_reuse,
+            ideal_total_tokens=total,
+            warmup_ideal_hit_rate=warm_reuse / (spec.doc_tokens * spec.documents),
+            prompts_digest=digest.hexdigest()[:16],
+            primary=True,
+        )
     ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, get_args
+from typing import TYPE_CHECKING, ClassVar, Literal, get_args
 
 from ucmctl.bench.workload_defaults import LONG_DOC_PARAMS as P
 from ucmctl.bench.workload_defaults import RepeatMode
@@ -15,6 +15,7 @@ from ucmctl.core.errors import UcmctlError
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from ucmctl.bench.results import Cell
     from ucmctl.bench.runner import BenchConfig, Progress, Target
 
 REPEAT_MODES: tuple[str, ...] = get_args(RepeatMode)
@@ -64,7 +65,7 @@ class LongDocSpec(WorkloadSpec):
 
     async def run(
         self, cfg: BenchConfig, target: Target, progress: Progress | None, log: Callable[[str], None]
-    ) -> list[dict[str, Any]]:
+    ) -> list[Cell]:
         from ucmctl.bench.workloads.long_doc.runner import run_long_doc
 
         return await run_long_doc(cfg, self, target, progress)

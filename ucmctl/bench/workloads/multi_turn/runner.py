@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import hashlib
 from array import array
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ucmctl.bench import client, goodput, hitrate, metrics, prompts
+from ucmctl.bench.results import Cell, ErrorCount, Phase
 from ucmctl.bench.reuse import ReuseTracker
-from ucmctl.bench.runner import BenchConfig, NoProgress, Progress, Target, measure
+from ucmctl.bench.runner import BenchConfig, NoProgress, Progress, Target, measure, phase_of
 
 if TYPE_CHECKING:
     from ucmctl.bench.workloads.multi_turn.spec import MultiTurnSpec
@@ -33,7 +34,7 @@ def _question(cfg: BenchConfig, spec: MultiTurnSpec, user: int, round_: int, str
 
 async def run_multi_turn(
     cfg: BenchConfig, spec: MultiTurnSpec, target: Target, progress: Progress | None = None
-) -> list[dict[str, Any]]:
+) -> list[Cell]:
     """One cell per round, then one for rounds 2..R together (when R > 1)."""
     progress = progress or NoProgress()
     stream = cfg.stream_base
@@ -46,8 +47,7 @@ async def run_multi_turn(
     alive = [True] * spec.users
     ideal = ReuseTracker(cfg.block_size)
     digest = hashlib.sha256()
-    cells: list[dict[str, Any]] = []
-    later: list[dict[str, Any]] = []
+    cells: list[Cell] = []
     async with client.session(cfg.concurrency, cfg.timeout_s) as http:
         for r in range(spec.rounds):
             users = [u for u in range(spec.users) if alive[u]]
@@ -81,85 +81,77 @@ async def run_multi_turn(
                 progress,
                 collect_tokens=True,
             )
-            for u, p, res in zip(users, asked, phase["_results"], strict=True):
+            for u, p, res in zip(users, asked, phase.requests(), strict=True):
                 if res.ok and res.token_ids is not None:
                     history[u] = p[len(system) :] + res.token_ids
                     ideal.add(p + res.token_ids[:-1])  # the last answer token's KV is never computed
                 else:
                     alive[u] = False  # no answer: this user's conversation cannot go on
             total = sum(len(p) for p in asked)
-            phase.update(
-                {
-                    "input_len": round(total / len(asked)) if asked else 0,
-                    "output_len": cfg.output_len,
-                    "users_lost": lost,
-                }
-            )
+            phase.input_len = round(total / len(asked)) if asked else 0
+            phase.output_len = cfg.output_len
+            phase.put("users_lost", lost)
             if lost:
-                phase["failed"] += lost
-                phase["errors"] = [
-                    *phase["errors"],
-                    {"error": "an earlier round of this user failed", "count": lost},
+                phase.failed += lost
+                phase.errors = [
+                    *phase.errors,
+                    ErrorCount(error="an earlier round of this user failed", count=lost),
                 ]
-            cell = _round_cell(spec, r, stream, phase, reusable, total)
-            cells.append(cell)
-            if r > 0:
-                later.append(cell)
-    if later:
-        cells.append(_later_rounds(later, cfg))
+            cells.append(_round_cell(spec, r, stream, phase, reusable, total))
+    if len(cells) > 1:
+        cells.append(_later_rounds(cells[1:], cfg))
     for cell in cells:
-        cell["prompts_digest"] = digest.hexdigest()[:16]
-    (cells[-1] if len(cells) > 1 else cells[0])["primary"] = True
+        cell.prompts_digest = digest.hexdigest()[:16]
+    cells[-1].primary = True
     return cells
 
 
-def _round_cell(
-    spec: MultiTurnSpec, r: int, stream: int, phase: dict[str, Any], reusable: int, total: int
-) -> dict[str, Any]:
+def _round_cell(spec: MultiTurnSpec, r: int, stream: int, phase: Phase, reusable: int, total: int) -> Cell:
     """The cell of round r + 1: its measurement and the ideal hit rate of its prompts."""
-    return {
-        "workload": spec.kind,
-        "label": f"round {r + 1}",
-        "round": r + 1,
-        "input_len": phase["input_len"],
-        "repeat": 0,
-        "stream": stream,
-        "preseed": None,
-        "measure": phase,
-        "ideal_hit_rate": reusable / total if total else None,
-        "ideal_reused_tokens": reusable,
-        "ideal_total_tokens": total,
-    }
+    return Cell(
+        workload=spec.kind,
+        label=f"round {r + 1}",
+        round=r + 1,
+        input_len=phase.input_len,
+        repeat=0,
+        stream=stream,
+        preseed=None,
+        measure=phase,
+        ideal_hit_rate=reusable / total if total else None,
+        ideal_reused_tokens=reusable,
+        ideal_total_tokens=total,
+    )
 
 
-def _later_rounds(cells: list[dict[str, Any]], cfg: BenchConfig) -> dict[str, Any]:
+def _later_rounds(cells: list[Cell], cfg: BenchConfig) -> Cell:
     """Rounds 2..R as one measurement: every request of them, over their summed wall time."""
-    results = [r for c in cells for r in c["measure"]["_results"]]
-    duration = sum(c["measure"]["duration"] for c in cells)
-    phase = metrics.summarize(results, duration)
-    lost = sum(c["measure"]["users_lost"] for c in cells)
-    phase["failed"] += lost
+    phases = [c.measure for c in cells if c.measure is not None]
+    results = [r for p in phases for r in p.requests()]
+    duration = sum(p.duration or 0 for p in phases)
+    summary = metrics.summarize(results, duration)
+    lost = sum(p.value("users_lost") for p in phases)
+    summary["failed"] += lost
     if cfg.goodput:
-        phase.update(goodput.goodput_fields(results, duration, cfg.goodput))
-    phase["num_prompts"] = len(results) + lost
-    phase["hit_rate"] = hitrate.merge([c["measure"]["hit_rate"] for c in cells])
-    phase["input_len"] = round(sum(r.prompt_len for r in results) / len(results)) if results else 0
-    phase["output_len"] = cells[0]["measure"]["output_len"]
-    phase["_results"] = results
-    reused = sum(c["ideal_reused_tokens"] for c in cells)
-    total = sum(c["ideal_total_tokens"] for c in cells)
-    first, last = cells[0]["round"], cells[-1]["round"]
-    return {
-        "workload": cells[0]["workload"],
-        "label": f"rounds {first}-{last}",
-        "round": None,
-        "aggregate": True,
-        "input_len": phase["input_len"],
-        "repeat": 0,
-        "stream": cells[0]["stream"],
-        "preseed": None,
-        "measure": phase,
-        "ideal_hit_rate": reused / total if total else None,
-        "ideal_reused_tokens": reused,
-        "ideal_total_tokens": total,
-    }
+        summary.update(goodput.goodput_fields(results, duration, cfg.goodput))
+    summary["num_prompts"] = len(results) + lost
+    summary["hit_rate"] = hitrate.merge([p.hit_rates() for p in phases])
+    summary["input_len"] = round(sum(r.prompt_len for r in results) / len(results)) if results else 0
+    summary["output_len"] = phases[0].output_len
+    phase = phase_of(summary, results)
+    reused = sum(c.ideal_reused_tokens or 0 for c in cells)
+    total = sum(c.ideal_total_tokens or 0 for c in cells)
+    first, last = cells[0].round, cells[-1].round
+    return Cell(
+        workload=cells[0].workload,
+        label=f"rounds {first}-{last}",
+        round=None,
+        aggregate=True,
+        input_len=phase.input_len,
+        repeat=0,
+        stream=cells[0].stream,
+        preseed=None,
+        measure=phase,
+        ideal_hit_rate=reused / total if total else None,
+        ideal_reused_tokens=reused,
+        ideal_total_tokens=total,
+    )

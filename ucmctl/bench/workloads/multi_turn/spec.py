@@ -11,6 +11,7 @@ from ucmctl.bench.workloads.base import WorkloadSpec, field_of
 from ucmctl.core.errors import UcmctlError
 
 if TYPE_CHECKING:
+    from ucmctl.bench.results import Cell
     from ucmctl.bench.runner import BenchConfig, Progress, Target
 
 
@@ -49,7 +50,7 @@ class MultiTurnSpec(WorkloadSpec):
 
     async def run(
         self, cfg: BenchConfig, target: Target, progress: Progress | None, log: Callable[[str], None]
-    ) -> list[dict[str, Any]]:
+    ) -> list[Cell]:
         from ucmctl.bench.workloads.multi_turn.runner import run_multi_turn
 
         return await run_multi_turn(cfg, self, target, progress)

@@ -12,12 +12,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import aiohttp
 import numpy as np
 
 from ucmctl.bench import client
+from ucmctl.bench.extras.trace_lag import Lag
+from ucmctl.bench.results import Cell
 from ucmctl.bench.runner import BenchConfig, NoProgress, Progress, Target, measure
 from ucmctl.bench.workloads.trace import format as trace
 
@@ -41,17 +43,17 @@ async def _open_connections(http: aiohttp.ClientSession, url: str, count: int) -
     await asyncio.gather(*(one() for _ in range(max(1, count))))
 
 
-def lag_stats(lags: list[float]) -> dict[str, float | None]:
+def lag_stats(lags: list[float]) -> Lag:
     """How late the sends were, in ms: mean, p50, p99, max (None when nothing was scheduled)."""
     if not lags:
-        return {"mean": None, "p50": None, "p99": None, "max": None}
+        return Lag(mean=None, p50=None, p99=None, max=None)
     arr = np.asarray(lags, dtype=np.float64) * 1000.0
-    return {
-        "mean": float(arr.mean()),
-        "p50": float(np.percentile(arr, 50)),
-        "p99": float(np.percentile(arr, 99)),
-        "max": float(arr.max()),
-    }
+    return Lag(
+        mean=float(arr.mean()),
+        p50=float(np.percentile(arr, 50)),
+        p99=float(np.percentile(arr, 99)),
+        max=float(arr.max()),
+    )
 
 
 async def run_trace(
@@ -59,7 +61,7 @@ async def run_trace(
     spec: TraceSpec,
     target: Target,
     progress: Progress | None = None,
-) -> list[dict[str, Any]]:
+) -> list[Cell]:
     progress = progress or NoProgress()
     reqs = spec.requests
     stream = cfg.stream_base
@@ -86,29 +88,25 @@ async def run_trace(
             progress,
             schedule=schedule if spec.speedup is not None else None,
         )
-    lags = [r.lag for r in phase["_results"] if r.lag is not None]
-    phase.update(
-        {
-            "input_len": round(sum(r.input_length for r in reqs) / len(reqs)),
-            "output_len": round(sum(r.output_length for r in reqs) / len(reqs)),
-            "send_lag_ms": lag_stats(lags),
-        }
-    )
+    lags = [r.lag for r in phase.requests() if r.lag is not None]
+    phase.input_len = round(sum(r.input_length for r in reqs) / len(reqs))
+    phase.output_len = round(sum(r.output_length for r in reqs) / len(reqs))
+    phase.send_lag_ms = lag_stats(lags)
     return [
-        {
-            "workload": spec.kind,
-            "label": spec.path.name,
-            "input_len": phase["input_len"],
-            "repeat": 0,
-            "stream": stream,
-            "preseed": None,
-            "measure": phase,
-            "ideal_hit_rate": ideal.ratio,
-            "ideal_reused_tokens": ideal.reused_tokens,
-            "ideal_total_tokens": ideal.total_tokens,
-            "speedup": spec.speedup,
-            "trace_requests": len(reqs),
-            "prompts_digest": digest,
-            "primary": True,
-        }
+        Cell(
+            workload=spec.kind,
+            label=spec.path.name,
+            input_len=phase.input_len,
+            repeat=0,
+            stream=stream,
+            preseed=None,
+            measure=phase,
+            ideal_hit_rate=ideal.ratio,
+            ideal_reused_tokens=ideal.reused_tokens,
+            ideal_total_tokens=ideal.total_tokens,
+            speedup=spec.speedup,
+            trace_requests=len(reqs),
+            prompts_digest=digest,
+            primary=True,
+        )
     ]

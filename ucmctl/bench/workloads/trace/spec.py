@@ -10,19 +10,21 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import Field, PrivateAttr
 
-from ucmctl.bench.workload_defaults import TRACE
+from ucmctl.bench.workload_defaults import TRACE_PARAMS as P
 from ucmctl.bench.workloads.base import WorkloadSpec
 from ucmctl.core.errors import UcmctlError
 
 if TYPE_CHECKING:
+    from ucmctl.bench.results import Cell
     from ucmctl.bench.runner import BenchConfig, Progress, Target
     from ucmctl.bench.workloads.trace.format import TraceRequest
 
 
 class TraceSpec(WorkloadSpec):
     kind: Literal["trace"] = "trace"
-    trace: str | None = Field(TRACE.trace, description="trace file, relative to the suite file")
-    speedup: float | None = Field(TRACE.speedup, gt=0, description="null: back to back")
+    # The option's `--speedup` takes no bound and `--back-to-back` is None here: stated apart.
+    trace: str | None = Field(P["trace"].default, description="trace file, relative to the suite file")
+    speedup: float | None = Field(P["speedup"].default, gt=0, description="null: back to back")
 
     phases: ClassVar[dict[str, str]] = {"preseed": "-", "measure": "replay"}
     default_output_len: ClassVar[int] = 1000  # unused (each request has its own), kept in the config
@@ -94,7 +96,7 @@ class TraceSpec(WorkloadSpec):
 
     async def run(
         self, cfg: BenchConfig, target: Target, progress: Progress | None, log: Callable[[str], None]
-    ) -> list[dict[str, Any]]:
+    ) -> list[Cell]:
         from ucmctl.bench.workloads.trace.runner import run_trace
 
         return await run_trace(cfg, self, target, progress)
