@@ -28,38 +28,45 @@ if (($#)); then
     mypy            # the product packages (pyproject's [tool.mypy])
     exec python -m pytest --durations=30 "$@"
 fi
-# Two lanes side by side, each line of their output prefixed with the lane's name:
-# - hosts: the tests that share this machine's daemons (GlusterFS's glusterd, podman's and
-#   docker's stores, systemd), integration then end-to-end, one module at a time: they drive
-#   those daemons and time faults to the second;
-# - local: the tests on this machine alone or on test hosts of their own (network namespaces
-#   with sshd, a private Slurm), and mypy. The unit tests on both cores, then the real-vLLM
-#   tests (they keep the cores busy) while the hosts lane runs its integration tests (measured:
-#   a quarter of the two cores busy: they wait on simulators, SSH and faults), then the
-#   integration tests of simulated engines on two workers, each module whole on one, beside
-#   the hosts lane's real-vLLM tests.
-# Both lanes run to their end; the suite fails if either failed.
-OWN_HOSTS=(tests/e2e/test_up_p2p_real_vllm.py tests/e2e/test_slurm_real_vllm.py)
+# Three lanes side by side, each line of their output prefixed with the lane's name:
+# - hosts and boxes: the tests of test hosts (network namespaces with sshd), integration then
+#   end-to-end, one module at a time in each lane (they time faults to the second). `boxes`
+#   takes those that drive podman, docker, Slurm or systemd, `hosts` the rest (GlusterFS's
+#   tests among them), so that no daemon of this machine is driven from two lanes at once;
+# - local: the tests on this machine alone, and mypy. The unit tests on both cores, then the
+#   real-vLLM tests on loopback (they keep the cores busy) while the other lanes run their
+#   integration tests (measured: a quarter of the two cores busy: they wait on simulators, SSH
+#   and faults), then the integration tests of simulated engines on two workers, each module
+#   whole on one.
+# Every lane runs to its end; the suite fails if one failed.
+BOXES=(tests/integration/deploy/test_containers_local.py tests/integration/support/test_containers_support.py
+       tests/integration/deploy/test_systemd_restart.py tests/integration/support/test_slurm_cluster.py
+       tests/integration/launch/test_slurm_oci.py tests/integration/launch/test_slurm_deploy.py
+       tests/integration/launch/test_sbatch_real.py tests/integration/launch/test_slurm_gres.py
+       tests/e2e/test_containers_real_vllm.py tests/e2e/test_slurm_real_vllm.py)
 hosts_lane() {
-    python -m pytest --durations=30 -m root "${OWN_HOSTS[@]/#/--ignore=}" tests/integration tests/e2e
+    python -m pytest --durations=20 -m root "${BOXES[@]/#/--ignore=}" tests/integration tests/e2e
+}
+boxes_lane() {
+    python -m pytest --durations=20 -m root "${BOXES[@]}"
 }
 local_lane() {
     local rc=0
     python -m pytest -n auto --durations=15 tests/unit || rc=1
     python -m pytest --durations=15 -m "not root" tests/e2e || rc=1
-    python -m pytest --durations=15 "${OWN_HOSTS[@]}" || rc=1
     mypy || rc=1    # the product packages (pyproject's [tool.mypy])
     python -m pytest -n 2 --dist loadfile --durations=15 -m "not root" tests/integration || rc=1
     return $rc
 }
+LANES=(hosts boxes local)
 lanes=$(mktemp -d)
 trap 'rm -rf "$lanes"' EXIT
-for lane in hosts local; do
+for lane in "${LANES[@]}"; do
     { rc=0; "${lane}_lane" 2>&1 || rc=$?; echo $rc >"$lanes/$lane"; } | sed -u "s/^/[$lane] /" &
 done
 wait
 failed=0
-for lane in hosts local; do
+for lane in "${LANES[@]}"; do
     rc=$(cat "$lanes/$lane" 2>/dev/null || echo 1)
     echo "test.sh: the $lane lane $( ((rc == 0)) && echo passed || echo "failed (exit $rc)")"
     ((rc == 0)) || failed=1
