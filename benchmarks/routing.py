@@ -14,8 +14,10 @@ users at once); each policy gets its own prompt seed, so that no run finds anoth
 the store. The figures: TTFT (mean over every request, and the worst round's p90, ms) from the
 saved results, and the hit rates the instances themselves count across the run (local: their
 own prefix cache; external: loaded from the store), as ratios against round-robin and
-least-loaded. `kv` reads the proxy's approximate index (its own routing history); its speeds
-are measured on the way (GET /routing, printed).
+least-loaded. `kv` runs twice: on the proxy's approximate index (its own routing history),
+and on the simulators' KV-cache events (each publishes vLLM's events on a ZMQ socket of its own,
+`--kv-events-config`, which the proxy follows: `--kv-events URL=tcp://...`); its speeds are
+measured on the way (GET /routing, printed).
 """
 
 from __future__ import annotations
@@ -39,7 +41,14 @@ from tests.support.vllm_server import kv_transfer_config, write_ucm_config
 REPO = Path(__file__).resolve().parents[1]
 BLOCK = 16
 KV_BYTES_PER_TOKEN = 16384  # the medium-cpu profile's
-POLICIES = ("round-robin", "least-loaded", "session", "kv")
+# (row, routing policy, the proxy follows the instances' KV-cache events)
+POLICIES = (
+    ("round-robin", "round-robin", False),
+    ("least-loaded", "least-loaded", False),
+    ("session", "session", False),
+    ("kv (routing history)", "kv", False),
+    ("kv (KV events)", "kv", True),
+)
 COUNTERS = {
     "queries": "vllm:prefix_cache_queries_total",
     "local": "vllm:prefix_cache_hits_total",
@@ -57,12 +66,19 @@ def counts(urls: list[str]) -> dict[str, float]:
     return {k: sum(counter(u, name) for u in urls) for k, name in COUNTERS.items()}
 
 
-def proxy(urls: list[str], policy: str, log: Path) -> tuple[subprocess.Popen[bytes], str]:
+def proxy(
+    urls: list[str], policy: str, events: dict[str, int], log: Path
+) -> tuple[subprocess.Popen[bytes], str]:
+    """A proxy in front of `urls`; following each one's KV-cache events at `events[url]` where given."""
     port = free_port()
     argv = [sys.executable, "-m", "ucmctl.proxy", "--host", "127.0.0.1", "--port", str(port), "--mode",
             "mixed", "--routing", policy, "--block-size", str(BLOCK), "--health-interval", "0.5"]  # fmt: skip
     for u in urls:
         argv += ["--instance", u]
+        if u in events:
+            argv += ["--kv-events", f"{u}=tcp://127.0.0.1:{events[u]}"]
+    if events:
+        argv += ["--served-model", served_model(urls[0])]
     with log.open("wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
@@ -77,14 +93,27 @@ def proxy(urls: list[str], policy: str, log: Path) -> tuple[subprocess.Popen[byt
     raise RuntimeError(f"the proxy did not answer: {log.read_text()[-2000:]}")
 
 
+def served_model(url: str) -> str:
+    """The model name a server serves (what bench's requests carry: the proxy's block keys' seed)."""
+    return str(json.loads(urllib.request.urlopen(url + "/v1/models", timeout=5).read())["data"][0]["id"])
+
+
 def run_policy(
-    policy: str, seed: int, urls: list[str], model: Path, tmp: Path, args: argparse.Namespace
+    row: str,
+    policy: str,
+    events: dict[str, int],
+    seed: int,
+    urls: list[str],
+    model: Path,
+    tmp: Path,
+    args: argparse.Namespace,
 ) -> dict:
-    proc, url = proxy(urls, policy, tmp / f"proxy-{policy}.log")
+    name = row.replace(" ", "-").replace("(", "").replace(")", "")
+    proc, url = proxy(urls, policy, events, tmp / f"proxy-{name}.log")
     try:
         before = counts(urls)
         doc = bench_cli.bench_json(
-            url, model, tmp / f"{policy}.json", "--workload", "multi-turn", "--users", str(args.users),
+            url, model, tmp / f"{name}.json", "--workload", "multi-turn", "--users", str(args.users),
             "--rounds", str(args.rounds), "--system-tokens", str(args.system_tokens), "--question-tokens",
             str(args.question_tokens), "--output-len", str(args.output_len), "--seed", str(seed),
         )  # fmt: skip
@@ -134,12 +163,19 @@ def main() -> None:
         gib = args.hbm_tokens * KV_BYTES_PER_TOKEN / 2**30
         flags = ("--profile", "medium-cpu", "--block-size", str(BLOCK), "--kv-cache-gib", f"{gib:.9f}",
                  "--kv-transfer-config", kv_transfer_config(ucm))  # fmt: skip
-        urls = [stack.enter_context(sim_server(tmp, *flags, model=str(model), timeout=60)).url
-                for _ in range(args.instances)]  # fmt: skip
-        for seed, policy in enumerate(POLICIES, start=1):
-            results[policy] = run_policy(policy, seed, urls, model, tmp, args)
-            r = results[policy]
-            print(f"{policy}: {r['completed']} done, {r['failed']} failed, TTFT mean {r['ttft_mean']:.0f} ms",
+        urls, ports = [], []
+        for _ in range(args.instances):  # each publishes its KV-cache events, as vLLM with the plan's flag
+            ports.append(free_port())
+            config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{ports[-1]}"}
+            sim = sim_server(
+                tmp, *flags, "--kv-events-config", json.dumps(config), model=str(model), timeout=60
+            )
+            urls.append(stack.enter_context(sim).url)
+        for seed, (row, policy, follows) in enumerate(POLICIES, start=1):
+            events = dict(zip(urls, ports, strict=True)) if follows else {}
+            results[row] = run_policy(row, policy, events, seed, urls, model, tmp, args)
+            r = results[row]
+            print(f"{row}: {r['completed']} done, {r['failed']} failed, TTFT mean {r['ttft_mean']:.0f} ms",
                   flush=True)  # fmt: skip
 
     rr, ll = results["round-robin"], results["least-loaded"]
@@ -154,17 +190,22 @@ def main() -> None:
             "local hit", "external hit")  # fmt: skip
     print("| " + " | ".join(cols) + " |")
     print("|---|---|---|---|---|---|---|---|---|")
-    for policy, r in results.items():
+    for row, r in results.items():
         print(
-            f"| {policy} | {r['ttft_mean']:.0f} | {r['ttft_mean'] / rr['ttft_mean']:.2f}x | "
+            f"| {row} | {r['ttft_mean']:.0f} | {r['ttft_mean'] / rr['ttft_mean']:.2f}x | "
             f"{r['ttft_mean'] / ll['ttft_mean']:.2f}x | {r['ttft_p90_worst_round']:.0f} | "
             f"{r['ttft_p90_worst_round'] / rr['ttft_p90_worst_round']:.2f}x | "
             f"{r['ttft_p90_worst_round'] / ll['ttft_p90_worst_round']:.2f}x | "
             f"{100 * r['local_hit']:.1f}% | {100 * r['external_hit']:.1f}% |"
         )
-    kv = results["kv"]["routing"]
-    print()
-    print(f"kv's index: {kv['index']}, {kv['blocks']} blocks; prefill {kv['prefill']}; load {kv['load']}")
+    for row in ("kv (routing history)", "kv (KV events)"):
+        kv = results[row]["routing"]
+        print()
+        print(
+            f"{row}: index {kv['index']}, {kv['blocks']} blocks; prefill {kv['prefill']}; load {kv['load']}"
+        )
+        if kv.get("kv_events"):
+            print(f"  events: {json.dumps(kv['kv_events'])}")
 
 
 if __name__ == "__main__":

@@ -28,27 +28,23 @@ if (($#)); then
     mypy            # the product packages (pyproject's [tool.mypy])
     exec python -m pytest --durations=30 "$@"
 fi
-# Three lanes side by side, each line of their output prefixed with the lane's name:
-# - hosts and boxes: the tests of test hosts (network namespaces with sshd), integration then
-#   end-to-end, one module at a time in each lane (they time faults to the second). `boxes`
-#   takes those that drive podman, docker, Slurm or systemd, `hosts` the rest (GlusterFS's
-#   tests among them), so that no daemon of this machine is driven from two lanes at once;
+# Two lanes side by side, each line of their output prefixed with the lane's name:
+# - hosts: the tests of test hosts (network namespaces with sshd, GlusterFS, podman, docker,
+#   systemd, the real vLLM over SSH), integration then end-to-end, one module at a time: they
+#   drive daemons of this machine and time faults to the second;
 # - local: the tests on this machine alone, and mypy. The unit tests on both cores, then the
-#   real-vLLM tests on loopback (they keep the cores busy) while the other lanes run their
+#   real-vLLM tests on loopback (they keep the cores busy) while the hosts lane runs its
 #   integration tests (measured: a quarter of the two cores busy: they wait on simulators, SSH
 #   and faults), then the integration tests of simulated engines on two workers, each module
-#   whole on one.
-# Every lane runs to its end; the suite fails if one failed.
-BOXES=(tests/integration/deploy/test_containers_local.py tests/integration/support/test_containers_support.py
-       tests/integration/deploy/test_systemd_restart.py tests/integration/support/test_slurm_cluster.py
-       tests/integration/launch/test_slurm_oci.py tests/integration/launch/test_slurm_deploy.py
-       tests/integration/launch/test_sbatch_real.py tests/integration/launch/test_slurm_gres.py
-       tests/e2e/test_containers_real_vllm.py tests/e2e/test_slurm_real_vllm.py)
+#   whole on one, then those of a private Slurm cluster of simulated engines (SLURM_SIM), one
+#   module at a time, beside the hosts lane's real-vLLM tests.
+# Three lanes were tried: real-vLLM tests of three lanes at once outgrow the machine's memory
+# (an engine killed by the kernel's OOM killer). Both lanes run to their end; the suite fails
+# if either failed.
+SLURM_SIM=(tests/integration/support/test_slurm_cluster.py tests/integration/launch/test_slurm_deploy.py
+           tests/integration/launch/test_sbatch_real.py tests/integration/launch/test_slurm_gres.py)
 hosts_lane() {
-    python -m pytest --durations=20 -m root "${BOXES[@]/#/--ignore=}" tests/integration tests/e2e
-}
-boxes_lane() {
-    python -m pytest --durations=20 -m root "${BOXES[@]}"
+    python -m pytest --durations=30 -m root "${SLURM_SIM[@]/#/--ignore=}" tests/integration tests/e2e
 }
 local_lane() {
     local rc=0
@@ -56,9 +52,10 @@ local_lane() {
     python -m pytest --durations=15 -m "not root" tests/e2e || rc=1
     mypy || rc=1    # the product packages (pyproject's [tool.mypy])
     python -m pytest -n 2 --dist loadfile --durations=15 -m "not root" tests/integration || rc=1
+    python -m pytest --durations=15 "${SLURM_SIM[@]}" || rc=1
     return $rc
 }
-LANES=(hosts boxes local)
+LANES=(hosts local)
 lanes=$(mktemp -d)
 trap 'rm -rf "$lanes"' EXIT
 for lane in "${LANES[@]}"; do
