@@ -49,10 +49,19 @@ class Publisher:
         import zmq
 
         host, _, port = config.endpoint.rpartition(":")
+        address = f"{host}:{int(port) + rank}"
         self._zmq = zmq
         self._sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.PUB)
         self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.bind(f"{host}:{int(port) + rank}")
+        try:
+            self._sock.bind(address)
+        except zmq.ZMQError as exc:  # the port taken, an address not this machine's
+            self._sock.close()
+            why = zmq.strerror(exc.errno or 0)
+            raise UcmctlError.one(
+                f"--kv-events-config: cannot publish KV-cache events on {address}: {why}",
+                fix="give the endpoint a free port of this machine",
+            ) from None
         self._topic = config.topic.encode()
         self._rank = rank
         self._seq = 0

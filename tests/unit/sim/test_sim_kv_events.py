@@ -74,3 +74,26 @@ def test_a_requests_block_tokens_span_its_prompt_then_its_answer() -> None:
     r.output = PROMPT[40:70]
     for start, stop in ((0, 1), (1, 3), (2, 4), (3, 4), (0, 4)):
         assert r.tokens_of(start, stop, 16) == (r.prompt + r.output)[start * 16 : stop * 16]
+
+
+def test_an_endpoint_that_cannot_be_bound_is_one_line() -> None:
+    import zmq
+
+    from tests.support.processes import free_port
+    from ucmctl.sim.kv_events import Publisher
+
+    port = free_port()
+    taken = zmq.Context.instance().socket(zmq.PUB)
+    taken.setsockopt(zmq.LINGER, 0)
+    taken.bind(f"tcp://127.0.0.1:{port}")
+    try:
+        with pytest.raises(UcmctlError) as refused:
+            Publisher(EventsConfig(f"tcp://127.0.0.1:{port}"), 0)
+        assert str(refused.value) == (
+            f"--kv-events-config: cannot publish KV-cache events on tcp://127.0.0.1:{port}: "
+            "Address already in use (give the endpoint a free port of this machine)"
+        )
+        with pytest.raises(UcmctlError, match=f"on tcp://127.0.0.1:{port}: "):
+            Publisher(EventsConfig(f"tcp://127.0.0.1:{port - 1}"), 1)  # DP rank 1: the port plus 1
+    finally:
+        taken.close()
