@@ -127,8 +127,6 @@ class Suite(BaseModel):
     def spec(self) -> WorkloadSpec:
         """The suite's workload: the guides' prefix one when it names none, with the suite's
         input lengths, prefix ratio, prompts and cache reset (a suite runs the repeats itself)."""
-        if self.workload is not None and not isinstance(self.workload, PrefixSpec):
-            return self.workload
         return self.cell_spec(self.input_lens)
 
     def cell_spec(self, input_lens: list[int]) -> WorkloadSpec:
