@@ -59,6 +59,16 @@ def conformance(url: str) -> None:
         f"{url}/v1/completions", {"model": "m", "prompt": prompt, "max_tokens": 1, "cache_salt": "a/b"}
     )
     assert "cache_salt" in check_error(status, body)
+    # /tokenize: a text prompt's token ids, the ones a request of it computes (the proxy's kv
+    # routing names a text prompt's blocks by them)
+    text = "hello there general kenobi, the KV of this prompt is where?"
+    status, body = post(f"{url}/tokenize", {"model": "m", "prompt": text})
+    assert status == 200 and body["count"] == len(body["tokens"]) > 0, body
+    assert all(type(t) is int for t in body["tokens"]) and body["max_model_len"] == 2048, body
+    status, done = post(f"{url}/v1/completions", {"model": "m", "prompt": text, "max_tokens": 1})
+    assert status == 200 and done["usage"]["prompt_tokens"] == body["count"], (done, body)
+    status, body = post(f"{url}/tokenize", {"model": "gpt-4", "prompt": text})
+    assert status == 404 and "error" in body, body  # refused as a request is: not "no /tokenize"
 
 
 def test_protocol_assertions_hold_on_real_vllm_and_the_simulator(

@@ -83,6 +83,8 @@ PROXY_INFO = "ucmctl_proxy_info"
 PROXY_ROUTING = "ucmctl_proxy_routing_info"  # the policy and where it learns where the KV is
 PROXY_KV_INDEX_BLOCKS = "ucmctl_proxy_kv_index_blocks"  # blocks the proxy's index knows of
 PROXY_KV_EVENTS = "ucmctl_proxy_kv_events_total"  # per instance, by outcome: applied, bad, gap, ...
+PROXY_KV_PREDICTED = "ucmctl_proxy_kv_predicted_tokens_total"  # per instance: prompt, local, external
+PROXY_TOKENIZE = "ucmctl_proxy_tokenize_total"  # text prompts' /tokenize asks, by outcome
 
 # ---- the simulator's own (counters without `_total`) --------------------------------------------
 SIM_STEPS = "ucmctl_sim_steps"

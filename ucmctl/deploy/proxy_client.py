@@ -110,6 +110,9 @@ def routing_line(proxy: Process) -> str | None:
                 how = f"measured ({speed.get('samples')} legs)" if speed.get("measured") else "prior"
                 per = 1e3 * float(speed.get("seconds_per_token") or 0.0)
                 line += f"; {leg} {per:.3g} ms/token, {how}"
+        tokenization = got.get("tokenization")
+        if isinstance(tokenization, dict):
+            line += f"; text prompts' tokens: {tokenization.get('source')}"
     return line
 
 

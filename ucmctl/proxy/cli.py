@@ -71,6 +71,12 @@ def proxy(
     served_model: str | None = typer.Option(
         None, "--served-model", help="with --kv-events: the model name requests carry (the block keys' seed)"
     ),
+    tokenize: bool = typer.Option(
+        True,
+        "--tokenize/--no-tokenize",
+        help="--routing kv, --direct-below: a text prompt's token ids from an instance's /tokenize "
+        "(exact: its blocks meet the KV events'); --no-tokenize estimates them from the text",
+    ),
     roles: str = typer.Option(
         "fixed", "--roles", help="fixed, or dynamic: any instance takes a prefill or a decode leg (pd, store)"
     ),

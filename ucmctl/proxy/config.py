@@ -49,6 +49,7 @@ class ProxyConfig:
     # (instance URL, ZMQ endpoint) of the instances whose vLLM KV-cache events the index reads
     kv_events: tuple[tuple[str, str], ...] = ()
     served_model: str | None = None  # the model name requests carry: the block keys' seed
+    tokenize: bool = True  # where the index is read: text prompts' token ids from /tokenize
     deployment: str | None = None
     health_interval: float = 2.0
     health_timeout: float = 2.0

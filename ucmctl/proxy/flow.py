@@ -19,10 +19,11 @@ from ucmctl.proxy.config import ProxyConfig
 from ucmctl.proxy.handoff import Handoff, Store, make_handoff
 from ucmctl.proxy.health import log, record_failure, record_success
 from ucmctl.proxy.kv_feed import Feed
-from ucmctl.proxy.kv_index import KvIndex, block_keys
+from ucmctl.proxy.kv_index import KvIndex, block_keys, ids_keys
 from ucmctl.proxy.metrics import Metrics
 from ucmctl.proxy.pool import Instance, Pool
 from ucmctl.proxy.routing import POLICIES, Ask, Policy, canonical, make_policy
+from ucmctl.proxy.tokenize import Tokenizer
 from ucmctl.proxy.upstream import UPSTREAM_ERRORS, LegFailed, why
 
 __all__ = ["UPSTREAM_ERRORS", "LegFailed", "ProxyState", "error_response", "serve_generate"]
@@ -41,6 +42,7 @@ class ProxyState:
     session: aiohttp.ClientSession | None = None
     upstream_headers: dict[str, str] = field(default_factory=dict)
     feeds: list[Feed] = field(default_factory=list)  # the instances' KV-cache events into the index
+    tokenizer: Tokenizer | None = None  # text prompts' exact token ids, where the index is read
 
     @classmethod
     def create(cls, config: ProxyConfig) -> ProxyState:
@@ -60,6 +62,7 @@ class ProxyState:
             model = config.served_model or ""
             feeds = config.kv_events
             state.feeds = [Feed(url, endpoint, model, state.pool, index) for url, endpoint in feeds]
+            state.tokenizer = Tokenizer(state.pool) if config.tokenize else None
         bootstrap_of = dict(zip(config.prefillers, config.bootstraps, strict=False))
         state.handoff = make_handoff(config.p2p, bootstrap_of, state.metrics, config.connect_timeout)
         # identity: relay the upstream's bytes as they are, no decompress and recompress
@@ -75,6 +78,10 @@ class ProxyState:
             n = len(self.feeds)
             facts["index"] = f"vLLM KV events of {n} instances, with the proxy's routing history"
             facts["kv_events"] = [vars(f.stats).copy() for f in self.feeds]
+        if "index" in facts:
+            facts["tokenization"] = (
+                self.tokenizer.describe() if self.tokenizer else {"source": "estimated (--no-tokenize)"}
+            )
         return facts
 
     def timeout(self) -> aiohttp.ClientTimeout:
@@ -169,8 +176,9 @@ async def serve_generate(request: web.Request, state: ProxyState, path: str) -> 
     tokens = rewrite.prompt_tokens(body, path)
     prefix = rewrite.prefix_key(body, path, cfg.affinity_tokens) if state.policy.needs_prefix else None
     headers = {**state.upstream_headers, "X-Request-Id": rid}
-    wanted = state.policy.needs_blocks or state.index is not None
-    blocks = block_keys(body, path, cfg.block_size) if wanted else ()
+    blocks: tuple[int, ...] = ()
+    if state.policy.needs_blocks or state.index is not None:
+        tokens, blocks = await _blocks(state, body, path, tokens, headers)
     req = Request(raw, body, path, tokens, headers, prefix, session_of(request, body), blocks)
     try:
         inst, resp, first = await _answer(state, req)
@@ -186,6 +194,20 @@ async def serve_generate(request: web.Request, state: ProxyState, path: str) -> 
         resp.close()  # on any early exit this drops the upstream connection: the instance stops the request
         inst.streaming -= 1
         inst.release(tokens)
+
+
+async def _blocks(
+    state: ProxyState, body: dict[str, Any], path: str, tokens: int, headers: dict[str, str]
+) -> tuple[int, tuple[int, ...]]:
+    """The prompt's length and its full blocks' keys: of its exact token ids where the prompt is
+    text an instance tokenized, else of the prompt as sent (the length as estimated)."""
+    block_size = state.config.block_size
+    if state.tokenizer is not None:
+        assert state.session is not None
+        ids = await state.tokenizer.ids(state.session, body, path, headers)
+        if ids is not None:
+            return len(ids), ids_keys(ids, str(body.get("model", "")), block_size)
+    return tokens, block_keys(body, path, block_size)
 
 
 async def _answer(state: ProxyState, req: Request) -> tuple[Instance, aiohttp.ClientResponse, bytes]:

@@ -1,14 +1,15 @@
 """Where the KV of a prompt's leading blocks is, as the proxy's own routing history says: in which
 instances' own caches (HBM, or DRAM on the CPU) and whether in the shared store.
 
-A prompt is cut into blocks of the servers' block size (token-id prompts exactly; a text prompt
-by `CHARS_PER_TOKEN` characters a token, an estimate), each named by a 64-bit hash chained over
-the blocks before it and the model, so a block's key names its whole prefix, as vLLM's block
-hashes do. When an instance computed or loaded a prompt, its blocks are in its cache; when a
-prefill (or a mixed instance) computed it, the connector saved its blocks to the store. Both
-are approximate: the index does not see an instance evict a block, nor the store refuse a
-save; an instance that comes back into routing (it may have restarted) holds nothing of what
-it held before (its `epoch`), and one added again at the same URL is another instance. The
+A prompt is cut into blocks of the servers' block size (token ids exactly, a text prompt's from
+an instance's /tokenize where it answers: proxy/tokenize; else its text by `CHARS_PER_TOKEN`
+characters a token, an estimate that meets only the proxy's own routing history), each named by
+a 64-bit hash chained over the blocks before it and the model, so a block's key names its whole
+prefix, as vLLM's block hashes do. When an instance computed or loaded a prompt, its blocks are
+in its cache; when a prefill (or a mixed instance) computed it, the connector saved its blocks to
+the store. Both are approximate: the index does not see an instance evict a block, nor the store
+refuse a save; an instance that comes back into routing (it may have restarted) holds nothing of
+what it held before (its `epoch`), and one added again at the same URL is another instance. The
 index is bounded: the least recently used blocks go first.
 """
 
@@ -111,14 +112,20 @@ def seed(model: str) -> int:
 def block_keys(body: dict[str, Any], path: str, block_size: int) -> tuple[int, ...]:
     """The keys of the prompt's full blocks, each chained over the ones before and the model."""
     prompt = prompt_of(body, path)
-    start = seed(str(body.get("model", "")))
     if isinstance(prompt, str):
+        start = seed(str(body.get("model", "")))
         return _text_chain(prompt.encode(), block_size * CHARS_PER_TOKEN, start)
+    return ids_keys(prompt, str(body.get("model", "")), block_size)
+
+
+def ids_keys(token_ids: Sequence[int], model: str, block_size: int) -> tuple[int, ...]:
+    """The keys of the full blocks of a prompt's token ids, as `block_keys` names a token-id
+    prompt's (and the KV-cache events' blocks meet them)."""
     try:  # token ids as 8-byte integers, checked and converted in C
-        ids = array.array("q", prompt)
+        ids = array.array("q", token_ids)
     except (OverflowError, TypeError):  # not ids a model has: no blocks to know of
         return ()
-    return _chain(np.frombuffer(ids, dtype=np.int64), block_size, start)
+    return _chain(np.frombuffer(ids, dtype=np.int64), block_size, seed(model))
 
 
 class KvIndex:

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable
 from ucmctl.core import metric_names as names
 from ucmctl.core.histogram import Histogram
 from ucmctl.proxy.pool import Instance
+from ucmctl.proxy.tokenize import OUTCOMES as TOKENIZE_OUTCOMES
 
 __all__ = ["HANDOVER_BUCKETS", "LATENCY_BUCKETS", "Histogram", "Metrics", "escape"]
 
@@ -55,6 +56,32 @@ def _kv_event_lines(feeds: object, family: Callable[[str, str, str], None]) -> l
         for f in feeds
         for key, label in _EVENT_OUTCOMES.items()
     ]
+
+
+def _predicted_lines(predicted: object, family: Callable[[str, str, str], None]) -> list[str]:
+    """kv: the prompt tokens each instance computed and how many of them the policy expected it
+    to take from its own cache and from the store (vLLM's prefix-cache queries and hits)."""
+    if not isinstance(predicted, dict) or not predicted:
+        return []
+    help_ = (
+        "kv: prompt tokens of the legs sent to each instance (prompt), and of them the ones the "
+        "policy expected in its own cache (local) and in the store (external)."
+    )
+    family(names.PROXY_KV_PREDICTED, "counter", help_)
+    return [
+        f'{names.PROXY_KV_PREDICTED}{{instance="{escape(url)}",kind="{kind}"}} {p[kind]}'
+        for url, p in sorted(predicted.items())
+        for kind in ("prompt", "local", "external")
+    ]
+
+
+def _tokenize_lines(tokenization: object, family: Callable[[str, str, str], None]) -> list[str]:
+    """Text prompts' /tokenize asks, by outcome (none where the proxy does not tokenize)."""
+    if not isinstance(tokenization, dict) or "exact" not in tokenization:
+        return []
+    help_ = "Text prompts sent to an instance's /tokenize, by outcome: exact, refused, failed, no_endpoint."
+    family(names.PROXY_TOKENIZE, "counter", help_)
+    return [f'{names.PROXY_TOKENIZE}{{outcome="{k}"}} {tokenization[k]}' for k in TOKENIZE_OUTCOMES]
 
 
 class Metrics:
@@ -122,6 +149,8 @@ class Metrics:
                 family(names.PROXY_KV_INDEX_BLOCKS, "gauge", "Prompt blocks the proxy's index knows of.")
                 out.append(f"{names.PROXY_KV_INDEX_BLOCKS} {routing['blocks']}")
             out.extend(_kv_event_lines(routing.get("kv_events"), family))
+            out.extend(_predicted_lines(routing.get("predicted"), family))
+            out.extend(_tokenize_lines(routing.get("tokenization"), family))
         if deployment:
             family(names.PROXY_INFO, "gauge", "The deployment this proxy fronts.")
             out.append(f'{names.PROXY_INFO}{{deployment="{escape(deployment)}"}} 1')

@@ -102,6 +102,7 @@ class SimServer:
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/reset_prefix_cache", self.reset_prefix_cache)
+        app.router.add_post("/tokenize", self.tokenize)
         app.on_startup.append(self._start)
         app.on_cleanup.append(self._stop)
         return app
@@ -155,6 +156,21 @@ class SimServer:
             e.cache.reset()
             e.flush_events()
         return web.Response(status=200)
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        """vLLM's /tokenize: a text prompt's or a chat's token ids, as a request of it is
+        tokenized (so its blocks are the ones its KV-cache events name)."""
+        try:
+            body = await _json_body(request)
+            self._check_model(body)
+            chat = "messages" in body
+            if not chat and not isinstance(body.get("prompt"), str):
+                raise BadRequest("'prompt' must be a string (or send 'messages')", "prompt")
+            ids = self._prompt(body, chat)
+        except BadRequest as exc:
+            return replies.error_reply(str(exc), exc.param, exc.status)
+        answer = {"count": len(ids), "max_model_len": self.config.max_model_len, "tokens": ids}
+        return web.json_response({**answer, "token_strs": None})
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, chat=False)

@@ -159,3 +159,65 @@ def took(px: Proc, instances: list[Proc], prompt: list[int]) -> list[int]:
     assert post(px.url + "/v1/completions", completion(2, prompt=prompt))[0] == 200
     after = [metric(m.url, "vllm:request_success_total") for m in instances]
     return [int(a - b) for a, b in zip(after, before, strict=True)]
+
+
+def test_a_chat_meets_the_events_through_tokenize_and_its_hits_are_predicted(
+    launch: Launch, tmp_path: Path
+) -> None:
+    """A chat is text: the proxy asks an instance's /tokenize for its token ids, so its blocks
+    are the ones the events name, and the conversation an instance holds (known from its events
+    only) goes back there; a proxy that estimates from the text (--no-tokenize) cannot know it.
+    The local hits the proxy expected are the ones the instance counted."""
+    ports = [free_port(), free_port()]
+    events = [{"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{p}"} for p in ports]
+    mixed = [sim(tmp_path, "--block-size", "16", "--kv-events-config", json.dumps(e)) for e in events]
+    flags = ["--mode", "mixed", "--routing", "kv", "--block-size", "16", "--served-model", "sim-model"]
+    for m, port in zip(mixed, ports, strict=True):
+        flags += ["--instance", m.url, "--kv-events", f"{m.url}=tcp://127.0.0.1:{port}"]
+    exact, estimating = proxy(tmp_path, *flags), proxy(tmp_path, *flags, "--no-tokenize")
+    launch(*mixed, exact, estimating)
+
+    def applied(px: Proc, i: int) -> int:
+        return int(metric(px.url, "ucmctl_proxy_kv_events_total", instance=mixed[i].url, outcome="applied"))
+
+    tries = iter(range(10_000))
+    for px in (exact, estimating):
+        for i in (0, 1):
+            assert wait_for(
+                lambda i=i, px=px: one_block(mixed[i], next(tries)) or applied(px, i) > 0, 15, every=0.2
+            )
+    words = " ".join(f"w{(n * 13) % 997}" for n in range(700))  # ~44 blocks of the sim's word tokens
+    first = [{"role": "user", "content": words}]
+    before = [applied(px, 1) for px in (exact, estimating)]
+    status, _, raw = post(mixed[1].url + "/v1/chat/completions", chat(first))  # instance 1 alone holds it
+    assert status == 200, raw
+    answer = json.loads(raw)["choices"][0]["message"]["content"]
+    for px, was in zip((exact, estimating), before, strict=True):
+        assert wait_for(lambda px=px, was=was: applied(px, 1) > was, 10)
+    second = [*first, {"role": "assistant", "content": answer}, {"role": "user", "content": "and then?"}]
+
+    def through(px: Proc) -> list[int]:
+        served = [metric(m.url, "vllm:request_success_total") for m in mixed]
+        status, _, raw = post(px.url + "/v1/chat/completions", chat(second))
+        assert status == 200, raw
+        return [
+            int(metric(m.url, "vllm:request_success_total") - s) for m, s in zip(mixed, served, strict=True)
+        ]
+
+    hits = metric(mixed[1].url, "vllm:prefix_cache_hits_total")
+    assert through(exact) == [0, 1]  # the exact ids meet instance 1's events
+    counted = metric(mixed[1].url, "vllm:prefix_cache_hits_total") - hits
+    assert through(estimating) == [1, 0]  # the text's estimate meets no event: by load, the first
+    routing = json.loads(get(exact.url + "/routing")[2])
+    assert routing["tokenization"] == {"source": "exact (/tokenize)", "exact": 1, "refused": 0, "failed": 0,
+                                       "no_endpoint": 0}  # fmt: skip
+    predicted = routing["predicted"][mixed[1].url]
+    assert counted >= 40 * 16 and predicted["local"] == counted, (predicted, counted)
+    assert predicted["external"] == 0 and predicted["legs"] == 1
+    assert json.loads(get(estimating.url + "/routing")[2])["tokenization"] == {
+        "source": "estimated (--no-tokenize)"
+    }
+
+
+def chat(messages: list[dict]) -> dict:
+    return {"model": "sim-model", "messages": messages, "max_tokens": 4, "temperature": 0}

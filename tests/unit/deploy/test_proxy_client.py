@@ -85,3 +85,10 @@ def test_another_policy_is_one_word_and_a_silent_proxy_says_nothing(answering: t
     said.update({"policy": "least-loaded"})
     assert routing_line(proxy_process(url)) == "proxy routing: least-loaded"
     assert routing_line(proxy_process("http://127.0.0.1:9")) is None  # nothing listens there
+
+
+def test_kv_says_where_text_prompts_token_ids_come_from(answering: tuple[str, dict]) -> None:
+    url, said = answering
+    said.update({**KV, "tokenization": {"source": "exact (/tokenize)", "exact": 3, "refused": 0}})
+    line = routing_line(proxy_process(url, routing="kv"))
+    assert line is not None and line.endswith("; text prompts' tokens: exact (/tokenize)"), line

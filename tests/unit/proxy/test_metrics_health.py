@@ -43,6 +43,28 @@ def test_render_parses_and_carries_values() -> None:
     assert samples[("ucmctl_proxy_info", (("deployment", 'dep"1'),))] == 1
 
 
+def test_render_carries_kvs_predicted_hits_and_the_tokenize_outcomes() -> None:
+    parser = pytest.importorskip("prometheus_client.parser")
+    routing = {
+        "policy": "kv",
+        "index": "approximate",
+        "blocks": 7,
+        "predicted": {"http://a:1": {"legs": 2, "prompt": 700, "local": 320, "external": 64}},
+        "tokenization": {"source": "exact", "exact": 5, "refused": 1, "failed": 0, "no_endpoint": 0},
+    }
+    text = Metrics().render([], routing=routing)
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in parser.text_string_to_metric_families(text)
+        for s in fam.samples
+    }
+    for kind, value in (("prompt", 700), ("local", 320), ("external", 64)):
+        key = ("ucmctl_proxy_kv_predicted_tokens_total", (("instance", "http://a:1"), ("kind", kind)))
+        assert samples[key] == value
+    assert samples[("ucmctl_proxy_tokenize_total", (("outcome", "exact"),))] == 5
+    assert samples[("ucmctl_proxy_tokenize_total", (("outcome", "refused"),))] == 1
+
+
 def test_escape() -> None:
     assert escape('a"b\\c\nd') == 'a\\"b\\\\c\\nd'
 

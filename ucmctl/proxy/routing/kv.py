@@ -56,6 +56,19 @@ class Guess:
     ahead: int  # prompt tokens of the legs queued there (sent, not answered yet)
     compute: int  # tokens neither its cache nor the store held
     load: int  # tokens only the store held
+    local: int  # tokens the engine takes from its own cache (vLLM's local prefix-cache hits)
+    external: int  # tokens it loads from the store (vLLM's external hits)
+
+
+@dataclass
+class Predicted:
+    """What the policy expected of the legs an instance computed a prompt in (prefill, mixed),
+    summed, against what the engine counts (vLLM's prefix-cache queries and hits)."""
+
+    legs: int = 0
+    prompt: int = 0  # prompt tokens
+    local: int = 0
+    external: int = 0
 
 
 class Kv(Policy):
@@ -71,6 +84,7 @@ class Kv(Policy):
         self._by_load = LeastLoaded()
         self._next: dict[str, int] = {}
         self._guesses: OrderedDict[int, Guess] = OrderedDict()  # id(ask) -> the guess, until done
+        self.predicted: dict[str, Predicted] = {}  # by instance URL
 
     def _seconds(self) -> tuple[float, float]:
         a = self.prefill.seconds_per_token or PRIOR_PREFILL_S
@@ -78,11 +92,15 @@ class Kv(Policy):
         return a, (b if b is not None else a * PRIOR_LOAD_RATIO)
 
     def _guess(self, inst: Instance, ask: Ask, held: int, stored: int) -> Guess:
-        cached = max(held, stored) * self.block_size
+        bs = self.block_size
+        cached = max(held, stored) * bs
         compute = max(ask.tokens - cached, 0)
-        load = max(stored - held, 0) * self.block_size
+        load = max(stored - held, 0) * bs
         ahead = inst.waiting if ask.role != "decode" else 0  # prompts queued there, not answered yet
-        return Guess(inst, ahead, compute, load)
+        # vLLM computes at least a prompt's last token: its hits are the whole blocks before it
+        usable = max(ask.tokens - 1, 0) // bs * bs
+        local = min(held * bs, usable)
+        return Guess(inst, ahead, compute, load, local, min(cached, usable) - local)
 
     def choose(self, cands: Sequence[Instance], ask: Ask) -> Instance:
         if not ask.blocks:
@@ -115,6 +133,12 @@ class Kv(Policy):
         guess = self._guesses.pop(id(ask), None)
         if not ask.blocks or guess is None or guess.inst is not inst:
             return
+        if ask.role != "decode":  # the leg that computed the prompt there
+            p = self.predicted.setdefault(inst.url, Predicted())
+            p.legs += 1
+            p.prompt += ask.tokens
+            p.local += guess.local
+            p.external += guess.external
         a, _ = self._seconds()
         worked = guess.ahead + guess.compute
         if guess.load == 0 and worked >= self.block_size and ask.role != "decode":
@@ -136,4 +160,5 @@ class Kv(Policy):
             "block_size": self.block_size,
             "prefill": speed(self.prefill, a),
             "load": speed(self.loading, b),
+            "predicted": {url: vars(p).copy() for url, p in self.predicted.items()},
         }

