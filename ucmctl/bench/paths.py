@@ -7,7 +7,7 @@ from __future__ import annotations
 from ucmctl.core.exposition import samples
 from ucmctl.core.metric_names import PROXY_PATHS
 
-PATHS = ("disaggregated", "direct")
+PATHS = ("disaggregated", "direct", "direct_saturated")  # direct_saturated: every prefill was busy
 
 
 def parse(text: str) -> dict[str, float]:
@@ -25,6 +25,6 @@ def phase_counts(before: dict[str, float] | None, after: dict[str, float] | None
     if before is None or after is None:
         return None
     counts = {p: int(after[p] - before[p]) for p in PATHS}
-    if any(n < 0 for n in counts.values()) or not counts["direct"]:
+    if any(n < 0 for n in counts.values()) or not (counts["direct"] or counts["direct_saturated"]):
         return None
     return counts

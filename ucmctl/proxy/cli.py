@@ -60,7 +60,8 @@ def proxy(
         0,
         "--direct-below",
         help="pd with the store: send a request whose tokens not cached on the chosen decode instance "
-        "are fewer than this to it alone (it prefills them); 0: never",
+        "are fewer than this, or any while every prefill instance is busy, to that instance alone (it "
+        "prefills them; only one computing no other prompt); 0: never",
     ),
     kv_events: list[str] = typer.Option(
         [],
@@ -71,11 +72,9 @@ def proxy(
     served_model: str | None = typer.Option(
         None, "--served-model", help="with --kv-events: the model name requests carry (the block keys' seed)"
     ),
+    kv_store: bool = typer.Option(True, "--kv-store/--kv-no-store", hidden=True, help="kv: an ablation"),
     tokenize: bool = typer.Option(
-        True,
-        "--tokenize/--no-tokenize",
-        help="--routing kv, --direct-below: a text prompt's token ids from an instance's /tokenize "
-        "(exact: its blocks meet the KV events'); --no-tokenize estimates them from the text",
+        True, "--tokenize/--no-tokenize", help="kv, --direct-below: text prompts' ids from /tokenize (exact)"
     ),
     roles: str = typer.Option(
         "fixed", "--roles", help="fixed, or dynamic: any instance takes a prefill or a decode leg (pd, store)"

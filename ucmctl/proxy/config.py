@@ -50,6 +50,7 @@ class ProxyConfig:
     kv_events: tuple[tuple[str, str], ...] = ()
     served_model: str | None = None  # the model name requests carry: the block keys' seed
     tokenize: bool = True  # where the index is read: text prompts' token ids from /tokenize
+    kv_store: bool = True  # kv: the store's content counts (False: an ablation, benchmarks/routing.py)
     deployment: str | None = None
     health_interval: float = 2.0
     health_timeout: float = 2.0

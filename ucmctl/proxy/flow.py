@@ -28,6 +28,9 @@ from ucmctl.proxy.upstream import UPSTREAM_ERRORS, LegFailed, why
 
 __all__ = ["UPSTREAM_ERRORS", "LegFailed", "ProxyState", "error_response", "serve_generate"]
 
+# selective disaggregation: a prefill instance with this many legs not answered is saturated
+SATURATED_LEGS = 2
+
 
 @dataclass
 class ProxyState:
@@ -49,7 +52,7 @@ class ProxyState:
         """The state for `config`, every configured instance in routing."""
         needs_blocks = POLICIES[canonical(config.routing) or config.routing].needs_blocks
         index = KvIndex() if needs_blocks or config.direct_below else None
-        policy = make_policy(config.routing, config.block_size, index)
+        policy = make_policy(config.routing, config.block_size, index, store=config.kv_store)
         state = cls(config, pool=Pool(config.dynamic_roles), policy=policy, index=index)
         for role, urls in (
             ("prefill", config.prefillers),
@@ -96,6 +99,13 @@ class ProxyState:
         cands = self.pool.candidates(ask.role, exclude)
         return self.policy.choose(cands, ask) if cands else None
 
+    def sent(self, inst: Instance, ask: Ask) -> None:
+        """A leg that computes the prompt went to `inst`: its blocks count as held there from now
+        on (a request routed after it finds them computed, or computing ahead of it in the same
+        engine), not as stored yet."""
+        if self.index is not None and ask.blocks and ask.role != "decode":
+            self.index.took(ask.blocks, inst, saved=False)
+
     def took(self, inst: Instance, ask: Ask, seconds: float, *, saved: bool) -> None:
         """A leg came back well: the policy learns of it, and the index has the prompt's blocks
         in the instance's own cache now (and in the store, `saved`)."""
@@ -103,20 +113,33 @@ class ProxyState:
         if self.index is not None and ask.blocks:
             self.index.took(ask.blocks, inst, saved=saved)
 
-    def decode_first(self, req: Request) -> tuple[Instance | None, bool]:
+    def decode_first(self, req: Request) -> tuple[Instance | None, str | None]:
         """pd with the store and `direct_below`: the decode instance for `req`, chosen before
-        its prefill, and whether it takes `req` alone (it prefills what it has not cached, in
-        its own cache or the store: fewer tokens than `direct_below`). (None, False) where the
-        decode instance is chosen after the prefill, as without."""
+        its prefill, and why it takes `req` alone (it prefills what it has not cached, in its
+        own cache or the store), None where it does not. Only a decode instance computing no
+        prompt now takes one (at most one prefill at a time among its streams): "direct", fewer
+        tokens to compute than `direct_below`; "direct_saturated", every prefill instance has a
+        leg queued behind the one it computes. (None, None) where the decode instance is chosen
+        after the prefill, as without."""
         cfg = self.config
         if not cfg.direct_below or self.index is None or self.handoff.once or not req.blocks:
-            return None, False
+            return None, None
         decode = self.pick(req.ask("decode", cfg, first_leg=False))
         if decode is None:
-            return None, False
+            return None, None
         (held,), stored = self.index.leading(req.blocks, [decode])
         cached = max(held, stored) * cfg.block_size
-        return decode, req.tokens - cached < cfg.direct_below
+        if decode.pending:  # a prompt computing there already: its streams would wait on two
+            return decode, None
+        if req.tokens - cached < cfg.direct_below:
+            return decode, "direct"
+        return decode, "direct_saturated" if self._prefill_saturated(decode) else None
+
+    def _prefill_saturated(self, decode: Instance) -> bool:
+        """Every prefill instance in routing (but `decode`) has SATURATED_LEGS legs or more not
+        answered yet: one it computes, one queued behind."""
+        prefills = self.pool.candidates("prefill", [decode])
+        return bool(prefills) and all(i.pending >= SATURATED_LEGS for i in prefills)
 
     def remove(self, url: str, role: str | None = None) -> list[Instance]:
         """Take instances out of the pool and out of the policy's memory."""
@@ -220,9 +243,10 @@ async def _answer(state: ProxyState, req: Request) -> tuple[Instance, aiohttp.Cl
     """
     cfg, handoff = state.config, state.handoff
     pd = cfg.mode == "pd"
-    decode, direct = state.decode_first(req) if pd else (None, False)
+    decode, path = state.decode_first(req) if pd else (None, None)
+    direct = path is not None
     if pd:
-        state.metrics.paths["direct" if direct else "disaggregated"] += 1
+        state.metrics.paths[path or "disaggregated"] += 1
     avoid: list[Instance] = []
     kv_params: dict[str, Any] | None = None
     prefilled = False
@@ -350,6 +374,7 @@ async def _open(
             state.metrics.retries[role] += 1
         tried.append(inst)
         inst.acquire(tokens)
+        state.sent(inst, ask)
         try:
             resp = await session.post(
                 inst.endpoint(req.path), data=payload, headers=req.headers, timeout=state.timeout()

@@ -122,7 +122,8 @@ class Metrics:
             (names.PROXY_FIRST_TOKEN_RETRIES, "Answers sent again on another instance because the upstream "
              "failed before its first token.", "leg", self.first_token_retries),
             (names.PROXY_PATHS, "PD requests by the path they took: disaggregated (a prefill leg, then "
-             "decode) or direct (the decode instance prefilled them itself).", "path", self.paths),
+             "decode), direct (few tokens to compute: the decode instance prefilled them itself) or "
+             "direct_saturated (every prefill instance was busy).", "path", self.paths),
         ):  # fmt: skip
             family(name, "counter", help_)
             out.extend(f'{name}{{{label}="{escape(key)}"}} {values[key]}' for key in sorted(values))

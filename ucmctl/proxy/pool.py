@@ -25,6 +25,7 @@ class Instance:
     requests: int = 0  # in flight
     tokens: int = 0  # prompt tokens in flight
     waiting: int = 0  # of those, the prompt tokens of legs that have not answered yet: work queued
+    pending: int = 0  # of those, the legs that have not answered yet
     streaming: int = 0  # of those in flight, the answers whose first token went to the client
     consecutive_failures: int = 0
     requests_total: int = 0
@@ -46,12 +47,14 @@ class Instance:
         self.requests += 1
         self.tokens += tokens
         self.waiting += tokens
+        self.pending += 1
         self.requests_total += 1
 
     def answered(self, tokens: int) -> None:
         """The request counted by `acquire` answered (its first bytes, or a prefill's whole
         answer): its prompt is computed."""
         self.waiting -= tokens
+        self.pending -= 1
 
     def release(self, tokens: int, *, answered: bool = True) -> None:
         """The request counted by `acquire` is over (`answered`: `answered` was said of it)."""
@@ -59,6 +62,7 @@ class Instance:
         self.tokens -= tokens
         if not answered:
             self.waiting -= tokens
+            self.pending -= 1
 
 
 class Pool:

@@ -327,8 +327,10 @@ class Proxy(Strict):
     direct_below: int = Field(
         0,
         ge=0,
-        description="centralized: a request with fewer tokens than this not cached on the chosen decode "
-        "instance (its own cache, then the store) goes to it alone, which prefills them; 0: never",
+        description="centralized, selective disaggregation: a request goes to the chosen decode instance "
+        "alone, which prefills it (only one computing no other prompt), when fewer of its tokens than this "
+        "are not cached there (its own cache, then the store), or when every prefill instance is busy (a "
+        "leg queued behind the one it computes); 0: always a prefill leg first",
     )
     kv_events: bool = Field(
         True,

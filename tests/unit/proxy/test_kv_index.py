@@ -88,7 +88,6 @@ def test_the_index_is_bounded() -> None:
     assert index.held(newest, a) == 2 and index.stored(block_keys(body([0] * 32), COMPLETIONS, 16)) == 0
 
 
-
 def _walk(index: KvIndex, keys: tuple[int, ...], has: object) -> int:
     """Leading blocks whose entry satisfies `has`, walked alone."""
     n = 0

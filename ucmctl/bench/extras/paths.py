@@ -9,7 +9,7 @@ from ucmctl.bench.extras.base import Extra, Fields, Note, PhaseView
 
 
 class PathsFields(Fields):
-    paths: dict[str, int] | None = None  # requests by path: disaggregated, direct
+    paths: dict[str, int] | None = None  # requests by path: disaggregated, direct, direct_saturated
 
 
 def lines(view: PhaseView) -> Iterator[Note]:
@@ -17,8 +17,14 @@ def lines(view: PhaseView) -> Iterator[Note]:
     if took:
         yield Note(
             f"{view.name}: paths (proxy): {took.get('disaggregated', 0)} prefill then decode, "
-            f"{took.get('direct', 0)} straight to decode (it prefilled them)"
+            f"{took.get('direct', 0) + took.get('direct_saturated', 0)} straight to decode (it "
+            f"prefilled them{_busy(took)})"
         )
+
+
+def _busy(took: dict[str, int]) -> str:
+    busy = took.get("direct_saturated", 0)
+    return f"; {busy} of them as every prefill instance was busy" if busy else ""
 
 
 EXTRA = Extra("paths", lines, PathsFields)

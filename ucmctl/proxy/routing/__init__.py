@@ -22,11 +22,13 @@ POLICIES: dict[str, type[Policy]] = {
 }
 
 
-def make_policy(name: str, block_size: int = 16, index: KvIndex | None = None) -> Policy:
-    """A fresh policy of that name (`block_size`, `index`: the servers' block size and the
-    proxy's index of where prompts' blocks are, for `kv`)."""
+def make_policy(
+    name: str, block_size: int = 16, index: KvIndex | None = None, *, store: bool = True
+) -> Policy:
+    """A fresh policy of that name (`block_size`, `index`, `store`: the servers' block size, the
+    proxy's index of where prompts' blocks are and whether the store's content counts, for `kv`)."""
     cls = POLICIES[ALIASES.get(name, name)]
-    return Kv(block_size, index) if cls is Kv else cls()
+    return Kv(block_size, index, store=store) if cls is Kv else cls()
 
 
 __all__ = ["ALIASES", "DEFAULT", "POLICIES", "Ask", "Policy", "canonical", "make_policy"]

@@ -76,9 +76,11 @@ class Kv(Policy):
     summary = SUMMARIES["kv"]
     needs_blocks = True
 
-    def __init__(self, block_size: int = 16, index: KvIndex | None = None) -> None:
+    def __init__(self, block_size: int = 16, index: KvIndex | None = None, *, store: bool = True) -> None:
         self.index = KvIndex() if index is None else index  # the proxy's: its request path fills it
         self.block_size = block_size
+        # False, an ablation: what only the store holds counts as computed (the store term's worth)
+        self.store = store
         self.prefill = Speed()
         self.loading = Speed()
         self._by_load = LeastLoaded()
@@ -114,6 +116,7 @@ class Kv(Policy):
         start = self._next.get(ask.role, 0) % len(cands)
         turn = [*cands[start:], *cands[:start]]
         held, stored = self.index.leading(ask.blocks, turn)
+        stored = stored if self.store else 0
         guesses = [self._guess(i, ask, h, stored) for i, h in zip(turn, held, strict=True)]
         k, best = min(
             enumerate(guesses),
@@ -154,7 +157,7 @@ class Kv(Policy):
 
         a, b = self._seconds()
         return {
-            "policy": self.name,
+            "policy": self.name if self.store else f"{self.name} (without the store term)",
             "index": "approximate (the proxy's routing history)",
             "blocks": len(self.index),
             "block_size": self.block_size,

@@ -130,6 +130,13 @@ def test_the_paths_requests_took_are_said_when_some_went_straight_to_decode() ->
         Note("measure 64: paths (proxy): 80 prefill then decode, 20 straight to decode (it prefilled them)")
     ]
     assert said("paths", view()) == []
+    busy = view(paths={"disaggregated": 80, "direct": 20, "direct_saturated": 5})
+    assert said("paths", busy) == [
+        Note(
+            "measure 64: paths (proxy): 80 prefill then decode, 25 straight to decode (it prefilled them; "
+            "5 of them as every prefill instance was busy)"
+        )
+    ]
 
 
 def test_the_paths_of_a_phase_are_the_proxys_counter_deltas() -> None:
@@ -140,9 +147,11 @@ def test_the_paths_of_a_phase_are_the_proxys_counter_deltas() -> None:
         'ucmctl_proxy_requests_by_path_total{path="direct"} 3.0\n'
     )
     before = parse(text)
-    assert before == {"disaggregated": 10.0, "direct": 3.0}
+    assert before == {"disaggregated": 10.0, "direct": 3.0, "direct_saturated": 0.0}
     after = parse(text.replace("10.0", "15.0").replace("3.0", "7.0"))
-    assert phase_counts(before, after) == {"disaggregated": 5, "direct": 4}
+    assert phase_counts(before, after) == {"disaggregated": 5, "direct": 4, "direct_saturated": 0}
     assert phase_counts(before, before) is None  # none went direct: nothing to say
+    busy = parse(text + 'ucmctl_proxy_requests_by_path_total{path="direct_saturated"} 2.0\n')
+    assert phase_counts(before, busy) == {"disaggregated": 0, "direct": 0, "direct_saturated": 2}
     assert phase_counts(after, before) is None  # the proxy started again: its counters fell
     assert phase_counts(None, after) is None

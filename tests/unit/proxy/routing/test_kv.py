@@ -121,3 +121,16 @@ def test_it_sums_what_it_expected_each_instance_to_take_from_its_cache_and_the_s
     dec = pool_of("decode", 1)
     route(kv, dec, ask("decode", prompt))
     assert set(kv.describe()["predicted"]) == {home.url, other.url}  # type: ignore[arg-type]
+
+
+def test_without_the_store_term_a_load_counts_as_a_recompute() -> None:
+    """The ablation of benchmarks/routing.py: a holder with 300 tokens queued keeps its prefix
+    against an idle instance that would load 640 tokens from the store (0.1x a computed one),
+    and loses it with the store counted."""
+    for store, expected_home in ((True, False), (False, True)):
+        kv, pool = Kv(BS, store=store), pool_of("mixed", 2)
+        prompt = list(range(6000, 6640))
+        home = route(kv, pool, ask("mixed", prompt))
+        home.acquire(300)
+        assert (route(kv, pool, ask("mixed", [*prompt, 1])) is home) is expected_home, store
+    assert kv.describe()["policy"] == "kv (without the store term)"
