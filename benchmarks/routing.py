@@ -120,14 +120,16 @@ def workload(args: argparse.Namespace, seed: int, tmp: Path) -> list[str]:
         return ["--workload", "multi-turn", "--users", str(args.users), "--rounds", str(args.rounds),
                 "--system-tokens", str(args.system_tokens), "--question-tokens", str(args.question_tokens),
                 "--output-len", str(args.output_len), "--seed", str(seed)]  # fmt: skip
-    trace = tmp / f"trace-{seed}.jsonl"
+    # one trace for every policy (the same arrivals and lengths); each its own prompt seed
+    trace = tmp / "trace.jsonl"
     pattern = "shared-prefix" if args.workload == "trace" else "unique"
-    made = bench_cli.make_trace(
-        trace, "--requests", str(args.requests), "--rate", str(args.rate), "--input-len", str(args.input_len),
-        "--output-len", str(args.output_len), "--pattern", pattern, "--groups", str(args.groups),
-        "--seed", str(seed),
-    )  # fmt: skip
-    print(made, flush=True)
+    if not trace.exists():
+        made = bench_cli.make_trace(
+            trace, "--requests", str(args.requests), "--rate", str(args.rate), "--input-len",
+            str(args.input_len), "--output-len", str(args.output_len), "--pattern", pattern, "--groups",
+            str(args.groups), "--seed", "0",
+        )  # fmt: skip
+        print(made, flush=True)
     return ["--workload", "trace", "--trace", str(trace), "--seed", str(seed)]
 
 

@@ -59,6 +59,18 @@ def conformance(url: str) -> None:
         f"{url}/v1/completions", {"model": "m", "prompt": prompt, "max_tokens": 1, "cache_salt": "a/b"}
     )
     assert "cache_salt" in check_error(status, body)
+    # return_token_ids (what a proxy continuing an answer elsewhere reads): the prompt's ids and
+    # the answer's, whole and streamed chunk by chunk, as many as usage counts
+    asked = {"model": "m", "prompt": prompt, "max_tokens": 6, "ignore_eos": True, "return_token_ids": True,
+             "temperature": 0.0}  # fmt: skip
+    status, body = post(f"{url}/v1/completions", asked)
+    choice = body["choices"][0]
+    assert status == 200 and choice["prompt_token_ids"] == prompt, body
+    assert len(choice["token_ids"]) == body["usage"]["completion_tokens"] == 6, body
+    status, raw = post(f"{url}/v1/completions", {**asked, "stream": True}, raw=True)
+    chunks = [c["choices"][0] for c in parse_sse(raw) if isinstance(c, dict) and c.get("choices")]
+    assert status == 200 and chunks[0]["prompt_token_ids"] == prompt, chunks[0]
+    assert [t for c in chunks for t in c.get("token_ids") or []] == choice["token_ids"]  # greedy: the same
     # /tokenize: a text prompt's token ids, the ones a request of it computes (the proxy's kv
     # routing names a text prompt's blocks by them)
     text = "hello there general kenobi, the KV of this prompt is where?"

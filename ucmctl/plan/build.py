@@ -6,6 +6,7 @@ import posixpath
 from typing import Any
 
 from ucmctl.core import routing_names
+from ucmctl.core.endpoints import tcp_url
 from ucmctl.core.platforms import DEVICE_VARIABLE, NIC_VARIABLES, Platform
 from ucmctl.core.ucm_config import CONNECTOR_NAMES, ConnectorEntry, StoreConfig, UcmConfig
 from ucmctl.engines import KvTransfer, MooncakeLeg, ServerSpec, engine_for
@@ -424,10 +425,6 @@ def _block_size(servers: list[Process]) -> int | None:
     return size if isinstance(size, int) and not isinstance(size, bool) else None
 
 
-def _tcp(address: str, port: int) -> str:
-    return f"tcp://[{address}]:{port}" if ":" in address else f"tcp://{address}:{port}"
-
-
 def _upstream(t: Topology, p: Process, router: str | None) -> Upstream:
     """A server as the proxy reaches it; with the mooncake router, a prefiller's bootstrap
     server (the proxy asks it for the prefiller's engine); where the proxy reads KV-cache
@@ -435,7 +432,7 @@ def _upstream(t: Topology, p: Process, router: str | None) -> Upstream:
     assert p.url is not None
     events = None
     if "kv_events" in p.ports:
-        events = _tcp(reach_address(t.nodes[p.node]), p.ports["kv_events"])
+        events = tcp_url(reach_address(t.nodes[p.node]), p.ports["kv_events"])
     if t.mode is Mode.mixed:
         return Upstream(url=str(p.url), role="mixed", kv_events=events)
     if p.role != "prefill":

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from yarl import URL
 
+from ucmctl.core.endpoints import tcp_url
 from ucmctl.core.errors import UcmctlError
 from ucmctl.proxy import routing
 from ucmctl.proxy.pool import LoadKind
@@ -229,8 +230,7 @@ def _tcp_endpoint(text: str) -> str:
         return ""
     if parsed.scheme != "tcp" or not parsed.host or port is None or parsed.path not in ("", "/"):
         return ""
-    host = parsed.raw_host or ""
-    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+    return tcp_url(parsed.raw_host or "", port)
 
 
 def _check_upstreams(

@@ -17,7 +17,7 @@ def record_success(inst: Instance) -> None:
     inst.consecutive_failures = 0
     if not inst.healthy and not inst.removed:
         inst.healthy = True
-        inst.epoch += 1  # it may have restarted: its own cache is empty
+        inst.cache_lost()  # it may have restarted
         log.warning("instance %s (%s) is back in routing", inst.url, inst.role)
 
 

@@ -104,7 +104,7 @@ class Feed:
     def _forget(self, insts: list[Instance]) -> None:
         """The instance holds nothing the index knew of (its earlier epoch's blocks are gone)."""
         for inst in insts:
-            inst.epoch += 1
+            inst.cache_lost()
 
 
 async def follow(feed: Feed, retry_s: float = 1.0) -> None:

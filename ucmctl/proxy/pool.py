@@ -42,6 +42,11 @@ class Instance:
             url = self._urls[path] = URL(self.url + path)
         return url
 
+    def cache_lost(self) -> None:
+        """Its own cache is gone (it restarted, or cleared it): what it held before is not
+        held now (the index keys holders by epoch)."""
+        self.epoch += 1
+
     def acquire(self, tokens: int) -> None:
         """Count one request of `tokens` prompt tokens as in flight here, not answered yet."""
         self.requests += 1

@@ -27,7 +27,7 @@ import time
 import zlib
 from array import array
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +38,30 @@ from ucmctl.sim.prefix_cache import PrefixCache, extend_keys
 from ucmctl.sim.profile import Profile
 
 FINISHED = -1  # queue sentinel
+WINDOW = 16  # the context tokens the next token is a function of
+
+
+def next_token(context_tail: Sequence[int], vocab: int) -> int:
+    """Greedy-like: the next token is a function of the context alone (its last WINDOW tokens),
+    so the same prompt always goes on with the same tokens, and a request whose prompt is
+    another's prompt and the first k tokens it generated goes on with that one's tokens from
+    k (a stream continued elsewhere equals the uninterrupted one)."""
+    return (zlib.crc32(array("q", context_tail).tobytes()) * 1103515245 + 12345) % vocab
+
+
+def continuation(prompt: Sequence[int], n: int, vocab: int) -> list[int]:
+    """The n tokens the engine generates after `prompt`."""
+    out: list[int] = []
+    for _ in range(n):
+        out.append(next_token(_tail(prompt, out), vocab))
+    return out
+
+
+def _tail(prompt: Sequence[int], output: Sequence[int]) -> list[int]:
+    """The last WINDOW tokens of `prompt` then `output`."""
+    tail = list(output[-WINDOW:])
+    need = WINDOW - len(tail)
+    return [*prompt[-need:], *tail] if need else tail
 
 
 @dataclass
@@ -65,10 +89,9 @@ class SimRequest:
     output: list[int] = field(default_factory=list)  # the tokens generated so far
     namespace: bytes = b""  # the keys' namespace (the server's)
 
-    @property
-    def seed(self) -> int:
-        """Greedy-like: the same prompt always continues with the same tokens."""
-        return zlib.crc32(array("q", self.prompt[-16:]).tobytes())
+    def context_tail(self) -> list[int]:
+        """The last WINDOW tokens of its context (the prompt, then what it generated)."""
+        return _tail(self.prompt, self.output)
 
     @property
     def prefill_target(self) -> int:
@@ -378,7 +401,7 @@ class Engine:
             await asyncio.to_thread(self.external.save, to_save, packs)
 
     def _emit(self, r: SimRequest, now: float) -> None:
-        token = (r.seed * 1103515245 + r.generated * 12345 + 1) % self.vocab
+        token = next_token(r.context_tail(), self.vocab)
         if r.generated == 0:
             self.stats.ttft.observe(now - r.arrival)
         else:

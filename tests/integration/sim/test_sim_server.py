@@ -43,6 +43,19 @@ def kv_flag(config: Path) -> list[str]:
     return ["--kv-transfer-config", json.dumps(kv)]
 
 
+def shared_store(tmp: Path) -> tuple[Path, list[str]]:
+    """A store folder and the flags of a simulator that loads from and saves to it."""
+    store = tmp / "store"
+    store.mkdir()
+    return store, [
+        "--block-size",
+        str(BLOCK),
+        *kv_flag(ucm_config(tmp, store)),
+        "--kv-bytes-per-token",
+        "4096",
+    ]
+
+
 def test_protocol_conformance(tmp_path: Path) -> None:
     with sim_server(tmp_path, "--block-size", str(BLOCK), "--max-model-len", "512", "--seed", "1") as sim:
         prompt = list(range(1, 101))
@@ -137,15 +150,7 @@ def test_local_prefix_cache_hits_and_reset(tmp_path: Path) -> None:
 
 
 def test_external_hits_across_instances_sharing_a_store(tmp_path: Path) -> None:
-    store = tmp_path / "store"
-    store.mkdir()
-    flags = [
-        "--block-size",
-        str(BLOCK),
-        *kv_flag(ucm_config(tmp_path, store)),
-        "--kv-bytes-per-token",
-        "4096",
-    ]
+    store, flags = shared_store(tmp_path)
     prompt = list(range(1, 201))  # 12 full blocks, 12 usable (199 // 16)
     with sim_server(tmp_path, *flags) as a, sim_server(tmp_path, *flags) as b:
         post(f"{a.url}/v1/completions", {"prompt": prompt, "max_tokens": 1})
@@ -165,6 +170,31 @@ def test_external_hits_across_instances_sharing_a_store(tmp_path: Path) -> None:
         post(f"{b.url}/reset_prefix_cache", {}, raw=True)
         _, body = post(f"{b.url}/v1/completions", {"prompt": prompt, "max_tokens": 1})
         assert body["usage"]["prompt_tokens_details"] == {"cached_tokens": 192}
+
+
+def test_an_answer_continued_on_another_instance_is_the_same_answer(tmp_path: Path) -> None:
+    """The simulator's tokens are a function of the context (as a greedy model's): an answer cut
+    after k tokens and continued on another instance (its prompt then the k tokens, as a proxy
+    migrating a stream sends it) goes on with the same tokens, and that instance loads the blocks
+    the first one saved (the prompt's and the answer's) from the store."""
+    store, flags = shared_store(tmp_path)
+    prompt = [(n * 13) % 900 + 5 for n in range(200)]
+    with sim_server(tmp_path, *flags) as a, sim_server(tmp_path, *flags) as b:
+        body = {"prompt": prompt, "max_tokens": 60, "return_token_ids": True}
+        _, whole = post(f"{a.url}/v1/completions", body)
+        tokens = whole["choices"][0]["token_ids"]
+        assert len(tokens) == 60 and len(set(tokens)) > 16
+        k = 41  # 241 tokens of context: 15 full blocks before its last token, two of them answer tokens
+        deadline = time.monotonic() + 10
+        while len([f for f in store.rglob("*") if f.is_file()]) < 15 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        rest = {"prompt": [*prompt, *tokens[:k]], "max_tokens": 60 - k, "return_token_ids": True}
+        _, continued = post(f"{b.url}/v1/completions", rest)
+        assert continued["choices"][0]["token_ids"] == tokens[k:]
+        assert continued["usage"]["prompt_tokens_details"] == {"cached_tokens": 15 * BLOCK}  # from the store
+        status, raw = post(f"{b.url}/v1/completions", {**rest, "stream": True}, raw=True)
+        streamed = [t for c in parse_sse(raw) if isinstance(c, dict) for t in c["choices"][0]["token_ids"]]
+        assert status == 200 and streamed == tokens[k:]
 
 
 async def _ttft(url: str, prompt: list[int]) -> float:

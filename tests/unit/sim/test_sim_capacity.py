@@ -10,7 +10,7 @@ from tests.support.http import get, post
 from tests.support.openai_checks import metric
 from tests.support.processes import sim_server
 from ucmctl.bench.capacity import parse_capacity, parse_preemptions
-from ucmctl.sim.engine import FINISHED, Engine, SimRequest
+from ucmctl.sim.engine import FINISHED, Engine, SimRequest, continuation
 from ucmctl.sim.metrics import exposition
 from ucmctl.sim.prefix_cache import PrefixCache, block_keys
 from ucmctl.sim.profile import Profile
@@ -42,7 +42,7 @@ def request(i: int, prompt_len: int, max_tokens: int) -> SimRequest:
 
 def expected(r: SimRequest) -> list[int]:
     """The engine's deterministic continuation: any token lost or sent twice would show."""
-    return [(r.seed * 1103515245 + g * 12345 + 1) % VOCAB for g in range(r.max_tokens)]
+    return continuation(r.prompt, r.max_tokens, VOCAB)
 
 
 async def collect(r: SimRequest) -> list[int]:
@@ -177,3 +177,14 @@ def test_sim_server_metrics_through_capacity_parser(tmp_path: Path) -> None:
         # A request that could never fit one engine's KV cache is refused, not left to hang.
         status, body = post(f"{sim.url}/v1/completions", {"prompt": list(range(1, 1000)), "max_tokens": 100})
         assert status == 400 and "KV cache" in body["error"]["message"]
+
+
+def test_a_continued_answer_equals_the_uninterrupted_one() -> None:
+    """The engine's tokens are a function of the context: the prompt and the first k tokens of an
+    answer, sent again as a prompt, go on with that answer's tokens from k (token for token)."""
+    prompt = [(n * 37) % 500 + 3 for n in range(300)]
+    whole = continuation(prompt, 64, VOCAB)
+    for k in (0, 1, 5, 16, 17, 40):
+        assert continuation([*prompt, *whole[:k]], 64 - k, VOCAB) == whole[k:], k
+    assert continuation([5], 20, VOCAB) == continuation([5], 30, VOCAB)[:20]  # a prompt under the window
+    assert len(set(whole)) > 16  # not a constant or a short cycle
