@@ -127,10 +127,10 @@ class ProxyState:
         decode = self.pick(req.ask("decode", cfg, first_leg=False))
         if decode is None:
             return None, None
-        (held,), stored = self.index.leading(req.blocks, [decode])
-        cached = max(held, stored) * cfg.block_size
         if decode.pending:  # a prompt computing there already: its streams would wait on two
             return decode, None
+        (held,), stored = self.index.leading(req.blocks, [decode])
+        cached = max(held, stored) * cfg.block_size
         if req.tokens - cached < cfg.direct_below:
             return decode, "direct"
         return decode, "direct_saturated" if self._prefill_saturated(decode) else None
