@@ -3,11 +3,15 @@ publishing its KV-cache events (vLLM's own publisher, ZMQ): conversations of tex
 through the proxy, which asks the servers' /tokenize for each prompt's token ids, so its block
 keys are the ones the events carry. Each conversation's later rounds go back to the server that
 holds its history, and the local hits the proxy expected for each request add up to what vLLM's
-own counters count (within 5% over the run, per server)."""
+own counters count (within 5% over the run, per server). Last, one server is killed in the middle
+of an answer: the proxy continues it on the other, from the store."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+import signal
 import subprocess
 import sys
 import urllib.request
@@ -15,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 from tests.support.processes import free_port, wait_for
@@ -162,3 +167,68 @@ def test_conversations_go_home_and_the_predicted_local_hits_are_vllms(deployment
     assert sum(counted) >= USERS * (ROUNDS - 1) * 4 * BLOCK  # the histories hit: at least 4 blocks a round
     for p, c in zip(predicted, counted, strict=True):
         assert abs(p - c) <= 0.05 * c, (predicted, counted)
+
+
+def test_an_answer_whose_server_dies_goes_on_from_the_store(deployment: Deployment) -> None:
+    """Last in the module (it kills a server): a streamed answer of the server that holds its
+    prompt, that server killed with SIGKILL mid-answer; the proxy continues the answer on the
+    other server, which loads the prompt (and the tokens so far) from the store: the client gets
+    the answer it gets without the fault, token for token, with the usage of the whole answer."""
+    servers, url = deployment.servers, deployment.url
+    text = " ".join(f"question {k} asks where the cache of block {k * 7 % 31} went" for k in range(70))
+    body: dict[str, Any] = {
+        "model": "m",
+        "prompt": text,
+        "max_tokens": 160,
+        "temperature": 0.0,
+        "ignore_eos": True,
+    }
+
+    def heard() -> int:
+        return next(f["events"] for f in _get(url + "/routing")["kv_events"] if f["url"] == servers[0].url)
+
+    seen = heard()
+    ref = servers[0].post("/v1/completions", {**body, "return_token_ids": True})["choices"][0]
+    prompt_ids = ref["prompt_token_ids"]
+    assert len(prompt_ids) > 4 * BLOCK
+    # its blocks reach the proxy's index: kv routes the request to servers[0]
+    assert wait_for(lambda: heard() > seen, 10)
+    before = servers[1].metrics()
+    stream = {**body, "stream": True, "stream_options": {"include_usage": True}}
+
+    async def go() -> tuple[bytes, int]:
+        got, tokens = b"", 0
+        async with aiohttp.ClientSession() as s, s.post(url + "/v1/completions", json=stream) as r:
+            while chunk := await r.content.readany():
+                got += chunk
+                tokens = got.count(b'"text"')
+                if tokens >= 40 and servers[0].proc is not None and servers[0].proc.poll() is None:
+                    assert servers[0].metrics().get("vllm:num_requests_running") == 1  # it is the one
+                    os.killpg(servers[0].proc.pid, signal.SIGKILL)
+                    servers[0].proc.wait()
+        return got, tokens
+
+    raw, _ = asyncio.run(go())
+    events = [json.loads(e[6:]) for e in raw.decode().split("\n\n") if e.startswith("data: {")]
+    assert raw.endswith(b"data: [DONE]\n\n") and not any("error" in e for e in events), raw[-500:]
+    assert "".join(c["text"] for e in events for c in e["choices"]) == ref["text"]
+    assert b"token_ids" not in raw and len({e["id"] for e in events}) == 1
+    usage = events[-1]["usage"]
+    assert usage["prompt_tokens"] == len(prompt_ids) and usage["completion_tokens"] == 160, usage
+    assert _metric(url, "ucmctl_proxy_migrations_total", 'outcome="resumed"') == 1
+    after = servers[1].metrics()
+    loaded = after["vllm:external_prefix_cache_hits_total"] - before.get(
+        "vllm:external_prefix_cache_hits_total", 0
+    )
+    gap = _metric(url, "ucmctl_proxy_migration_gap_seconds_sum", "")
+    print(f"continuation: {loaded:.0f} tokens loaded from the store; gap {gap * 1000:.0f} ms")
+    assert loaded >= (len(prompt_ids) + 40) // BLOCK * BLOCK  # the prompt, and the answer's blocks so far
+
+
+def _metric(url: str, name: str, labels: str) -> float:
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    for line in text.splitlines():
+        if line.startswith(name) and labels in line:
+            return float(line.rsplit(" ", 1)[1])
+    raise KeyError(name)

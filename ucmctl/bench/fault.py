@@ -3,10 +3,12 @@
 
 What is reported: whether and when the signal went out; how many answers were streaming from
 the process then (the proxy's gauge, read just before); the phase's failed requests, and of
-the proxy's counters across the rest of the phase how many answers were cut mid-stream and how
-many attempts it retried (those before the first token included); when the watch reported the
-process lost and when back; TTFT and E2EL of the requests sent in the window after the fault
-against those sent in the same window before it.
+the proxy's counters across the rest of the phase how many answers were cut mid-stream, how
+many of those went on on another instance (migrated) and how many did not, and how many
+attempts it retried (those before the first token included); the resume gap of the migrated
+answers as their clients saw it; when the watch reported the process lost and when back; TTFT
+and E2EL of the requests sent in the window after the fault against those sent in the same
+window before it.
 """
 
 from __future__ import annotations
@@ -149,6 +151,7 @@ class Fault:
         if self._victim == ALL and fired.was_running:
             after = None  # the proxy's counts of before died with it
         out.update(cost_at_proxy(fired.proxy, fired.proxy_after, after))
+        out["resume_gap_ms"] = resume_gaps(results, fired.perf, out["migrated"])
         out["failed"] = sum(1 for r in results if not r.ok)
         # sent once the signal began to go and failed: none while the others of its role serve;
         # all those sent while the proxy itself is down
@@ -189,12 +192,14 @@ class Fault:
 
 
 ALL = "*"  # the victim is the proxy: the gauges of every instance are its own
+# the proxy's counters a fault is judged by
+_COUNTERS = ("retries", "first_token_retries", "mid_stream", "migrated", "not_migrated")
 
 
 def proxy_samples(text: str, victim: str | None) -> dict[str, float]:
     """The proxy's counters a fault is judged by, and the victim's gauges (summed over every
     instance for `ALL`), from its /metrics."""
-    out = dict.fromkeys(("retries", "first_token_retries", "mid_stream"), 0.0)
+    out = dict.fromkeys(_COUNTERS, 0.0)
     if victim == ALL:
         out.update(streaming=0.0, in_flight=0.0)
     for s in samples(text, (m.PROXY_PREFIX,)):
@@ -205,6 +210,8 @@ def proxy_samples(text: str, victim: str | None) -> dict[str, float]:
             out["first_token_retries"] += value
         elif name == m.PROXY_ERRORS and labels.get("reason") == "upstream_mid_stream":
             out["mid_stream"] += value
+        elif name == m.PROXY_MIGRATIONS:
+            out["migrated" if labels.get("outcome") == "resumed" else "not_migrated"] += value
         elif victim is not None and (victim == ALL or labels.get("instance") == victim):
             if name == m.PROXY_INSTANCE_STREAMING:
                 out["streaming"] = out.get("streaming", 0.0) + value
@@ -238,16 +245,41 @@ def cost_at_proxy(
         return int(end[key] - before[key])
 
     # a counter that went down: the proxy itself started again, its counts of before are gone
-    counters = ("retries", "first_token_retries", "mid_stream")
-    restarted = before is not None and end is not None and any(end[k] < before[k] for k in counters)
+    restarted = before is not None and end is not None and any(end[k] < before[k] for k in _COUNTERS)
 
     return {
         "streaming_on_it": at("streaming"),
         "in_flight_on_it": at("in_flight"),
         "cut_mid_stream": delta("mid_stream"),
+        "migrated": delta("migrated"),
+        "not_migrated": delta("not_migrated"),
         "retried": delta("retries"),
         "retried_before_first_token": delta("first_token_retries"),
     }
+
+
+def resume_gaps(results: Sequence[RequestResult], at: float, migrated: int | None) -> dict[str, Any] | None:
+    """The resume gap of the answers that moved, as their clients saw it: of each answer that
+    streamed across the fault (`at`, perf_counter), the time between the two tokens around it;
+    the `migrated` longest of those are the moved answers' (a stream that did not move goes on
+    at its own pace). p50 and p99 in ms; None where nothing moved."""
+    if not migrated:
+        return None
+    gaps: list[float] = []
+    for r in results:
+        if not r.ok or not r.itl or r.start_time + r.ttft >= at:
+            continue
+        t = r.start_time + r.ttft
+        for step in r.itl:
+            if t + step > at:
+                gaps.append(step)
+                break
+            t += step
+    moved = np.asarray(sorted(gaps)[-migrated:]) * 1000.0
+    if not len(moved):
+        return None
+    p50, p99 = np.percentile(moved, 50), np.percentile(moved, 99)
+    return {"answers": len(moved), "p50": round(float(p50), 1), "p99": round(float(p99), 1)}
 
 
 def window_figures(results: Sequence[RequestResult], begin: float, end: float) -> dict[str, Any]:
@@ -279,6 +311,10 @@ def fault_lines(name: str, f: dict[str, Any]) -> list[str]:
         f"  at the proxy: cut mid-stream {n('cut_mid_stream')}, retried {n('retried')} "
         f"({n('retried_before_first_token')} before the first token)"
     )
+    if f.get("cut_mid_stream"):
+        gap = f.get("resume_gap_ms")
+        gaps = f"; resume gap p50 {gap['p50']:.0f} p99 {gap['p99']:.0f} ms" if gap else ""
+        lines.append(f"  moved to another instance {n('migrated')}, not {n('not_migrated')}{gaps}")
     seen, back = f.get("detected_after_s"), f.get("back_after_s")
     lines.append(
         "  "

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import typer
 from rich.markup import escape
 
-from ucmctl.commands.shared import AcceptNewHostKeys, TopologyArg, err, out, topology_of
+from ucmctl.commands.shared import AcceptNewHostKeys, MoveAfter, TopologyArg, err, out, topology_of
 from ucmctl.core.errors import ExitStatus, UcmctlError
 from ucmctl.core.words import counted
 
@@ -40,12 +40,14 @@ def up(
         min=0.0,
         help="when it is up already: seconds a server taken out or restarted may take for its requests",
     ),
+    move_after: float = MoveAfter,
 ) -> None:
     """Check the nodes, then start Mooncake, the servers and the proxy, each gated on health,
     then prove with one request through the proxy that KV reaches decode. Of a deployment that
     is up already: start what the topology adds, stop what it drops, restart (one at a time,
     drained first) the servers whose command line it changes; the rest keeps running."""
     from ucmctl.deploy.api import Options, deploy_up
+    from ucmctl.deploy.proxy_client import Drain
     from ucmctl.plan.build import build_plan
     from ucmctl.plan.model import SlurmPlan
     from ucmctl.plan.show import print_plan
@@ -76,7 +78,7 @@ def up(
         kv_probe=not skip_kv_probe,
         accept_new_host_keys=accept_new_host_keys,
         wait_allocation=wait_allocation,
-        drain_timeout=drain_timeout,
+        drain=Drain(drain_timeout, move_after),
     )
     record = deploy_up(topo, str(topology.resolve()), options=options, console=err)
     proxy = next((p.url for p in record.plan.processes if p.role == "proxy"), None)

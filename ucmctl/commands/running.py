@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from ucmctl.commands.shared import deployment_and_processes, err, out
+from ucmctl.commands.shared import MoveAfter, deployment_and_processes, err, out
 from ucmctl.core.errors import UcmctlError
 from ucmctl.core.words import counted
 
@@ -75,13 +75,16 @@ def restart(
     drain_timeout: float = typer.Option(
         60.0, "--drain-timeout", min=0.0, help="seconds a drained server's requests in flight may take"
     ),
+    move_after: float = MoveAfter,
     grace: float = typer.Option(15.0, "--grace", help="seconds between SIGTERM and SIGKILL"),
     force: bool = typer.Option(
         False, "--force", help="restart even when no other instance of its role is left in routing"
     ),
 ) -> None:
-    """Restart processes of a running deployment: each server drained at the proxy (its requests
-    in flight finish), stopped, started, gated on its health, then routed to again."""
+    """Restart processes of a running deployment: each server drained at the proxy (its streamed
+    answers move to other instances, its other requests in flight finish), stopped, started,
+    gated on its health, then routed to again."""
+    from ucmctl.deploy.proxy_client import Drain
     from ucmctl.deploy.restart import restart as restart_processes
 
     record, names = deployment_and_processes("restart", deployment, processes)
@@ -89,7 +92,7 @@ def restart(
         record.deployment,
         names,
         rolling=rolling,
-        drain_timeout=drain_timeout,
+        drain=Drain(drain_timeout, move_after),
         grace=grace,
         force=force,
         console=err,
@@ -111,17 +114,20 @@ def scale(
     drain_timeout: float = typer.Option(
         60.0, "--drain-timeout", min=0.0, help="seconds a removed server's requests in flight may take"
     ),
+    move_after: float = MoveAfter,
     grace: float = typer.Option(15.0, "--grace", help="seconds between SIGTERM and SIGKILL"),
 ) -> None:
     """Add or take out instances of a running deployment, the others left running: a new one is
     started, gated on its health and added to the proxy; one taken out is drained first."""
+    from ucmctl.deploy.proxy_client import Drain
     from ucmctl.deploy.scale import scale as scale_sides
 
     counts = {k: v for k, v in (("prefill", prefill), ("decode", decode), ("mixed", mixed)) if v is not None}
     if not counts:
         raise UcmctlError.one("say how many: --prefill N, --decode M (or --mixed N)")
     record, _ = deployment_and_processes("scale", deployment, [])
-    done = scale_sides(record.deployment, counts, drain_timeout=drain_timeout, grace=grace, console=err)
+    drain = Drain(drain_timeout, move_after)
+    done = scale_sides(record.deployment, counts, drain=drain, grace=grace, console=err)
     parts = [
         f"added {', '.join(done.added)}" if done.added else "",
         f"took out {', '.join(done.removed)}" if done.removed else "",

@@ -28,6 +28,14 @@ class Format(str, Enum):
 
 TopologyArg = typer.Argument(..., help="topology YAML file", show_default=False)
 
+MoveAfter = typer.Option(
+    2.0,
+    "--move-after",
+    min=0.0,
+    help="seconds before a drained server's streamed answers move to other instances (they go on from "
+    "the store)",
+)
+
 AcceptNewHostKeys = typer.Option(
     False,
     "--accept-new-host-keys",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import posixpath
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from rich.console import Console
@@ -18,6 +18,7 @@ from ucmctl.deploy.change import apply, diff
 from ucmctl.deploy.guard import node_guard
 from ucmctl.deploy.preflight import Preflight, preflight
 from ucmctl.deploy.progress import Progress
+from ucmctl.deploy.proxy_client import Drain
 from ucmctl.deploy.staging import stage_node
 from ucmctl.deploy.starting import start_gated
 from ucmctl.deploy.state import ProcessState, Record, StateStore, Status
@@ -40,7 +41,8 @@ class Options:
     kv_probe: bool = True  # after the health gate, prove KV reaches decode (deploy/kv_probe.py)
     accept_new_host_keys: bool = False  # record unknown SSH host keys instead of refusing them
     wait_allocation: float | None = None  # Slurm: overrides the topology's cluster.wait_allocation
-    drain_timeout: float = 60.0  # of a server taken out or restarted by an `up` of a changed topology
+    # of a server taken out or restarted by an `up` of a changed topology
+    drain: Drain = field(default_factory=Drain)
 
 
 def deploy_up(
@@ -173,7 +175,7 @@ def _change_running(
             store,
             plan,
             d,
-            drain_timeout=options.drain_timeout,
+            drain=options.drain,
             grace=options.stop_grace,
             tell=tell,
             check=not options.skip_preflight,

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from ucmctl.core.errors import ExitStatus, Problem, UcmctlError
 from ucmctl.deploy import kv_probe
 from ucmctl.deploy.preflight import Preflight, preflight
-from ucmctl.deploy.proxy_client import Proxy
+from ucmctl.deploy.proxy_client import Drain, Proxy
 from ucmctl.deploy.restart import proxy_of, reach, restart_one
 from ucmctl.deploy.staging import stage_node
 from ucmctl.deploy.starting import failed_to_start, start_gated
@@ -152,7 +152,7 @@ def apply(
     new: Plan,
     d: Diff,
     *,
-    drain_timeout: float,
+    drain: Drain,
     grace: float,
     tell: Callable[[str], None],
     check: bool = True,
@@ -174,7 +174,7 @@ def apply(
             record.node_facts.update(checked.facts)  # the added nodes' provenance (and fresher)
         # first what is added (all or nothing), so what is taken out next has somewhere to go
         _bring_in(launcher, runs, d.added, proxy, cleanup, grace, tell, probe=probe)
-        outcomes = parallel(d.removed, lambda p: _take_out(launcher, proxy, p, drain_timeout, grace, tell))
+        outcomes = parallel(d.removed, lambda p: _take_out(launcher, proxy, p, drain, grace, tell))
         for p, (_, error) in zip(d.removed, outcomes, strict=True):
             if error is None:
                 runs.gone(p)
@@ -189,7 +189,7 @@ def apply(
         restarted = []
         for was, now in d.changed:
             runs.now(now)
-            done = restart_one(launcher, record, store, was, proxy, drain_timeout, grace, tell, new=now)
+            done = restart_one(launcher, record, store, was, proxy, drain, grace, tell, new=now)
             cut += done.cut
             restarted.append(was.name)
         for was, now in d.restaged:
@@ -271,7 +271,7 @@ def _take_out(
     launcher: Launcher,
     proxy: Proxy | None,
     p: Process,
-    drain_timeout: float,
+    drain: Drain,
     grace: float,
     tell: Callable[[str], None],
 ) -> tuple[int, str | None]:
@@ -279,7 +279,7 @@ def _take_out(
     t0 = time.monotonic()
     cut = 0
     if proxy is not None and p.is_server:
-        cut = proxy.drain(p, drain_timeout)
+        cut = proxy.drain(p, drain)
         proxy.remove(p)
     try:
         launcher.stop(p, grace=grace)

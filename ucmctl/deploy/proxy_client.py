@@ -8,6 +8,7 @@ import os
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from typing import Any
 
 from ucmctl.core.errors import ExitStatus, UcmctlError
@@ -16,13 +17,23 @@ from ucmctl.plan.model import Process
 API_KEY_ENV = "UCMCTL_PROXY_API_KEY"  # the proxy's own key, when it has one (ucmctl.proxy.config)
 
 
+@dataclass(frozen=True)
+class Drain:
+    """How a server leaves routing for a restart or a scale-down: `move_after` seconds on, the
+    answers it streams move to other instances (they go on from the store; None: they are
+    waited for); what is still in flight `timeout` seconds on is cut."""
+
+    timeout: float = 60.0
+    move_after: float | None = 2.0
+
+
 class Proxy:
     """The deployment's proxy, over its /instances routes."""
 
     def __init__(self, url: str) -> None:
         self.url = url.rstrip("/")
 
-    def _ask(self, path: str, body: dict[str, str] | None = None, timeout: float = 10) -> dict[str, object]:
+    def _ask(self, path: str, body: dict[str, Any] | None = None, timeout: float = 10) -> dict[str, object]:
         """GET (or POST `body` to) `path`; its JSON answer. The proxy's API key, when it has
         one, comes from UCMCTL_PROXY_API_KEY here too."""
         headers = {"Content-Type": "application/json"}
@@ -41,12 +52,15 @@ class Proxy:
                 fix="check `ucmctl status`",
             ) from None
 
-    def drain(self, server: Process, timeout: float) -> int:
-        """Out of routing, then wait up to `timeout` s for its requests in flight; how many
-        are still in flight then."""
+    def drain(self, server: Process, how: Drain) -> int:
+        """Out of routing (its streamed answers moved elsewhere after `how.move_after`), then
+        wait up to `how.timeout` s for its requests in flight; how many are still in flight then."""
         t0 = time.monotonic()
-        self._ask("/instances/drain", {"url": str(server.url), "role": server.role})
-        while (left := self.in_flight(server)) and time.monotonic() - t0 < timeout:
+        body: dict[str, Any] = {"url": str(server.url), "role": server.role}
+        if how.move_after is not None:
+            body["move_after"] = how.move_after
+        self._ask("/instances/drain", body)
+        while (left := self.in_flight(server)) and time.monotonic() - t0 < how.timeout:
             time.sleep(0.2)
         return left
 
@@ -102,6 +116,9 @@ def routing_line(proxy: Process) -> str | None:
         line += ", roles per request"
     if proxy.proxy.direct_below:
         line += f", straight to decode below {proxy.proxy.direct_below} tokens to compute"
+    moves = proxy.proxy.migrations
+    if moves != 3:  # the default goes without saying
+        line += f", a cut answer moves {moves}x at most" if moves else ", cut answers end (migrations 0)"
     if "index" in got:
         line += f"; index: {got['index']}, {got.get('blocks', 0)} blocks{_events_read(got)}"
         for leg in ("prefill", "load"):

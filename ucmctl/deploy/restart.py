@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from ucmctl.core.errors import ExitStatus, UcmctlError
-from ucmctl.deploy.proxy_client import Proxy
+from ucmctl.deploy.proxy_client import Drain, Proxy
 from ucmctl.deploy.staging import stage_node
 from ucmctl.deploy.starting import ports_taken, start_gated
 from ucmctl.deploy.state import Record, StateStore, Status
@@ -87,7 +87,7 @@ def restart(
     names: list[str],
     *,
     rolling: bool,
-    drain_timeout: float,
+    drain: Drain,
     grace: float,
     force: bool = False,
     console: Console | None = None,
@@ -115,7 +115,7 @@ def restart(
             for batch in batches:
 
                 def one(p: Process) -> Restarted:
-                    return restart_one(launcher, record, store, p, proxy, drain_timeout, grace, tell)
+                    return restart_one(launcher, record, store, p, proxy, drain, grace, tell)
 
                 done += parallel(batch, one)
         finally:
@@ -147,7 +147,7 @@ def restart_one(
     store: StateStore,
     p: Process,
     proxy: Proxy | None,
-    drain_timeout: float,
+    drain: Drain,
     grace: float,
     tell: Callable[[str], None],
     new: Process | None = None,
@@ -160,10 +160,10 @@ def restart_one(
     cut = 0
     if routed:
         assert proxy is not None
-        cut = proxy.drain(p, drain_timeout)
+        cut = proxy.drain(p, drain)
     drained = time.monotonic() - t0
     if cut:
-        tell(f"{p.name}: {cut} request(s) still in flight after --drain-timeout {drain_timeout:g} s: cut")
+        tell(f"{p.name}: {cut} request(s) still in flight after --drain-timeout {drain.timeout:g} s: cut")
     then = new or p
     try:
         launcher.stop(p, grace=grace)

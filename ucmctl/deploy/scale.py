@@ -17,6 +17,7 @@ from rich.markup import escape
 
 from ucmctl.core.errors import UcmctlError
 from ucmctl.deploy.change import Changed, apply, diff
+from ucmctl.deploy.proxy_client import Drain
 from ucmctl.deploy.restart import running_record
 from ucmctl.deploy.state import Record, StateStore
 from ucmctl.plan.build import build_plan
@@ -84,7 +85,7 @@ def scale(
     deployment: str,
     counts: dict[str, int],
     *,
-    drain_timeout: float,
+    drain: Drain,
     grace: float,
     probe: bool = True,
     console: Console | None = None,
@@ -102,4 +103,4 @@ def scale(
         if d.empty:
             tell("nothing to change: the sides have these counts")
             return Changed([], [], [], 0)
-        return apply(record, store, new, d, drain_timeout=drain_timeout, grace=grace, tell=tell, probe=probe)
+        return apply(record, store, new, d, drain=drain, grace=grace, tell=tell, probe=probe)

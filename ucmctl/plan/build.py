@@ -395,6 +395,7 @@ def _proxy(t: Topology, nodes: dict[str, NodePlan], upstream: list[Process]) -> 
         direct_below=proxy.direct_below,
         roles=proxy.roles,
         served_model=t.model.served_name or t.model.path,
+        migrations=proxy.migrations,
     )
     argv = spec.argv()
     base = f"http://{reach_address(node)}:{proxy.port}"

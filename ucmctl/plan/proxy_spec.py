@@ -34,6 +34,7 @@ class ProxySpec(BaseModel):
     direct_below: int = 0  # centralized: fewer tokens to compute than this go to a decode alone
     roles: Literal["fixed", "dynamic"] = "fixed"  # dynamic: any server takes either leg (centralized)
     served_model: str | None = None  # the model name requests carry (the KV events' block keys)
+    migrations: int = 3  # moves of one streamed answer cut mid-stream (the proxy's own default: 3)
 
     def argv(self) -> list[str]:
         """The command line that runs this proxy."""
@@ -59,6 +60,8 @@ class ProxySpec(BaseModel):
             argv += ["--direct-below", str(self.direct_below)]
         if self.roles == "dynamic":
             argv += ["--roles", "dynamic"]
+        if self.migrations != 3:
+            argv += ["--migrations", str(self.migrations)]
         feeds = [f"{u.url}={u.kv_events}" for u in self.upstreams if u.kv_events]
         for feed in feeds:
             argv += ["--kv-events", feed]

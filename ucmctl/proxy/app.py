@@ -16,13 +16,15 @@ from aiohttp import web
 from ucmctl.core.errors import ExitStatus, UcmctlError
 from ucmctl.proxy import rewrite
 from ucmctl.proxy.config import ProxyConfig, normalize_url
-from ucmctl.proxy.flow import ProxyState, error_response, serve_generate
+from ucmctl.proxy.flow import serve_generate
 from ucmctl.proxy.health import check, health_loop, record_failure, record_success
 from ucmctl.proxy.pool import Instance
 from ucmctl.proxy.routing import Ask
+from ucmctl.proxy.state import ProxyState, error_response
 from ucmctl.proxy.upstream import UPSTREAM_ERRORS
 
 STATE = web.AppKey("state", ProxyState)
+MOVES = web.AppKey("moves", set[asyncio.Task[None]])  # drained instances' answers being moved
 OPEN_PATHS = frozenset({"/health", "/metrics"})  # probes and scrapers carry no key
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -33,6 +35,7 @@ def make_app(config: ProxyConfig) -> web.Application:
     middlewares = [_api_key_middleware(config.api_key)] if config.api_key else []
     app = web.Application(client_max_size=config.max_body_mb * 1024 * 1024, middlewares=middlewares)
     app[STATE] = state
+    app[MOVES] = set()
     app.cleanup_ctx.append(_session_ctx)
     app.router.add_post(rewrite.COMPLETIONS, _generate(rewrite.COMPLETIONS))
     app.router.add_post(rewrite.CHAT, _generate(rewrite.CHAT))
@@ -232,8 +235,35 @@ async def instances_remove(request: web.Request) -> web.Response:
 
 async def instances_drain(request: web.Request) -> web.Response:
     """Take an instance out of routing while it stays listed: its requests in flight finish
-    (their count is in /instances), no new one goes there until /instances/resume."""
-    return await _set_draining(request, True)
+    (their count is in /instances), no new one goes there until /instances/resume. With
+    `"move_after": SECONDS`, the answers streaming from it that can go on elsewhere move to
+    other instances that long after (a restart need not wait for long generations)."""
+    body = json.loads(await request.read() or b"null")
+    move_after = body.get("move_after") if isinstance(body, dict) else None
+    if move_after is not None and (not isinstance(move_after, (int, float)) or not 0 <= move_after <= 3600):
+        raise _bad(f"move_after {move_after!r} is not a number of seconds from 0 to 3600")
+    response = await _set_draining(request, True)
+    if move_after is not None and response.status == 200:
+        url, role = await _instance_request(request)
+        tasks = request.app[MOVES]
+        for inst in request.app[STATE].pool.find(url, role):
+            task = asyncio.create_task(_move_off(inst, float(move_after)))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+    return response
+
+
+MOVE_EVERY_S = 0.2  # a drained instance's answers that began streaming since the last move
+
+
+async def _move_off(inst: Instance, after: float) -> None:
+    """`after` seconds on, move every answer streaming from `inst` that can go on elsewhere, and
+    those that begin streaming there later, while it is drained and has requests in flight."""
+    await asyncio.sleep(after)
+    while inst.draining and not inst.removed and inst.requests:
+        for leg in list(inst.answers):
+            leg.move()
+        await asyncio.sleep(MOVE_EVERY_S)
 
 
 async def instances_resume(request: web.Request) -> web.Response:

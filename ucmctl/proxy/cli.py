@@ -50,12 +50,8 @@ def proxy(
         help="which instance takes a request: " + ", ".join(routing.POLICIES),
     ),
     prefix_affinity: bool = typer.Option(False, "--prefix-affinity", hidden=True, help="--routing affinity"),
-    affinity_tokens: int = typer.Option(
-        128, "--affinity-tokens", help="--routing affinity: length of the leading block, tokens"
-    ),
-    block_size: int = typer.Option(
-        16, "--block-size", help="--routing kv: the servers' KV block size, tokens"
-    ),
+    affinity_tokens: int = typer.Option(128, "--affinity-tokens", help="affinity: the leading block, tokens"),
+    block_size: int = typer.Option(16, "--block-size", help="the servers' KV block size, tokens"),
     direct_below: int = typer.Option(
         0,
         "--direct-below",
@@ -87,6 +83,7 @@ def proxy(
     health_timeout: float = typer.Option(2.0, "--health-timeout", help="seconds a health check may take"),
     unhealthy_after: int = typer.Option(2, "--unhealthy-after", help="failures in a row that take one out"),
     retries: int = typer.Option(2, "--retries", help="retries of a leg on other instances before any byte"),
+    migrations: int = typer.Option(3, "--migrations", help="moves of an answer cut mid-stream (0: none)"),
     retry_backoff: float = typer.Option(0.02, "--retry-backoff", help="first retry's delay, s (doubles)"),
     connect_timeout: float = typer.Option(5.0, "--connect-timeout", help="seconds to connect to an instance"),
     read_timeout: float = typer.Option(

@@ -57,6 +57,8 @@ class ProxyConfig:
     health_timeout: float = 2.0
     unhealthy_after: int = 2
     retries: int = 2
+    # times one streamed answer may move to another instance after its upstream failed mid-stream
+    migrations: int = 3
     retry_backoff: float = 0.02
     connect_timeout: float = 5.0
     read_timeout: float = 600.0
@@ -269,7 +271,7 @@ def _check_tuning(tuning: dict[str, object]) -> None:
     for name in ("health_interval", "health_timeout", "connect_timeout"):
         if name in tuning:
             _positive("--" + name.replace("_", "-"), float(tuning[name]))  # type: ignore[arg-type]
-    for name in ("retries", "retry_backoff", "read_timeout", "direct_below"):
+    for name in ("retries", "retry_backoff", "read_timeout", "direct_below", "migrations"):
         if name in tuning:
             _positive("--" + name.replace("_", "-"), float(tuning[name]), allow_zero=True)  # type: ignore[arg-type]
     for name in ("prefill_load", "decode_load", "mixed_load"):

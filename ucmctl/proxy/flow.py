@@ -8,180 +8,21 @@ import asyncio
 import contextlib
 import json
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 from aiohttp import web
 
-from ucmctl.proxy import rewrite
-from ucmctl.proxy.config import ProxyConfig
-from ucmctl.proxy.handoff import Handoff, Store, make_handoff
+from ucmctl.proxy import resume, rewrite
 from ucmctl.proxy.health import log, record_failure, record_success
-from ucmctl.proxy.kv_feed import Feed
-from ucmctl.proxy.kv_index import KvIndex, block_keys, ids_keys
-from ucmctl.proxy.metrics import Metrics
-from ucmctl.proxy.pool import Instance, Pool
-from ucmctl.proxy.routing import POLICIES, Ask, Policy, canonical, make_policy
-from ucmctl.proxy.tokenize import Tokenizer
+from ucmctl.proxy.kv_index import block_keys, ids_keys
+from ucmctl.proxy.pool import Instance
+from ucmctl.proxy.routing import Ask
+from ucmctl.proxy.state import ProxyState, Request, error_response, session_of
 from ucmctl.proxy.upstream import UPSTREAM_ERRORS, LegFailed, why
 
-__all__ = ["UPSTREAM_ERRORS", "LegFailed", "ProxyState", "error_response", "serve_generate"]
-
-# selective disaggregation: a prefill instance with this many legs not answered is saturated
-SATURATED_LEGS = 2
-
-
-@dataclass
-class ProxyState:
-    """What every handler shares: settings, instances, routing, metrics and the one client session."""
-
-    config: ProxyConfig
-    pool: Pool = field(default_factory=Pool)
-    policy: Policy = field(default_factory=lambda: make_policy("least-loaded"))
-    index: KvIndex | None = None  # where prompts' blocks are: for kv routing and direct decodes
-    handoff: Handoff = field(default_factory=Store)
-    metrics: Metrics = field(default_factory=Metrics)
-    session: aiohttp.ClientSession | None = None
-    upstream_headers: dict[str, str] = field(default_factory=dict)
-    feeds: list[Feed] = field(default_factory=list)  # the instances' KV-cache events into the index
-    tokenizer: Tokenizer | None = None  # text prompts' exact token ids, where the index is read
-
-    @classmethod
-    def create(cls, config: ProxyConfig) -> ProxyState:
-        """The state for `config`, every configured instance in routing."""
-        needs_blocks = POLICIES[canonical(config.routing) or config.routing].needs_blocks
-        index = KvIndex() if needs_blocks or config.direct_below else None
-        policy = make_policy(config.routing, config.block_size, index, store=config.kv_store)
-        state = cls(config, pool=Pool(config.dynamic_roles), policy=policy, index=index)
-        for role, urls in (
-            ("prefill", config.prefillers),
-            ("decode", config.decoders),
-            ("mixed", config.instances),
-        ):
-            for url in urls:
-                state.pool.add(url, role)
-        if index is not None:
-            model = config.served_model or ""
-            feeds = config.kv_events
-            state.feeds = [Feed(url, endpoint, model, state.pool, index) for url, endpoint in feeds]
-            state.tokenizer = Tokenizer(state.pool) if config.tokenize else None
-        bootstrap_of = dict(zip(config.prefillers, config.bootstraps, strict=False))
-        state.handoff = make_handoff(config.p2p, bootstrap_of, state.metrics, config.connect_timeout)
-        # identity: relay the upstream's bytes as they are, no decompress and recompress
-        state.upstream_headers = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
-        if config.upstream_api_key:
-            state.upstream_headers["Authorization"] = f"Bearer {config.upstream_api_key}"
-        return state
-
-    def routing_facts(self) -> dict[str, object]:
-        """The policy's own facts, and where the index learns what each instance's cache holds."""
-        facts = self.policy.describe()
-        if self.feeds and "index" in facts:
-            n = len(self.feeds)
-            facts["index"] = f"vLLM KV events of {n} instances, with the proxy's routing history"
-            facts["kv_events"] = [vars(f.stats).copy() for f in self.feeds]
-        if "index" in facts:
-            facts["tokenization"] = (
-                self.tokenizer.describe() if self.tokenizer else {"source": "estimated (--no-tokenize)"}
-            )
-        return facts
-
-    def timeout(self) -> aiohttp.ClientTimeout:
-        """Per-leg timeouts: bounded connect and silence, no bound on a long generation."""
-        cfg = self.config
-        return aiohttp.ClientTimeout(
-            total=None, sock_connect=cfg.connect_timeout, sock_read=cfg.read_timeout or None
-        )
-
-    def pick(self, ask: Ask, exclude: list[Instance] | tuple[Instance, ...] = ()) -> Instance | None:
-        """The instance for a leg, by the routing policy; None when no candidate is left."""
-        cands = self.pool.candidates(ask.role, exclude)
-        return self.policy.choose(cands, ask) if cands else None
-
-    def sent(self, inst: Instance, ask: Ask) -> None:
-        """A leg that computes the prompt went to `inst`: its blocks count as held there from now
-        on (a request routed after it finds them computed, or computing ahead of it in the same
-        engine), not as stored yet."""
-        if self.index is not None and ask.blocks and ask.role != "decode":
-            self.index.took(ask.blocks, inst, saved=False)
-
-    def took(self, inst: Instance, ask: Ask, seconds: float, *, saved: bool) -> None:
-        """A leg came back well: the policy learns of it, and the index has the prompt's blocks
-        in the instance's own cache now (and in the store, `saved`)."""
-        self.policy.done(inst, ask, seconds)
-        if self.index is not None and ask.blocks:
-            self.index.took(ask.blocks, inst, saved=saved)
-
-    def decode_first(self, req: Request) -> tuple[Instance | None, str | None]:
-        """pd with the store and `direct_below`: the decode instance for `req`, chosen before
-        its prefill, and why it takes `req` alone (it prefills what it has not cached, in its
-        own cache or the store), None where it does not. Only a decode instance computing no
-        prompt now takes one (at most one prefill at a time among its streams): "direct", fewer
-        tokens to compute than `direct_below`; "direct_saturated", every prefill instance has a
-        leg queued behind the one it computes. (None, None) where the decode instance is chosen
-        after the prefill, as without."""
-        cfg = self.config
-        if not cfg.direct_below or self.index is None or self.handoff.once or not req.blocks:
-            return None, None
-        decode = self.pick(req.ask("decode", cfg, first_leg=False))
-        if decode is None:
-            return None, None
-        if decode.pending:  # a prompt computing there already: its streams would wait on two
-            return decode, None
-        (held,), stored = self.index.leading(req.blocks, [decode])
-        cached = max(held, stored) * cfg.block_size
-        if req.tokens - cached < cfg.direct_below:
-            return decode, "direct"
-        return decode, "direct_saturated" if self._prefill_saturated(decode) else None
-
-    def _prefill_saturated(self, decode: Instance) -> bool:
-        """Every prefill instance in routing (but `decode`) has SATURATED_LEGS legs or more not
-        answered yet: one it computes, one queued behind."""
-        prefills = self.pool.candidates("prefill", [decode])
-        return bool(prefills) and all(i.pending >= SATURATED_LEGS for i in prefills)
-
-    def remove(self, url: str, role: str | None = None) -> list[Instance]:
-        """Take instances out of the pool and out of the policy's memory."""
-        gone = self.pool.remove(url, role)
-        self.policy.forget(gone)
-        return gone
-
-
-@dataclass(frozen=True)
-class Request:
-    """A client's request as the legs need it."""
-
-    raw: bytes
-    body: dict[str, Any]
-    path: str
-    tokens: int
-    headers: dict[str, str]
-    prefix: bytes | None = None  # the affinity key, where the policy reads one
-    session: str | None = None  # the conversation
-    blocks: tuple[int, ...] = ()  # the prompt's blocks, where the policy reads them
-
-    def ask(self, role: str, config: ProxyConfig, *, first_leg: bool) -> Ask:
-        """The leg of `role`; the prompt's prefix key goes with the leg that computes the prompt."""
-        prefix = self.prefix if first_leg else None
-        return Ask(role, config.load(role), self.tokens, prefix, self.session, self.blocks)
-
-
-def error_response(status: int, message: str, rid: str | None = None) -> web.Response:
-    """An OpenAI-style JSON error."""
-    kind = "invalid_request_error" if status < 500 else "upstream_error"
-    body = {"error": {"message": message, "type": kind, "code": status}}
-    headers = {"X-Request-Id": rid} if rid else None
-    return web.json_response(body, status=status, headers=headers)
-
-
-def session_of(request: web.Request, body: dict[str, Any]) -> str | None:
-    """The conversation a request belongs to: its `X-Session-Id` header, else the OpenAI `user`."""
-    header = request.headers.get("X-Session-Id")
-    if header:
-        return header
-    user = body.get("user")
-    return user if isinstance(user, str) and user else None
+__all__ = ["UPSTREAM_ERRORS", "LegFailed", "serve_generate"]
 
 
 async def serve_generate(request: web.Request, state: ProxyState, path: str) -> web.StreamResponse:
@@ -202,6 +43,11 @@ async def serve_generate(request: web.Request, state: ProxyState, path: str) -> 
     blocks: tuple[int, ...] = ()
     if state.policy.needs_blocks or state.index is not None:
         tokens, blocks = await _blocks(state, body, path, tokens, headers)
+    streamed = body.get("stream") is True
+    refused = (resume.refusal(body, path) or None) if cfg.migrations else "migrations are off"
+    answer = resume.Answer.of(body, path) if streamed and refused is None else None
+    if answer is not None:  # the legs that generate return token ids: a cut answer can go on
+        raw, body = resume.with_token_ids(body)
     req = Request(raw, body, path, tokens, headers, prefix, session_of(request, body), blocks)
     try:
         inst, resp, first = await _answer(state, req)
@@ -210,13 +56,56 @@ async def serve_generate(request: web.Request, state: ProxyState, path: str) -> 
         return error_response(exc.status, exc.message, rid)
     except _Answered as answered:
         return answered.response
-    inst.streaming += 1
+    leg = _Leg(inst, resp, tokens, first)
     try:
-        return await _relay(request, state, inst, resp, first, body.get("stream") is True, t0, rid)
+        return await _relay(request, state, req, leg, t0, rid, answer, refused)
     finally:
-        resp.close()  # on any early exit this drops the upstream connection: the instance stops the request
-        inst.streaming -= 1
-        inst.release(tokens)
+        leg.end()
+
+
+@dataclass(eq=False)  # one per answer, kept in a set by its instance
+class _Leg:
+    """The upstream whose answer the client is getting: its instance counts it as streaming
+    until it ends (a migration swaps in the continuation's)."""
+
+    inst: Instance
+    resp: aiohttp.ClientResponse
+    tokens: int
+    first: bytes  # its first bytes, read already
+    wrote_at: float = 0.0  # when its last bytes went to the client (the event loop's clock)
+    clean: bool = True  # what went to the client so far ends between two events
+    movable: bool = False  # it can go on elsewhere: its instance lists it (`Instance.answers`)
+    moved: bool = False  # cut on purpose: its instance is drained for a restart
+
+    def __post_init__(self) -> None:
+        self.inst.streaming += 1
+
+    def hold(self) -> None:
+        """The answer can go on on another instance: its instance may move it (`move`)."""
+        self.movable = True
+        self.inst.answers.add(self)
+
+    def move(self) -> None:
+        """Cut it here on purpose (its instance is drained): the relay goes on elsewhere."""
+        self.moved = True
+        self.resp.close()  # the relay's read fails at once; the instance stops the request
+
+    def end(self) -> None:
+        """The answer is over: this drops the upstream connection on any early exit (the instance
+        stops the request) and frees the instance's count."""
+        self.resp.close()
+        self.inst.streaming -= 1
+        self.inst.release(self.tokens)
+        self.inst.answers.discard(self)
+
+    def swap(self, inst: Instance, resp: aiohttp.ClientResponse, tokens: int, first: bytes) -> None:
+        """A continuation takes over the answer from here."""
+        self.end()
+        self.inst, self.resp, self.tokens, self.first = inst, resp, tokens, first
+        self.moved = False
+        inst.streaming += 1
+        if self.movable:
+            inst.answers.add(self)
 
 
 async def _blocks(
@@ -233,21 +122,24 @@ async def _blocks(
     return tokens, block_keys(body, path, block_size)
 
 
-async def _answer(state: ProxyState, req: Request) -> tuple[Instance, aiohttp.ClientResponse, bytes]:
+async def _answer(
+    state: ProxyState, req: Request, avoid: list[Instance] | None = None, *, resumed: bool = False
+) -> tuple[Instance, aiohttp.ClientResponse, bytes]:
     """The upstream whose answer goes to the client, and the answer's first bytes.
 
     Nothing goes to the client before those bytes came: an upstream that dies before its first
     token is tried again on another instance of its role (the client has seen nothing of it).
     The handoff says whether the prefill runs again (P2P: the prefiller handed its KV to the
-    instance that died) or not (the store keeps it).
+    instance that died) or not (the store keeps it). A continuation (`resumed`) goes straight to
+    a decode instance where the store holds its KV; instances in `avoid` failed it already.
     """
     cfg, handoff = state.config, state.handoff
     pd = cfg.mode == "pd"
-    decode, path = state.decode_first(req) if pd else (None, None)
-    direct = path is not None
-    if pd:
+    decode, path = state.decode_first(req) if pd and not resumed else (None, None)
+    if pd and not resumed:
         state.metrics.paths[path or "disaggregated"] += 1
-    avoid: list[Instance] = []
+    direct = path is not None or (pd and resumed and not handoff.once)
+    avoid = list(avoid or ())
     kv_params: dict[str, Any] | None = None
     prefilled = False
     prefill_ended = 0.0
@@ -421,17 +313,20 @@ async def _short_body(resp: aiohttp.ClientResponse) -> str:
 async def _relay(
     request: web.Request,
     state: ProxyState,
-    inst: Instance,
-    resp: aiohttp.ClientResponse,
-    first: bytes,
-    stream: bool,
+    req: Request,
+    leg: _Leg,
     t0: float,
     rid: str,
+    answer: resume.Answer | None,
+    refused: str | None,
 ) -> web.StreamResponse:
-    """Copy the upstream's answer to the client read by read (`first` already read): no
-    buffering, no parsing."""
+    """Copy the upstream's answer to the client read by read: no buffering, and no parsing but
+    the token ids of an answer that may be continued (`answer`). One cut mid-stream goes on on
+    another instance where it can (`refused`: why it cannot)."""
     metrics = state.metrics
     loop = asyncio.get_running_loop()
+    resp = leg.resp
+    stream = req.body.get("stream") is True
     out = web.StreamResponse(status=resp.status)
     out.headers["Content-Type"] = resp.headers.get("Content-Type", "application/json")
     out.headers["X-Request-Id"] = rid
@@ -440,57 +335,154 @@ async def _relay(
     elif resp.content_length is not None:
         out.content_length = resp.content_length
     counting = stream and resp.status == 200
-    content = resp.content
-    chunks = 0
-    chunk = first
-    if first and stream:
+    if not counting:
+        answer = None  # only a streamed answer is continued
+    if leg.first and stream:
         metrics.ttft.observe(loop.time() - t0)
+    if answer is not None:
+        leg.hold()
     try:
         await out.prepare(request)
-        while chunk:
-            if counting:
-                # one SSE event per token: a substring count is cheap, parsing each chunk is not
-                chunks += chunk.count(b"data:")
-            await out.write(chunk)
-            try:
-                chunk = await content.readany()
-            except UPSTREAM_ERRORS as exc:
-                await _upstream_broke(request, state, inst, exc, out, stream, chunk)
+        broke = await _pump(out, leg, answer, counting=counting)
+        while broke is not None:
+            if answer is not None and answer.complete():  # only its end was lost
+                await out.write(answer.ending())
+                break
+            if not await _continue(request, state, req, leg, out, answer, broke, refused):
                 return out
+            broke = await _pump(out, leg, answer, counting=counting, continued=True)
         await out.write_eof()
     except ConnectionError:  # the client went away mid-answer; the caller closes the upstream
         metrics.errors["client_disconnect"] += 1
         return out
-    finally:
-        inst.output_chunks_total += chunks
     metrics.latency.observe(loop.time() - t0)
     return out
 
 
-async def _upstream_broke(
+class _EngineError(Exception):
+    """The engine streamed an error event: the answer cannot go on there."""
+
+
+async def _pump(
+    out: web.StreamResponse,
+    leg: _Leg,
+    answer: resume.Answer | None,
+    *,
+    counting: bool,
+    continued: bool = False,
+) -> BaseException | None:
+    """Copy `leg`'s answer to the client from its first bytes on; the failure that cut it, None
+    when it ended. An `answer` reads the token ids off each event (and sends only whole events)."""
+    loop = asyncio.get_running_loop()
+    content = leg.resp.content
+    chunks = 0
+    chunk = leg.first
+    try:
+        while chunk:
+            data = chunk if answer is None else answer.feed(chunk, continued=continued)
+            if counting:
+                # one SSE event per token: a substring count is cheap, parsing each chunk is not
+                chunks += data.count(b"data:")
+            if data:
+                await out.write(data)
+                leg.wrote_at, leg.clean = loop.time(), data.endswith(b"\n\n")
+            if answer is not None and answer.broke:
+                return _EngineError(answer.broke[6:300].decode(errors="replace"))
+            try:
+                chunk = await content.readany()
+            except UPSTREAM_ERRORS as exc:
+                return exc
+    finally:
+        leg.inst.output_chunks_total += chunks
+    if answer is not None and not (answer.done or answer.finished):
+        return aiohttp.ClientPayloadError("the stream ended before its last event")
+    return None
+
+
+async def _continue(
     request: web.Request,
     state: ProxyState,
+    req: Request,
+    leg: _Leg,
+    out: web.StreamResponse,
+    answer: resume.Answer | None,
+    broke: BaseException,
+    refused: str | None,
+) -> bool:
+    """The answer's upstream broke mid-stream: go on on another instance (True: `leg` is the
+    continuation's now), or end the client's stream with an error that says why not (False)."""
+    cfg, metrics = state.config, state.metrics
+    dead = leg.inst
+    cause = "drain" if leg.moved else "failure"
+    if not leg.moved:
+        metrics.errors["upstream_mid_stream"] += 1
+        record_failure(dead, cfg.unhealthy_after)
+        log.warning("%s instance %s failed mid-stream: %s", dead.role, dead.url, why(broke))
+    why_not = _why_not(cfg.migrations, answer, refused)
+    if answer is None or why_not:
+        metrics.migrations["not_continued", cause] += 1
+        await _upstream_broke(request, dead, broke, out, leg.clean, f"not continued: {why_not}")
+        return False
+    answer.migrations += 1
+    raw, body = answer.continuation(req.body, req.path)
+    ids = body["prompt"]
+    blocks = ids_keys(ids, str(body.get("model", "")), cfg.block_size) if state.index is not None else ()
+    cont_req = Request(raw, body, rewrite.COMPLETIONS, len(ids), req.headers, None, req.session, blocks)
+    try:
+        inst, resp, first = await _answer(state, cont_req, [dead], resumed=True)
+    except (LegFailed, _Answered) as exc:
+        metrics.migrations["failed", cause] += 1
+        message = exc.message if isinstance(exc, LegFailed) else "a prefill instance refused it"
+        await _upstream_broke(request, dead, broke, out, leg.clean, f"its continuation failed: {message}")
+        return False
+    leg.swap(inst, resp, len(ids), first)
+    if resp.status != 200:  # the instance refused it: context too long, model gone, ...
+        metrics.migrations["failed", cause] += 1
+        text = (first.decode(errors="replace") + await _short_body(resp))[:300].strip()
+        why_refused = f"{inst.url} refused its continuation: {text}"
+        await _upstream_broke(request, dead, broke, out, leg.clean, why_refused)
+        return False
+    metrics.migrations["resumed", cause] += 1
+    metrics.migration_gap.observe(asyncio.get_running_loop().time() - leg.wrote_at)
+    rid = req.headers.get("X-Request-Id")
+    log.warning("answer %s goes on on %s after %d tokens", rid, inst.url, len(answer.ids))
+    return True
+
+
+def _why_not(migrations: int, answer: resume.Answer | None, refused: str | None) -> str | None:
+    """Why a cut answer does not go on elsewhere, None when it can."""
+    if answer is None:
+        return refused or "a whole answer (not streamed) is not continued"
+    if not answer.resumable():
+        return "the engine returned no token ids"
+    if answer.migrations >= migrations:
+        return f"it moved {answer.migrations} time(s) already (proxy migrations: {migrations})"
+    return None
+
+
+async def _upstream_broke(
+    request: web.Request,
     inst: Instance,
     exc: BaseException,
     out: web.StreamResponse,
-    stream: bool,
-    sent: bytes,
+    clean: bool,
+    why_not: str,
 ) -> None:
-    """The upstream failed after tokens went out: the answer is not sent again (the client has
-    part of it). A stream gets an error event the client's SSE parser reads (as vLLM sends its
-    own errors), then the connection ends without the chunked body's end, so no client can
-    take the cut answer for a complete one."""
-    state.metrics.errors["upstream_mid_stream"] += 1
-    record_failure(inst, state.config.unhealthy_after)
-    log.warning("%s instance %s failed mid-stream: %s", inst.role, inst.url, why(exc))
-    if stream:
+    """The upstream failed after tokens went out and the answer does not go on elsewhere: it is
+    not sent again (the client has part of it). A stream gets an error event the client's SSE
+    parser reads (as vLLM sends its own errors), then the connection ends without the chunked
+    body's end, so no client can take the cut answer for a complete one."""
+    if out.headers.get("Cache-Control") == "no-cache":  # streamed
         # the exception's own words (aiohttp's payload errors run to hundreds of characters)
         # go to the proxy's log; the client is told what happened
         kind = type(exc).__name__
-        message = f"{inst.role} instance {inst.url} failed mid-stream ({kind}): the answer is incomplete"
+        message = (
+            f"{inst.role} instance {inst.url} failed mid-stream ({kind}): the answer is incomplete"
+            f" ({why_not})"
+        )
         event = {"error": {"message": message, "type": "upstream_error", "code": 502}}
         # after a cut event, two newlines end it first, so the error event is read alone
-        head = b"" if sent.endswith(b"\n\n") else b"\n\n"
+        head = b"" if clean else b"\n\n"
         with contextlib.suppress(ConnectionError):
             await out.write(head + b"data: " + json.dumps(event).encode() + b"\n\n")
     if request.transport is not None:

@@ -95,10 +95,14 @@ class Metrics:
         self.paths: Counter[str] = (
             Counter()
         )  # pd: disaggregated (prefill, then decode) or direct (decode alone)
+        # answers cut mid-stream, by (outcome, cause): cause "failure" (the upstream broke) or
+        # "drain" (moved off an instance drained for a restart)
+        self.migrations: Counter[tuple[str, str]] = Counter()
         self.ttft = Histogram(LATENCY_BUCKETS)
         self.latency = Histogram(LATENCY_BUCKETS)
         self.prefill = Histogram(LATENCY_BUCKETS)
         self.kv_handover = Histogram(HANDOVER_BUCKETS)
+        self.migration_gap = Histogram(HANDOVER_BUCKETS)
 
     def render(
         self,
@@ -127,12 +131,24 @@ class Metrics:
         ):  # fmt: skip
             family(name, "counter", help_)
             out.extend(f'{name}{{{label}="{escape(key)}"}} {values[key]}' for key in sorted(values))
+        family(
+            names.PROXY_MIGRATIONS,
+            "counter",
+            "Streamed answers cut mid-stream, by outcome: resumed "
+            "(they went on on another instance), failed (no instance took the continuation), "
+            "not_continued (it cannot go on faithfully, or moved too often); and by cause: failure "
+            "(the upstream broke) or drain (moved off an instance drained for a restart).",
+        )
+        out.extend(f'{names.PROXY_MIGRATIONS}{{outcome="{o}",cause="{c}"}} {n}'
+                   for (o, c), n in sorted(self.migrations.items()))  # fmt: skip
         for name, hist, help_ in (
             (names.PROXY_TTFT, self.ttft, "Time from request to first streamed byte sent to the client."),
             (names.PROXY_REQUEST_LATENCY, self.latency, "Time from request to the end of the response."),
             (names.PROXY_PREFILL, self.prefill, "Time of the prefill leg, retries included."),
             (names.PROXY_KV_HANDOVER, self.kv_handover, "PD, streamed answers: from the prefill leg's "
              "answer to the decode leg's first streamed bytes (the KV handover, retries included)."),
+            (names.PROXY_MIGRATION_GAP, self.migration_gap, "Answers that moved mid-stream: from the last "
+             "bytes sent before the failure to the continuation's first bytes."),
         ):  # fmt: skip
             family(name, "histogram", help_)
             out.extend(hist.lines(name))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from yarl import URL
 
@@ -32,6 +32,8 @@ class Instance:
     failures_total: int = 0
     output_chunks_total: int = 0
     epoch: int = 0  # times it came back into routing: what it cached before may be gone
+    # the answers streaming from it that can go on elsewhere (flow's legs: `move()` each)
+    answers: set[Any] = field(default_factory=set, repr=False)
     uid: int = field(default_factory=itertools.count().__next__)  # one per instance added, ever
     _urls: dict[str, URL] = field(default_factory=dict, repr=False)
 

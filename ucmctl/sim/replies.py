@@ -111,6 +111,9 @@ async def whole(r: SimRequest, ctx: Reply, decoder: Decoder) -> web.Response:
         if ctx.return_token_ids:
             choice.update({"prompt_token_ids": list(r.prompt), "token_ids": tokens})
     body = ctx.envelope([choice])
+    if ctx.chat and ctx.return_token_ids:  # vLLM: the prompt's ids beside the choices
+        choice["token_ids"] = tokens
+        body["prompt_token_ids"] = list(r.prompt)
     body["usage"] = usage(r)
     body["kv_transfer_params"] = ctx.kv_transfer_params
     return web.json_response(body)
@@ -129,7 +132,8 @@ async def stream(
             "logprobs": None,
             "finish_reason": None,
         }
-        await response.write(ctx.sse([first]))
+        # vLLM's return_token_ids: the prompt's ids on the first chunk ever (the role's)
+        await response.write(ctx.sse([first], prompt_ids=list(r.prompt) if ctx.return_token_ids else None))
     # Every chunk is the same JSON but for its text: encode the frame once, fill in the text.
     head, middle, tail = ctx.token_frame()
     sent = 0
@@ -174,8 +178,17 @@ class Reply:
     return_token_ids: bool = False
 
     def token_ids_chunk(self, text: str, token: int, last: bool, r: Any, first: bool) -> bytes:
-        """A completion chunk as vLLM sends it with return_token_ids: the prompt's ids in the
-        first one, the new token's id in each."""
+        """A chunk as vLLM sends it with return_token_ids: the new token's id in each, and in a
+        completion's first one the prompt's ids (a chat's came with its role chunk)."""
+        if self.chat:
+            delta = {
+                "index": 0,
+                "delta": {"content": text},
+                "logprobs": None,
+                "finish_reason": "length" if last else None,
+                "token_ids": [token],
+            }
+            return self.sse([delta])
         choice = {
             "index": 0,
             "text": text,
@@ -240,11 +253,18 @@ class Reply:
         middle, tail = rest.split(json.dumps(marker_finish), 1)
         return head.encode(), middle.encode(), tail.encode()
 
-    def sse(self, choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> bytes:
+    def sse(
+        self,
+        choices: list[dict[str, Any]],
+        usage: dict[str, int] | None = None,
+        prompt_ids: list[int] | None = None,
+    ) -> bytes:
         body = self.envelope(choices)
         if self.chat:
             body["object"] = "chat.completion.chunk"
         body["usage"] = usage
+        if prompt_ids is not None:
+            body["prompt_token_ids"] = prompt_ids
         return b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n"
 
 

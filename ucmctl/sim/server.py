@@ -235,7 +235,7 @@ class SimServer:
             created=int(time.time()),
             kv_transfer_params=self._kv_params_out(kv_params, sim_request),
         )
-        ctx.return_token_ids = bool(body.get("return_token_ids")) and not chat
+        ctx.return_token_ids = bool(body.get("return_token_ids"))
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         try:
             if others:

@@ -343,6 +343,14 @@ class Proxy(Strict):
         description="centralized: dynamic lets any API server take a prefill or a decode leg, chosen per "
         "request from the queues; fixed keeps each to its side",
     )
+    migrations: int = Field(
+        3,
+        ge=0,
+        le=100,
+        description="times one streamed answer may move to another instance when its instance fails "
+        "mid-answer (it goes on from the prompt and the tokens so far, their KV from the store); 0: the "
+        "answer ends with an error instead",
+    )
     restart: Restart = Field(default_factory=Restart, description="never, or on-failure (see the sides)")
 
     @field_validator("restart", mode="before")

@@ -16,6 +16,7 @@ from ucmctl.bench.fault import (
     fault_lines,
     parse_fault,
     proxy_samples,
+    resume_gaps,
     window_figures,
 )
 from ucmctl.core.errors import UcmctlError
@@ -73,6 +74,9 @@ ucmctl_proxy_retries_total{leg="prefill"} 2
 ucmctl_proxy_first_token_retries_total{leg="decode"} 1
 ucmctl_proxy_errors_total{reason="upstream_mid_stream"} 4
 ucmctl_proxy_errors_total{reason="upstream"} 7
+ucmctl_proxy_migrations_total{outcome="resumed"} 2
+ucmctl_proxy_migrations_total{outcome="not_continued"} 1
+ucmctl_proxy_migrations_total{outcome="failed"} 1
 ucmctl_proxy_instance_requests_streaming{instance="http://a:1",role="decode"} 2
 ucmctl_proxy_instance_requests_streaming{instance="http://a:10",role="decode"} 9
 ucmctl_proxy_instance_requests_in_flight{instance="http://a:1",role="decode"} 3
@@ -81,11 +85,13 @@ ucmctl_proxy_instance_requests_in_flight{instance="http://a:1",role="decode"} 3
 
 def test_the_proxy_is_read_for_the_victim_only_and_the_counters_over_the_rest_of_the_phase() -> None:
     before = proxy_samples(PROXY, "http://a:1")
-    assert before == {"retries": 5, "first_token_retries": 1, "mid_stream": 4, "streaming": 2, "in_flight": 3}
-    end = proxy_samples(PROXY.replace("} 3\n", "} 6\n", 1).replace("} 4\n", "} 7\n"), "http://a:1")
+    assert before == {"retries": 5, "first_token_retries": 1, "mid_stream": 4, "streaming": 2, "in_flight": 3,
+                      "migrated": 2, "not_migrated": 2}  # fmt: skip
+    later = PROXY.replace("} 3\n", "} 6\n", 1).replace("} 4\n", "} 7\n")
+    end = proxy_samples(later.replace('"resumed"} 2', '"resumed"} 4'), "http://a:1")
     cost = cost_at_proxy(before, None, end)
-    assert cost == {"streaming_on_it": 2, "in_flight_on_it": 3, "cut_mid_stream": 3, "retried": 3,
-                    "retried_before_first_token": 0}  # fmt: skip
+    assert cost == {"streaming_on_it": 2, "in_flight_on_it": 3, "cut_mid_stream": 3, "migrated": 2,
+                    "not_migrated": 0, "retried": 3, "retried_before_first_token": 0}  # fmt: skip
     # read again just after the signal: one more had begun streaming (2 cut by then, 1 left)
     just_after = {**before, "mid_stream": 6.0, "streaming": 1.0, "in_flight": 1.0}
     assert cost_at_proxy(before, just_after, end)["streaming_on_it"] == 3
@@ -99,6 +105,27 @@ def test_the_proxy_as_victim_counts_every_instance_and_its_counts_die_with_it() 
     restarted = proxy_samples(PROXY.replace("} 3\n", "} 0\n", 1), ALL)  # it began again from 0
     cost = cost_at_proxy(before, None, restarted)
     assert cost["streaming_on_it"] == 11 and cost["cut_mid_stream"] is None and cost["retried"] is None
+
+
+def test_the_resume_gap_is_the_moved_answers_step_across_the_fault() -> None:
+    """Of the answers streaming across the fault, the `migrated` longest steps around it."""
+    moved = [RequestResult(0, 10, ok=True, ttft=0.1, itl=[0.01] * 5 + [g] + [0.01] * 5, start_time=9.0)
+             for g in (0.3, 0.5)]  # fmt: skip
+    # its tokens at 9.10 .. 9.15, then 9.15 + gap: the fault at 9.2 falls in the gap
+    steady = RequestResult(1, 10, ok=True, ttft=0.1, itl=[0.02] * 40, start_time=9.0)
+    later = RequestResult(2, 10, ok=True, ttft=0.1, itl=[0.5], start_time=9.5)  # began after it
+    failed = RequestResult(3, 10, ok=False, start_time=9.0)
+    gaps = resume_gaps([*moved, steady, later, failed], 9.2, 2)
+    assert gaps == {"answers": 2, "p50": 400.0, "p99": 498.0}
+    assert resume_gaps([steady], 9.2, 0) is None and resume_gaps([later], 9.2, 1) is None
+    f = {"injected": True, "spec": "kill:d@1s", "into_s": 1.0, "was_running": True, "failed": 0,
+         "cut_mid_stream": 2, "migrated": 2, "not_migrated": 0, "resume_gap_ms": gaps}  # fmt: skip
+    lines = fault_lines("x", {**f, "window_s": 1, "before": _WINDOW, "after": _WINDOW})
+    assert "  moved to another instance 2, not 0; resume gap p50 400 p99 498 ms" in lines
+    assert max(len(line) for line in lines) <= 80
+
+
+_WINDOW = {"requests": 1, "failed": 0, "p50_ttft_ms": 1.0, "p99_ttft_ms": 1.0, "p50_e2el_ms": 1.0}
 
 
 def test_a_fault_whose_time_never_came_says_so() -> None:

@@ -84,6 +84,14 @@ def test_another_policy_is_one_word_and_a_silent_proxy_says_nothing(answering: t
     url, said = answering
     said.update({"policy": "least-loaded"})
     assert routing_line(proxy_process(url)) == "proxy routing: least-loaded"
+    assert (
+        routing_line(proxy_process(url, migrations=0))
+        == "proxy routing: least-loaded, cut answers end (migrations 0)"
+    )
+    assert (
+        routing_line(proxy_process(url, migrations=5))
+        == "proxy routing: least-loaded, a cut answer moves 5x at most"
+    )
     assert routing_line(proxy_process("http://127.0.0.1:9")) is None  # nothing listens there
 
 

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.unit.plan.conftest import TOPOLOGIES
+from ucmctl.core.errors import UcmctlError
 from ucmctl.plan.build import build_plan
 from ucmctl.plan.model import Plan
 from ucmctl.topology.load import parse_topology
@@ -75,3 +78,14 @@ def test_dynamic_roles_reach_the_proxys_command_line() -> None:
     assert p.proxy is not None and p.proxy.roles == "dynamic"
     assert p.argv[-2:] == ["--roles", "dynamic"] and p.argv == p.proxy.argv()
     assert "--roles" not in proxy_of(plan_with("roles: fixed")).argv
+
+
+def test_migrations_reach_the_proxys_command_line_and_a_bad_count_is_one_line() -> None:
+    p = proxy_of(plan_with("migrations: 0"))
+    assert p.proxy is not None and p.proxy.migrations == 0
+    assert p.argv[-2:] == ["--migrations", "0"] and p.argv == p.proxy.argv()
+    assert "--migrations" not in proxy_of(plan_with("migrations: 3")).argv  # the proxy's own default
+    for bad in ("-1", "101", "two"):
+        with pytest.raises(UcmctlError) as caught:
+            plan_with(f"migrations: {bad}")
+        assert "proxy.migrations" in str(caught.value), str(caught.value)

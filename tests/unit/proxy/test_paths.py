@@ -1,11 +1,11 @@
-"""Selective disaggregation: which path a pd request takes (flow.ProxyState.decode_first)."""
+"""Selective disaggregation: which path a pd request takes (state.ProxyState.decode_first)."""
 
 from __future__ import annotations
 
 from ucmctl.proxy.config import make_config
-from ucmctl.proxy.flow import SATURATED_LEGS, ProxyState, Request
 from ucmctl.proxy.kv_index import block_keys
 from ucmctl.proxy.rewrite import COMPLETIONS
+from ucmctl.proxy.state import SATURATED_LEGS, ProxyState, Request
 
 PROMPT = list(range(1000, 1640))  # 40 blocks of 16
 

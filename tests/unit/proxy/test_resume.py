@@ -1,0 +1,151 @@
+"""Mid-stream migration's pure part (ucmctl.proxy.resume): which answers can go on, the token ids
+read off vLLM's stream, the continuation request, and its events rewritten into the answer."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from ucmctl.proxy.resume import Answer, refusal, with_token_ids
+from ucmctl.proxy.rewrite import CHAT, COMPLETIONS
+
+
+def sse(data: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
+
+
+def cmpl_chunk(text: str, ids: list[int], prompt: list[int] | None = None, finish: str | None = None) -> bytes:  # noqa: E501
+    """A completion chunk as vLLM 0.32 writes it with return_token_ids."""
+    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish, "stop_reason": None,
+              "prompt_token_ids": prompt, "token_ids": ids}  # fmt: skip
+    return sse({"id": "cmpl-1", "object": "text_completion", "created": 7, "model": "m", "choices": [choice]})
+
+
+def chat_first(prompt: list[int]) -> bytes:
+    choice = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None}
+    choice["finish_reason"] = None
+    return sse({"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 7, "model": "m",
+                "choices": [choice], "prompt_token_ids": prompt})  # fmt: skip
+
+
+def chat_chunk(text: str, ids: list[int], finish: str | None = None) -> bytes:
+    choice = {"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": finish}
+    choice["token_ids"] = ids
+    return sse({"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 7, "model": "m",
+                "choices": [choice]})  # fmt: skip
+
+
+def events(raw: bytes) -> list[Any]:
+    return [json.loads(e[6:]) if e.startswith(b"data: {") else e.decode() for e in raw.split(b"\n\n") if e]
+
+
+@pytest.mark.parametrize(
+    ("body", "path", "why"),
+    [
+        ({"prompt": "x", "n": 2}, COMPLETIONS, "n > 1"),
+        ({"prompt": "x", "best_of": 3}, COMPLETIONS, "n > 1"),
+        ({"messages": [], "response_format": {"type": "json_object"}}, CHAT, "guided decoding"),
+        ({"prompt": "x", "structured_outputs": {"regex": "a+"}}, COMPLETIONS, "guided decoding"),
+        ({"messages": [], "tools": [{"type": "function"}]}, CHAT, "tool calls"),
+        ({"prompt": "x", "echo": True}, COMPLETIONS, "echo"),
+        ({"prompt": "x", "frequency_penalty": 0.5}, COMPLETIONS, "penalty"),
+        ({"prompt": "x", "stop": ["\n\n"]}, COMPLETIONS, "stop strings"),
+        ({"messages": [], "logprobs": True}, CHAT, "logprobs"),
+        ({"prompt": ["a", "b"]}, COMPLETIONS, "several prompts"),
+    ],
+)
+def test_an_answer_that_cannot_go_on_faithfully_says_why(body: dict[str, Any], path: str, why: str) -> None:
+    assert why in (refusal(body, path) or "")
+
+
+def test_plain_answers_can_go_on() -> None:
+    plain = {"prompt": [1, 2], "n": 1, "temperature": 0, "logprobs": 2, "stop": []}
+    assert refusal(plain, COMPLETIONS) is None
+    tools_off = {"messages": [], "tools": [{"type": "function"}], "tool_choice": "none"}
+    assert refusal(tools_off, CHAT) is None
+    raw, leg = with_token_ids({"prompt": "x", "stream": True})
+    assert json.loads(raw) == leg == {"prompt": "x", "stream": True, "return_token_ids": True}
+
+
+def test_the_ids_are_read_off_the_stream_and_taken_out_where_not_asked_for() -> None:
+    a = Answer.of({"prompt": "x", "max_tokens": 9, "stream": True}, COMPLETIONS)
+    raw = cmpl_chunk(" a", [11], prompt=[1, 2, 3]) + cmpl_chunk(" b", [12]) + cmpl_chunk(" c", [13, 14])
+    # cut anywhere: only whole events go to the client
+    out = a.feed(raw[:50]) + a.feed(raw[50:130]) + a.feed(raw[130:])
+    assert a.prompt_ids == [1, 2, 3] and a.ids == [11, 12, 13, 14]
+    assert b"token_ids" not in out
+    assert [e["choices"][0]["text"] for e in events(out)] == [" a", " b", " c"]
+    assert events(out)[0]["choices"][0] == {"index": 0, "text": " a", "logprobs": None, "finish_reason": None,
+                                            "stop_reason": None}  # fmt: skip
+    assert a.head == {"id": "cmpl-1", "created": 7, "model": "m"}
+    assert a.resumable() and not a.complete()
+    kept = Answer.of({"prompt": "x", "return_token_ids": True}, COMPLETIONS)
+    assert kept.feed(raw) == raw  # asked for: the bytes as they came
+    a.feed(cmpl_chunk("", [15], finish="length") + b"data: [DONE]\n\n")
+    assert a.finished and a.done and not a.resumable()
+
+
+def test_an_error_event_is_held_back_for_the_continuation() -> None:
+    a = Answer.of({"prompt": "x"}, COMPLETIONS)
+    error = sse({"error": {"message": "EngineDeadError", "code": 500}})
+    out = a.feed(cmpl_chunk(" a", [11], prompt=[1]) + error + b"data: [DONE]\n\n")
+    assert events(out) and b"error" not in out and b"[DONE]" not in out
+    assert a.broke == error[:-2] and not a.done
+
+
+def test_the_continuation_of_a_completion_asks_for_the_rest() -> None:
+    body = {"model": "m", "prompt": "hi", "max_tokens": 10, "min_tokens": 4, "temperature": 0.7, "seed": 3,
+            "cache_salt": "s1", "echo": False, "n": 1, "stream": True, "kv_transfer_params": {"x": 1},
+            "stream_options": {"include_usage": True}, "logprobs": 2}  # fmt: skip
+    a = Answer.of(body, COMPLETIONS)
+    a.feed(cmpl_chunk(" a", [11], prompt=[1, 2]) + cmpl_chunk(" b", [12]) + cmpl_chunk(" c", [13]))
+    raw, cont = a.continuation(body, COMPLETIONS)
+    assert json.loads(raw) == cont
+    assert cont == {"model": "m", "prompt": [1, 2, 11, 12, 13], "max_tokens": 7, "min_tokens": 1,
+                    "temperature": 0.7, "seed": 3, "cache_salt": "s1", "stream": True,
+                    "stream_options": {"include_usage": True}, "logprobs": 2,
+                    "return_token_ids": True}  # fmt: skip
+
+
+def test_the_continuation_of_a_chat_is_a_completion_of_the_templated_ids() -> None:
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 5,
+            "max_tokens": 99, "temperature": 0, "stream": True, "chat_template_kwargs": {"x": 1}}  # fmt: skip
+    a = Answer.of(body, CHAT)
+    out = a.feed(chat_first([5, 6, 7]) + chat_chunk("He", [40]) + chat_chunk("llo", [41]))
+    assert b"prompt_token_ids" not in out and b"token_ids" not in out
+    _, cont = a.continuation(body, CHAT)
+    assert cont == {"model": "m", "temperature": 0, "max_tokens": 3, "prompt": [5, 6, 7, 40, 41],
+                    "stream": True, "return_token_ids": True}  # fmt: skip
+
+
+def test_the_continuations_events_become_the_answers() -> None:
+    a = Answer.of({"messages": [], "stream": True, "stream_options": {"include_usage": True}}, CHAT)
+    a.feed(chat_first([5, 6, 7]) + chat_chunk("He", [40]))
+    other = cmpl_chunk(" there", [42], prompt=[5, 6, 7, 40]).replace(b"cmpl-1", b"cmpl-2")
+    other = other.replace(b":7,", b":9,")
+    usage = sse({"id": "cmpl-2", "object": "text_completion", "created": 9, "model": "m", "choices": [],
+                 "usage": {"prompt_tokens": 4, "completion_tokens": 2, "total_tokens": 6}})  # fmt: skip
+    out = a.feed(other + cmpl_chunk("!", [43], finish="length") + usage + b"data: [DONE]\n\n", continued=True)
+    got = events(out)
+    assert [e["id"] for e in got[:3]] == ["chatcmpl-1"] * 3 and {e["created"] for e in got[:3]} == {7}
+    assert all(e["object"] == "chat.completion.chunk" for e in got[:3])
+    assert got[0]["choices"] == [{"index": 0, "delta": {"content": " there"}, "logprobs": None,
+                                  "finish_reason": None, "stop_reason": None}]  # fmt: skip
+    assert got[1]["choices"][0]["finish_reason"] == "length"
+    # the whole answer's usage: the prompt once, every leg's tokens
+    assert got[2]["usage"] == {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6}
+    assert got[3] == "data: [DONE]" and a.done and a.ids == [40, 42, 43]
+    assert b"prompt_token_ids" not in out and b"token_ids" not in out
+
+
+def test_an_answer_complete_but_its_end_owes_the_client_its_end() -> None:
+    a = Answer.of({"prompt": "x", "max_tokens": 2, "stream_options": {"include_usage": True}}, COMPLETIONS)
+    a.feed(cmpl_chunk(" a", [11], prompt=[1]) + cmpl_chunk(" b", [12]))
+    assert a.complete() and not a.finished  # every token came, not its finish reason
+    got = events(a.ending())
+    assert got[0]["choices"] == [{"index": 0, "finish_reason": "length", "stop_reason": None,
+                                  "logprobs": None, "text": ""}]  # fmt: skip
+    assert got[1]["usage"] == {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}
+    assert got[2] == "data: [DONE]" and got[0]["id"] == "cmpl-1"

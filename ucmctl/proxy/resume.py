@@ -1,0 +1,242 @@
+"""Mid-stream migration: a streamed answer whose instance failed after its first token goes on on
+another instance, and the client sees one answer.
+
+The legs that generate ask the engine for token ids (vLLM's `return_token_ids`); `Answer` reads
+them off the stream as it passes (and takes them out where the client did not ask for them), so
+that when the stream breaks, the proxy knows the prompt's ids and the answer's so far. The
+continuation is a completion of those ids together, with what is left of `max_tokens` and the
+same sampling parameters: its instance loads their KV from the store (the prompt's blocks, and
+the answer's that the failed instance saved as it generated) instead of computing them. Its
+events are rewritten into the client's answer: the same `id`, `created` and `model`, chat deltas
+for a chat request, `usage` for the whole answer.
+
+Pure functions and one class, no I/O; the request path (ucmctl.proxy.flow) does the sending.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from ucmctl.proxy.rewrite import CHAT, COMPLETIONS
+
+# a chunk's token ids, as vLLM writes them (never the first field of an object)
+_IDS = re.compile(rb',"(prompt_token_ids|token_ids)":(null|\[[0-9, ]*\])')
+_FINISHED = b'"finish_reason":"'
+_DONE = b"data: [DONE]"
+
+# Guided decoding cannot be resumed from a token in the middle of its grammar (Dynamo turned its
+# migration off for it after corrupted outputs).
+_GUIDED = ("response_format", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+           "structured_outputs")  # fmt: skip
+# the request fields a continuation does not carry over from a completion request
+_NOT_CARRIED = ("prompt", "echo", "suffix", "max_tokens", "min_tokens", "n", "best_of", "stream",
+                "kv_transfer_params", "return_token_ids", "truncate_prompt_tokens")  # fmt: skip
+# the sampling fields of a chat request that a completion request takes as they are
+_CHAT_SAMPLING = ("model", "temperature", "top_p", "top_k", "min_p", "seed", "stop_token_ids",
+                  "ignore_eos", "repetition_penalty", "skip_special_tokens", "spaces_between_special_tokens",
+                  "include_stop_str_in_output", "logit_bias", "allowed_token_ids", "bad_words", "cache_salt",
+                  "priority", "user", "stream_options")  # fmt: skip
+
+
+def refusal(body: dict[str, Any], path: str) -> str | None:
+    """Why a streamed answer to `body` cannot be continued faithfully on another instance, or None."""
+    if body.get("n") not in (None, 1) or body.get("best_of") not in (None, 1):
+        return "n > 1 (several answers)"
+    if any(body.get(name) for name in _GUIDED):
+        return "guided decoding (response_format)"
+    if path == CHAT and body.get("tools") and body.get("tool_choice") != "none":
+        return "tool calls"
+    if body.get("echo") or body.get("prompt_logprobs"):
+        return "echo or prompt_logprobs"
+    if body.get("presence_penalty") or body.get("frequency_penalty"):
+        # they weigh the answer's own tokens, which a continuation reads as prompt
+        return "presence or frequency penalty"
+    if body.get("stop"):
+        # the engine holds text back while it may be the start of a stop string: that text is
+        # lost when the stream breaks (the continuation starts after its tokens)
+        return "stop strings"
+    if path == CHAT and body.get("logprobs"):
+        return "logprobs of a chat answer"
+    prompt = body.get("prompt")
+    if path == COMPLETIONS and isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+        return "several prompts"
+    return None
+
+
+def with_token_ids(body: dict[str, Any]) -> tuple[bytes, dict[str, Any]]:
+    """The client's request asking the engine for token ids: the legs' payload and body."""
+    leg = {**body, "return_token_ids": True}
+    return json.dumps(leg, separators=(",", ":")).encode(), leg
+
+
+@dataclass
+class Answer:
+    """A streamed answer as the client has it: its envelope, the token ids so far, and its end."""
+
+    chat: bool
+    keep_ids: bool  # the client asked for the token ids itself
+    usage_asked: bool  # stream_options.include_usage
+    limit: int | None  # max_tokens (chat: max_completion_tokens), None: the engine's own
+    head: dict[str, Any] = field(default_factory=dict)  # id, created, model of the first chunk
+    prompt_ids: list[int] | None = None
+    ids: list[int] = field(default_factory=list)
+    finished: bool = False  # a finish_reason came
+    done: bool = False  # [DONE] came
+    usage_sent: bool = False
+    broke: bytes = b""  # an error event the engine streamed (held back)
+    migrations: int = 0
+    _buf: bytes = b""
+
+    @classmethod
+    def of(cls, body: dict[str, Any], path: str) -> Answer:
+        usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        limit = body.get("max_tokens")
+        if path == CHAT:
+            limit = body.get("max_completion_tokens") or limit
+        keep = body.get("return_token_ids") is True
+        return cls(chat=path == CHAT, keep_ids=keep, usage_asked=usage, limit=limit)
+
+    def feed(self, chunk: bytes, *, continued: bool = False) -> bytes:
+        """The whole events of `chunk` (after what came before it) as the client gets them; an
+        event of a continuation (`continued`) rewritten into the client's answer."""
+        buf = self._buf + chunk
+        end = buf.rfind(b"\n\n")
+        if end < 0:
+            self._buf = buf
+            return b""
+        self._buf = buf[end + 2 :]
+        event = self._continued if continued else self._event
+        return b"".join(event(ev) for ev in buf[:end].split(b"\n\n") if ev)
+
+    def _event(self, ev: bytes) -> bytes:
+        """An event of the first leg: its ids read (and taken out unless asked for), the rest as is;
+        from an error event on, nothing (the answer goes on elsewhere)."""
+        if (passed := self._passing(ev)) is not None:
+            return passed
+        if not self.head:
+            self._read_head(json.loads(ev[6:]))
+        for m in _IDS.finditer(ev):
+            if m[2] != b"null":
+                ids = [int(t) for t in m[2][1:-1].split(b",") if t.strip()]
+                if m[1] == b"token_ids":
+                    self.ids.extend(ids)
+                else:
+                    self.prompt_ids = ids
+        if _FINISHED in ev:
+            self.finished = True
+        if b'"usage":{' in ev:
+            self.usage_sent = True
+        if not self.keep_ids:
+            ev = _IDS.sub(b"", ev)
+        return ev + b"\n\n"
+
+    def _passing(self, ev: bytes) -> bytes | None:
+        """What goes to the client of an event that carries no tokens: nothing from an error event
+        on (held back in `broke`), [DONE] and comments as they are; None for a data event."""
+        if self.broke or _is_error(ev):
+            self.broke = self.broke or ev
+            return b""
+        if not ev.startswith(b"data: {"):
+            self.done = self.done or ev == _DONE
+            return ev + b"\n\n"
+        return None
+
+    def _read_head(self, data: dict[str, Any]) -> None:
+        self.head = {k: data[k] for k in ("id", "created", "model") if k in data}
+
+    def resumable(self) -> bool:
+        """The stream broke where a continuation can take it up: ids known, not finished."""
+        return self.prompt_ids is not None and not self.finished and not self.done
+
+    def complete(self) -> bool:
+        """Every token of the answer came (its end may not have)."""
+        return self.finished or (self.limit is not None and len(self.ids) >= self.limit)
+
+    def continuation(self, body: dict[str, Any], path: str) -> tuple[bytes, dict[str, Any]]:
+        """The request that goes on with this answer: a completion of the prompt's ids and the
+        answer's so far, with the rest of `max_tokens` (the answer is not complete)."""
+        assert self.prompt_ids is not None
+        k = len(self.ids)
+        if path == CHAT:
+            cont = {name: body[name] for name in _CHAT_SAMPLING if name in body}
+        else:
+            cont = {name: v for name, v in body.items() if name not in _NOT_CARRIED}
+        if self.limit is not None:
+            cont["max_tokens"] = self.limit - k
+        if body.get("min_tokens"):
+            cont["min_tokens"] = max(0, int(body["min_tokens"]) - k)
+        cont.update(prompt=self.prompt_ids + self.ids, stream=True, return_token_ids=True)
+        return json.dumps(cont, separators=(",", ":")).encode(), cont
+
+    def _continued(self, ev: bytes) -> bytes:
+        """An event of a continuation (a streamed completion) as an event of the client's answer."""
+        if (passed := self._passing(ev)) is not None:
+            return passed
+        data = json.loads(ev[6:])
+        choices = [self._choice(c) for c in data.get("choices") or ()]
+        out: dict[str, Any] = {
+            **data,
+            **self.head,
+            "object": "chat.completion.chunk" if self.chat else "text_completion",
+            "choices": choices,
+        }
+        if data.get("usage") is not None:
+            out["usage"] = self.usage()
+            self.usage_sent = True
+        out.pop("prompt_token_ids", None)
+        return b"data: " + json.dumps(out, separators=(",", ":")).encode() + b"\n\n"
+
+    def _choice(self, c: dict[str, Any]) -> dict[str, Any]:
+        ids = c.get("token_ids") or []
+        self.ids.extend(ids)
+        if c.get("finish_reason"):
+            self.finished = True
+        if self.chat:
+            out = {
+                "index": 0,
+                "delta": {"content": c.get("text", "")},
+                "logprobs": None,
+                "finish_reason": c.get("finish_reason"),
+                "stop_reason": c.get("stop_reason"),
+            }
+        else:
+            out = {k: v for k, v in c.items() if k not in ("prompt_token_ids", "token_ids")}
+            out["index"] = 0
+        if self.keep_ids:
+            out["token_ids"] = ids
+        return out
+
+    def usage(self) -> dict[str, int]:
+        """The whole answer's usage: the prompt once, every leg's tokens."""
+        prompt = len(self.prompt_ids or ())
+        done = len(self.ids)
+        return {"prompt_tokens": prompt, "total_tokens": prompt + done, "completion_tokens": done}
+
+    def ending(self) -> bytes:
+        """What a complete answer whose stream broke still owes the client: its finish reason
+        (it came to its length), the usage chunk where asked, and [DONE]."""
+        out = b""
+        if not self.finished:
+            choice: dict[str, Any] = {"index": 0, "finish_reason": "length", "stop_reason": None}
+            choice["logprobs"] = None
+            if self.chat:
+                choice["delta"] = {}
+            else:
+                choice["text"] = ""
+            out += self._chunk([choice], None)
+        if self.usage_asked and not self.usage_sent:
+            out += self._chunk([], self.usage())
+        return out + (b"" if self.done else _DONE + b"\n\n")
+
+    def _chunk(self, choices: list[dict[str, Any]], usage: dict[str, int] | None) -> bytes:
+        obj = "chat.completion.chunk" if self.chat else "text_completion"
+        data = {**self.head, "object": obj, "choices": choices, "usage": usage}
+        return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
+
+
+def _is_error(ev: bytes) -> bool:
+    """An error event as vLLM streams one (`{"error": ...}`, or the older `"object":"error"`)."""
+    return ev.startswith(b'data: {"error"') or b'"object":"error"' in ev[:40]
