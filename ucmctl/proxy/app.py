@@ -245,9 +245,9 @@ async def instances_drain(request: web.Request) -> web.Response:
     response = await _set_draining(request, True)
     if move_after is not None and response.status == 200:
         url, role = await _instance_request(request)
-        tasks = request.app[MOVES]
-        for inst in request.app[STATE].pool.find(url, role):
-            task = asyncio.create_task(_move_off(inst, float(move_after)))
+        tasks, state = request.app[MOVES], request.app[STATE]
+        for inst in state.pool.find(url, role):
+            task = asyncio.create_task(_move_off(inst, float(move_after), state.config.migrations))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
     return response
@@ -256,13 +256,14 @@ async def instances_drain(request: web.Request) -> web.Response:
 MOVE_EVERY_S = 0.2  # a drained instance's answers that began streaming since the last move
 
 
-async def _move_off(inst: Instance, after: float) -> None:
-    """`after` seconds on, move every answer streaming from `inst` that can go on elsewhere, and
-    those that begin streaming there later, while it is drained and has requests in flight."""
+async def _move_off(inst: Instance, after: float, limit: int) -> None:
+    """`after` seconds on, move every answer streaming from `inst` that can go on elsewhere (it
+    moved fewer than `limit` times), and those that begin streaming there later, while it is
+    drained and has requests in flight."""
     await asyncio.sleep(after)
     while inst.draining and not inst.removed and inst.requests:
         for leg in list(inst.answers):
-            leg.move()
+            leg.move(limit)
         await asyncio.sleep(MOVE_EVERY_S)
 
 

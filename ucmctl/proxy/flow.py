@@ -44,7 +44,7 @@ async def serve_generate(request: web.Request, state: ProxyState, path: str) -> 
     if state.policy.needs_blocks or state.index is not None:
         tokens, blocks = await _blocks(state, body, path, tokens, headers)
     streamed = body.get("stream") is True
-    refused = (resume.refusal(body, path) or None) if cfg.migrations else "migrations are off"
+    refused = resume.refusal(body, path) if cfg.migrations else "migrations are off"
     answer = resume.Answer.of(body, path) if streamed and refused is None else None
     if answer is not None:  # the legs that generate return token ids: a cut answer can go on
         raw, body = resume.with_token_ids(body)
@@ -74,21 +74,23 @@ class _Leg:
     first: bytes  # its first bytes, read already
     wrote_at: float = 0.0  # when its last bytes went to the client (the event loop's clock)
     clean: bool = True  # what went to the client so far ends between two events
-    movable: bool = False  # it can go on elsewhere: its instance lists it (`Instance.answers`)
+    answer: resume.Answer | None = None  # where it can go on elsewhere: its instance lists it
     moved: bool = False  # cut on purpose: its instance is drained for a restart
 
     def __post_init__(self) -> None:
         self.inst.streaming += 1
 
-    def hold(self) -> None:
+    def hold(self, answer: resume.Answer) -> None:
         """The answer can go on on another instance: its instance may move it (`move`)."""
-        self.movable = True
+        self.answer = answer
         self.inst.answers.add(self)
 
-    def move(self) -> None:
-        """Cut it here on purpose (its instance is drained): the relay goes on elsewhere."""
-        self.moved = True
-        self.resp.close()  # the relay's read fails at once; the instance stops the request
+    def move(self, limit: int) -> None:
+        """Cut it here on purpose (its instance is drained) where it can go on elsewhere (it has
+        moved fewer than `limit` times): the relay goes on on another instance."""
+        if self.answer is not None and self.answer.migrations < limit and self.answer.resumable():
+            self.moved = True
+            self.resp.close()  # the relay's read fails at once; the instance stops the request
 
     def end(self) -> None:
         """The answer is over: this drops the upstream connection on any early exit (the instance
@@ -104,7 +106,7 @@ class _Leg:
         self.inst, self.resp, self.tokens, self.first = inst, resp, tokens, first
         self.moved = False
         inst.streaming += 1
-        if self.movable:
+        if self.answer is not None:
             inst.answers.add(self)
 
 
@@ -340,7 +342,7 @@ async def _relay(
     if leg.first and stream:
         metrics.ttft.observe(loop.time() - t0)
     if answer is not None:
-        leg.hold()
+        leg.hold(answer)
     try:
         await out.prepare(request)
         broke = await _pump(out, leg, answer, counting=counting)

@@ -135,7 +135,7 @@ async def stream(
         # vLLM's return_token_ids: the prompt's ids on the first chunk ever (the role's)
         await response.write(ctx.sse([first], prompt_ids=list(r.prompt) if ctx.return_token_ids else None))
     # Every chunk is the same JSON but for its text: encode the frame once, fill in the text.
-    head, middle, tail = ctx.token_frame()
+    head, middle, before_id, tail = ctx.token_frame()
     sent = 0
     done = False
     while not done:
@@ -148,14 +148,13 @@ async def stream(
                 done = True
                 break
             sent += 1
-            if ctx.return_token_ids:  # vLLM's return_token_ids: the ids with every chunk
-                frames.append(
-                    ctx.token_ids_chunk(decoder.piece(token), token, sent >= r.max_tokens, r, sent == 1)
-                )
+            if ctx.return_token_ids and sent == 1 and not ctx.chat:  # the prompt's ids ride along
+                frames.append(ctx.token_ids_chunk(decoder.piece(token), token, sent >= r.max_tokens, r, True))
                 continue
             text = json.dumps(decoder.piece(token)).encode()
             finish = b'"length"' if sent >= r.max_tokens else b"null"
-            frames.append(head + text + middle + finish + tail)
+            ids = b"%d" % token if ctx.return_token_ids else b""  # vLLM's return_token_ids: in every chunk
+            frames.append(head + text + middle + finish + before_id + ids + tail)
         if frames:
             await response.write(b"".join(frames))
     if include_usage:
@@ -178,17 +177,8 @@ class Reply:
     return_token_ids: bool = False
 
     def token_ids_chunk(self, text: str, token: int, last: bool, r: Any, first: bool) -> bytes:
-        """A chunk as vLLM sends it with return_token_ids: the new token's id in each, and in a
-        completion's first one the prompt's ids (a chat's came with its role chunk)."""
-        if self.chat:
-            delta = {
-                "index": 0,
-                "delta": {"content": text},
-                "logprobs": None,
-                "finish_reason": "length" if last else None,
-                "token_ids": [token],
-            }
-            return self.sse([delta])
+        """A completion's first chunk as vLLM sends it with return_token_ids: the prompt's ids
+        with the first token's (a chat's came with its role chunk)."""
         choice = {
             "index": 0,
             "text": text,
@@ -230,8 +220,9 @@ class Reply:
             "choices": choices,
         }
 
-    def token_frame(self) -> tuple[bytes, bytes, bytes]:
-        """The bytes of a one-token chunk around its JSON text and its finish reason."""
+    def token_frame(self) -> tuple[bytes, bytes, bytes, bytes]:
+        """The bytes of a one-token chunk around its JSON text, its finish reason and, with
+        return_token_ids, its token's id (else the last part is empty)."""
         marker_text, marker_finish = "\x00TEXT\x00", "\x00FINISH\x00"
         if self.chat:
             choice: dict[str, Any] = {
@@ -248,10 +239,17 @@ class Reply:
                 "finish_reason": marker_finish,
                 "stop_reason": None,
             }
+        if self.return_token_ids:
+            if not self.chat:
+                choice["prompt_token_ids"] = None
+            choice["token_ids"] = []
         frame = self.sse([choice]).decode()
         head, rest = frame.split(json.dumps(marker_text), 1)
         middle, tail = rest.split(json.dumps(marker_finish), 1)
-        return head.encode(), middle.encode(), tail.encode()
+        if self.return_token_ids:  # the token's id goes in between: `before_id` ID `tail`
+            ids_at = tail.index('"token_ids":[') + len('"token_ids":[')
+            return head.encode(), middle.encode(), tail[:ids_at].encode(), tail[ids_at:].encode()
+        return head.encode(), middle.encode(), tail.encode(), b""
 
     def sse(
         self,

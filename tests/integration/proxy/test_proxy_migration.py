@@ -16,6 +16,7 @@ import pytest
 from tests.integration.sim.test_sim_server import shared_store
 
 from .procs import Proc, metric, pd_flags, proxy, sim, sse_events, wait_for
+from .test_proxy_mooncake import CONSUMER, mooncake_pair, transferred
 
 Launch = Callable[..., list[Proc]]
 STEP_MS = "15"  # a decode step: 300 tokens take 4.5 s
@@ -111,18 +112,28 @@ async def _running(url: str) -> float:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["pd", "mixed"])
+@pytest.mark.parametrize("mode", ["pd", "mixed", "p2p"])
 def test_a_killed_instance_costs_no_answer(launch: Launch, tmp_path: Path, mode: str) -> None:
-    """1P2D (and two mixed instances): 8 streams of 300 tokens, one instance killed with SIGKILL
-    after ~60 tokens of its streams: every answer comes whole and equal to the same request
-    answered without the fault; the streams it had moved (counted), and their continuations
-    loaded the prompt and the tokens so far from the store."""
+    """1P2D (and two mixed instances, and 1P2D with Mooncake's P2P transfer): 8 streams of 300
+    tokens, one instance killed with SIGKILL after ~60 tokens of its streams: every answer comes
+    whole and equal to the same request answered without the fault; the streams it had moved
+    (counted), and their continuations loaded the prompt and the tokens so far from the store
+    (P2P: the prefill leg ran again for the longer prompt and its KV came over)."""
     _, flags = shared_store(tmp_path)
     gen = [*flags, "--decode-step-ms", STEP_MS]
     ref = sim(tmp_path)  # the reference: the same requests on an instance of its own, no fault
     if mode == "pd":
         p, a, b = sim(tmp_path, *flags), sim(tmp_path, *gen), sim(tmp_path, *gen)
         px = proxy(tmp_path, *pd_flags([p], [a, b]), "--health-interval", "60")
+        launch(ref, p, a, b, px)
+    elif mode == "p2p":
+        p, a, _ = mooncake_pair(tmp_path)
+        b = sim(tmp_path, "--kv-transfer-config", CONSUMER)
+        for d in (a, b):
+            d.argv += ["--decode-step-ms", STEP_MS]
+        boot = f"http://127.0.0.1:{p.env['VLLM_MOONCAKE_BOOTSTRAP_PORT']}"  # type: ignore[index]
+        px = proxy(tmp_path, *pd_flags([p], [a, b]), "--p2p", "mooncake", "--bootstrap", boot,
+                   "--health-interval", "60")  # fmt: skip
         launch(ref, p, a, b, px)
     else:
         a, b = sim(tmp_path, *gen), sim(tmp_path, *gen)
@@ -144,8 +155,10 @@ def test_a_killed_instance_costs_no_answer(launch: Launch, tmp_path: Path, mode:
     assert on_victim[0] >= 2 and moved == on_victim[0], (on_victim, moved)
     assert metric(px.url, "ucmctl_proxy_migrations_total", absent=0, outcome="not_continued") == 0
     assert metric(px.url, "ucmctl_proxy_migration_gap_seconds_count") == moved
-    # each continuation loaded its context from the store: at least 3 full blocks of each
-    assert metric(b.url, "vllm:external_prefix_cache_hits_total") >= moved * 3 * 16
+    if mode == "p2p":  # each continuation's prompt (90 tokens and more) came over from the prefiller
+        assert transferred(b) >= moved * 90
+    else:  # each continuation loaded its context from the store: at least 3 full blocks of each
+        assert metric(b.url, "vllm:external_prefix_cache_hits_total") >= moved * 3 * 16
     wait_for(lambda: metric(px.url, "ucmctl_proxy_instance_requests_in_flight") == 0, 5, "counts settle")
 
 

@@ -28,15 +28,22 @@ def _reply(chat: bool) -> Reply:
 
 @pytest.mark.parametrize("chat", [False, True], ids=["completion", "chat"])
 @pytest.mark.parametrize("last", [False, True], ids=["more", "last"])
-def test_the_token_frame_filled_in_is_the_chunk(chat: bool, last: bool) -> None:
+@pytest.mark.parametrize("ids", [False, True], ids=["text", "token-ids"])
+def test_the_token_frame_filled_in_is_the_chunk(chat: bool, last: bool, ids: bool) -> None:
     ctx = _reply(chat)
-    head, middle, tail = ctx.token_frame()
+    ctx.return_token_ids = ids
+    head, middle, before_id, tail = ctx.token_frame()
     text = ' "quoted" \\ é'
     finish = b'"length"' if last else b"null"
-    assert head + json.dumps(text).encode() + middle + finish + tail == ctx.sse([ctx.delta(0, text, last)])
-    chunk = json.loads(ctx.sse([ctx.delta(0, text, last)])[len(b"data: ") :])
+    built = head + json.dumps(text).encode() + middle + finish + before_id + (b"42" if ids else b"") + tail
+    delta = ctx.delta(0, text, last)
+    if ids:  # vLLM's return_token_ids: the token's id in each chunk (a completion's: after the prompt's)
+        delta.update({"prompt_token_ids": None, "token_ids": [42]} if not chat else {"token_ids": [42]})
+    assert built == ctx.sse([delta])
+    chunk = json.loads(built[len(b"data: ") :])
     assert chunk["object"] == ("chat.completion.chunk" if chat else "text_completion")
     assert chunk["choices"][0]["finish_reason"] == ("length" if last else None)
+    assert chunk["choices"][0].get("token_ids") == ([42] if ids else None)
 
 
 def test_usage_counts_the_prompt_once_and_every_choice() -> None:
