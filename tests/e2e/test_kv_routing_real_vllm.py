@@ -173,7 +173,8 @@ def test_an_answer_whose_server_dies_goes_on_from_the_store(deployment: Deployme
     """Last in the module (it kills a server): a streamed answer of the server that holds its
     prompt, that server killed with SIGKILL mid-answer; the proxy continues the answer on the
     other server, which loads the prompt (and the tokens so far) from the store: the client gets
-    the answer it gets without the fault, token for token, with the usage of the whole answer."""
+    the answer it gets without the fault, token for token, with the usage of the whole answer and
+    its logprobs (their text offsets counted from the answer's start across the seam)."""
     servers, url = deployment.servers, deployment.url
     text = " ".join(f"question {k} asks where the cache of block {k * 7 % 31} went" for k in range(70))
     body: dict[str, Any] = {
@@ -182,6 +183,7 @@ def test_an_answer_whose_server_dies_goes_on_from_the_store(deployment: Deployme
         "max_tokens": 160,
         "temperature": 0.0,
         "ignore_eos": True,
+        "logprobs": 1,
     }
 
     def heard() -> int:
@@ -213,6 +215,10 @@ def test_an_answer_whose_server_dies_goes_on_from_the_store(deployment: Deployme
     assert raw.endswith(b"data: [DONE]\n\n") and not any("error" in e for e in events), raw[-500:]
     assert "".join(c["text"] for e in events for c in e["choices"]) == ref["text"]
     assert b"token_ids" not in raw and len({e["id"] for e in events}) == 1
+    logprobs = [c["logprobs"] for e in events for c in e["choices"] if c.get("logprobs")]
+    assert [o for lp in logprobs for o in lp["text_offset"]] == ref["logprobs"]["text_offset"]
+    got = [v for lp in logprobs for v in lp["token_logprobs"]]
+    assert got == pytest.approx(ref["logprobs"]["token_logprobs"], abs=1e-3)
     usage = events[-1]["usage"]
     assert usage["prompt_tokens"] == len(prompt_ids) and usage["completion_tokens"] == 160, usage
     assert _metric(url, "ucmctl_proxy_migrations_total", 'outcome="resumed"') == 1

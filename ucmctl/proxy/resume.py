@@ -25,6 +25,9 @@ from ucmctl.proxy.rewrite import CHAT, COMPLETIONS
 # a chunk's token ids, as vLLM writes them (never the first field of an object)
 _IDS = re.compile(rb',"(prompt_token_ids|token_ids)":(null|\[[0-9, ]*\])')
 _FINISHED = b'"finish_reason":"'
+# a chunk whose token brought no text: the middle of a character split over several tokens (the
+# engine holds its bytes back until it is whole)
+_NO_TEXT = (b'"text":""', b'"delta":{}', b'"content":""')
 _DONE = b"data: [DONE]"
 
 # Guided decoding cannot be resumed from a token in the middle of its grammar (Dynamo turned its
@@ -80,6 +83,11 @@ class Answer:
     keep_ids: bool  # the client asked for the token ids itself
     usage_asked: bool  # stream_options.include_usage
     limit: int | None  # max_tokens (chat: max_completion_tokens), None: the engine's own
+    logprobs: bool = False  # a completion's logprobs: their text offsets go on across the seam
+    offset: int = 0  # the text offset of the next token (vLLM's: the last one's plus its length)
+    base: int = 0  # the text offset where the leg now streaming began (its own offsets start at 0)
+    silent: int = 0  # the last tokens, whose text has not come yet (a character's first bytes)
+    skip: int = 0  # of a continuation's first tokens, those the client had (the silent ones)
     head: dict[str, Any] = field(default_factory=dict)  # id, created, model of the first chunk
     prompt_ids: list[int] | None = None
     ids: list[int] = field(default_factory=list)
@@ -97,7 +105,8 @@ class Answer:
         if path == CHAT:
             limit = body.get("max_completion_tokens") or limit
         keep = body.get("return_token_ids") is True
-        return cls(chat=path == CHAT, keep_ids=keep, usage_asked=usage, limit=limit)
+        logprobs = path != CHAT and body.get("logprobs") is not None
+        return cls(chat=path == CHAT, keep_ids=keep, usage_asked=usage, limit=limit, logprobs=logprobs)
 
     def feed(self, chunk: bytes, *, continued: bool = False) -> bytes:
         """The whole events of `chunk` (after what came before it) as the client gets them; an
@@ -116,13 +125,18 @@ class Answer:
         from an error event on, nothing (the answer goes on elsewhere)."""
         if (passed := self._passing(ev)) is not None:
             return passed
-        if not self.head:
-            self._read_head(json.loads(ev[6:]))
+        if not self.head or self.logprobs:  # (a chunk with logprobs is read whole)
+            data = json.loads(ev[6:])
+            if not self.head:
+                self._read_head(data)
+            for c in data.get("choices") or ():
+                self._offsets(c.get("logprobs"), shift=False)
         for m in _IDS.finditer(ev):
             if m[2] != b"null":
                 ids = [int(t) for t in m[2][1:-1].split(b",") if t.strip()]
                 if m[1] == b"token_ids":
                     self.ids.extend(ids)
+                    self.silent = self.silent + len(ids) if any(x in ev for x in _NO_TEXT) else 0
                 else:
                     self.prompt_ids = ids
         if _FINISHED in ev:
@@ -144,6 +158,15 @@ class Answer:
             return ev + b"\n\n"
         return None
 
+    def _offsets(self, logprobs: Any, *, shift: bool) -> None:
+        """A completion's logprobs: shifted by the text the answer had before this leg (`shift`),
+        and where the next token's text begins after them."""
+        if not isinstance(logprobs, dict) or not logprobs.get("tokens"):
+            return
+        if shift:
+            logprobs["text_offset"] = [o + self.base for o in logprobs["text_offset"]]
+        self.offset = logprobs["text_offset"][-1] + len(logprobs["tokens"][-1])
+
     def _read_head(self, data: dict[str, Any]) -> None:
         self.head = {k: data[k] for k in ("id", "created", "model") if k in data}
 
@@ -157,9 +180,17 @@ class Answer:
 
     def continuation(self, body: dict[str, Any], path: str) -> tuple[bytes, dict[str, Any]]:
         """The request that goes on with this answer: a completion of the prompt's ids and the
-        answer's so far, with the rest of `max_tokens` (the answer is not complete)."""
+        answer's so far, with the rest of `max_tokens` (the answer is not complete).
+
+        It ends where the client's text ends: tokens whose text has not come (a character's
+        first bytes) are generated again, their chunks not sent twice. (An engine primed with a
+        prompt that ends inside a character sends the whole prompt's text with the character's
+        last byte: tokenizers' DecodeStream.)"""
         assert self.prompt_ids is not None
-        k = len(self.ids)
+        k = len(self.ids) - self.silent
+        del self.ids[k:]
+        self.skip, self.silent = self.silent, 0
+        self.base = self.offset
         if path == CHAT:
             cont = {name: body[name] for name in _CHAT_SAMPLING if name in body}
         else:
@@ -176,7 +207,9 @@ class Answer:
         if (passed := self._passing(ev)) is not None:
             return passed
         data = json.loads(ev[6:])
-        choices = [self._choice(c) for c in data.get("choices") or ()]
+        choices = [c for c in map(self._choice, data.get("choices") or ()) if c is not None]
+        if data.get("choices") and not choices:
+            return b""  # tokens the client had: generated again
         out: dict[str, Any] = {
             **data,
             **self.head,
@@ -189,9 +222,21 @@ class Answer:
         out.pop("prompt_token_ids", None)
         return b"data: " + json.dumps(out, separators=(",", ":")).encode() + b"\n\n"
 
-    def _choice(self, c: dict[str, Any]) -> dict[str, Any]:
+    def _choice(self, c: dict[str, Any]) -> dict[str, Any] | None:
+        """A continuation's choice as the client's, None for one of tokens the client had."""
         ids = c.get("token_ids") or []
         self.ids.extend(ids)
+        if self.skip and ids:  # generated again: the client has them, and they brought no text
+            had = min(self.skip, len(ids))
+            self.skip -= had
+            ids = ids[had:]
+            lp = c.get("logprobs")
+            if isinstance(lp, dict):
+                c["logprobs"] = {k: v[had:] if isinstance(v, list) else v for k, v in lp.items()}
+            if not ids and not c.get("text") and not c.get("finish_reason"):
+                return None
+        if ids:
+            self.silent = 0 if c.get("text") else self.silent + len(ids)
         if c.get("finish_reason"):
             self.finished = True
         if self.chat:
@@ -205,6 +250,7 @@ class Answer:
         else:
             out = {k: v for k, v in c.items() if k not in ("prompt_token_ids", "token_ids")}
             out["index"] = 0
+            self._offsets(out.get("logprobs"), shift=True)
         if self.keep_ids:
             out["token_ids"] = ids
         return out

@@ -149,3 +149,40 @@ def test_an_answer_complete_but_its_end_owes_the_client_its_end() -> None:
                                   "logprobs": None, "text": ""}]  # fmt: skip
     assert got[1]["usage"] == {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}
     assert got[2] == "data: [DONE]" and got[0]["id"] == "cmpl-1"
+
+
+def lp_chunk(text: str, ids: list[int], offsets: list[int], prompt: list[int] | None = None) -> bytes:
+    """A completion chunk with logprobs (vLLM's: text offsets from the answer's start)."""
+    raw = json.loads(cmpl_chunk(text, ids, prompt)[6:])
+    logprobs = {"text_offset": offsets, "token_logprobs": [-0.5] * len(ids), "tokens": [text] * len(ids),
+                "top_logprobs": [{text: -0.5}] * len(ids)}  # fmt: skip
+    raw["choices"][0]["logprobs"] = logprobs
+    return sse(raw)
+
+
+def test_a_completions_logprobs_go_on_with_their_text_offsets() -> None:
+    a = Answer.of({"prompt": "x", "logprobs": 1}, COMPLETIONS)
+    a.feed(lp_chunk(" ab", [11], [0], prompt=[1]) + lp_chunk(" c", [12], [3]))
+    assert a.offset == 5  # the next token's text starts after " ab c"
+    a.continuation({"prompt": "x", "logprobs": 1}, COMPLETIONS)
+    # the continuation counts from its own start: shifted by the text before it, chunk after chunk
+    out = a.feed(lp_chunk(" d", [13], [0]) + lp_chunk("ef", [14], [2]), continued=True)
+    assert [e["choices"][0]["logprobs"]["text_offset"] for e in events(out)] == [[5], [7]]
+    assert a.offset == 9
+
+
+def test_a_character_cut_in_the_middle_is_generated_again_not_its_prompt() -> None:
+    """Two tokens of a three-byte character came (no text yet) when the stream broke: the
+    continuation ends before them (an engine primed inside a character sends the whole prompt's
+    text), and their chunks, generated again, do not reach the client twice."""
+    body = {"prompt": "x", "max_tokens": 10, "return_token_ids": True}
+    a = Answer.of(body, COMPLETIONS)
+    a.feed(cmpl_chunk(" a", [11], prompt=[1, 2]) + cmpl_chunk("", [161]) + cmpl_chunk("", [227]))
+    assert a.silent == 2
+    _, cont = a.continuation(body, COMPLETIONS)
+    assert cont["prompt"] == [1, 2, 11] and cont["max_tokens"] == 9 and a.ids == [11]
+    again = cmpl_chunk("", [161], prompt=[1, 2, 11]) + cmpl_chunk("", [227]) + cmpl_chunk("€", [108])
+    got = events(a.feed(again + cmpl_chunk(" b", [12]), continued=True))
+    shown = [(e["choices"][0]["text"], e["choices"][0]["token_ids"]) for e in got]
+    assert shown == [("€", [108]), (" b", [12])]
+    assert a.ids == [11, 161, 227, 108, 12] and a.skip == 0 and a.silent == 0

@@ -182,7 +182,10 @@ def test_wait_persisted_and_flush(make_store):
     assert store.lookup(keys, tier="Posix") == [True] * 20
     with pytest.raises(KeyError):
         store.wait_persisted(tid)  # fetched once
-    assert store.flush(timeout=0) is True
+    # each block is counted out of the pending ones just after its waiter hears of it: a flush
+    # right after wait_persisted may find the last one still counted (seen under load: CI)
+    assert store.flush(timeout=5000) is True
+    assert store.flush(timeout=0) is True  # nothing pending now
 
 
 def test_timeout_raises_and_task_stays_waitable(make_store):
