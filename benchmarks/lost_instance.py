@@ -133,8 +133,9 @@ def main() -> int:
                 )
                 time.sleep(3)
                 t0 = time.monotonic()
-                if name == "rolling":
-                    steps = [ucmctl(home, "restart", "--rolling")]
+                if name == "rolling":  # every server (1P2D: the decode ones; one prefill has no peer)
+                    names = [] if args.prefill > 1 else ["decode-0", "decode-1"]
+                    steps = [ucmctl(home, "restart", "--rolling", *names)]
                 else:
                     steps = [ucmctl(home, "scale", "--decode", "3")]
                     time.sleep(10)  # it takes its share

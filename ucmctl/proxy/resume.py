@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +25,8 @@ from ucmctl.proxy.rewrite import CHAT, COMPLETIONS
 
 # a chunk's token ids, as vLLM writes them (never the first field of an object)
 _IDS = re.compile(rb',"(prompt_token_ids|token_ids)":(null|\[[0-9, ]*\])')
+_TOKEN_IDS = re.compile(rb',"token_ids":\[([0-9, ]*)\]')
+_ERROR = (b'data: {"error"', b'"object":"error"')
 _FINISHED = b'"finish_reason":"'
 # a chunk whose token brought no text: the middle of a character split over several tokens (the
 # engine holds its bytes back until it is whole)
@@ -90,7 +93,10 @@ class Answer:
     skip: int = 0  # of a continuation's first tokens, those the client had (the silent ones)
     head: dict[str, Any] = field(default_factory=dict)  # id, created, model of the first chunk
     prompt_ids: list[int] | None = None
-    ids: list[int] = field(default_factory=list)
+    _ids: list[int] = field(default_factory=list)  # the answer's token ids read so far
+    _unread: list[bytes] = field(default_factory=list)  # and those still as the stream wrote them
+    _recent: deque[bytes] = field(default_factory=lambda: deque(maxlen=4))  # the last events' bytes
+    _resumed: bool = False  # a continuation streams now (its events are read whole)
     finished: bool = False  # a finish_reason came
     done: bool = False  # [DONE] came
     usage_sent: bool = False
@@ -111,14 +117,56 @@ class Answer:
     def feed(self, chunk: bytes, *, continued: bool = False) -> bytes:
         """The whole events of `chunk` (after what came before it) as the client gets them; an
         event of a continuation (`continued`) rewritten into the client's answer."""
-        buf = self._buf + chunk
+        buf = self._buf + chunk if self._buf else chunk
         end = buf.rfind(b"\n\n")
         if end < 0:
             self._buf = buf
             return b""
-        self._buf = buf[end + 2 :]
+        whole = buf if end + 2 == len(buf) else buf[: end + 2]
+        self._buf = b"" if whole is buf else buf[end + 2 :]
+        if not continued:
+            self._recent.append(whole)
+            if self.head and not (self.logprobs or self.broke or _ERROR[0] in buf or _ERROR[1] in buf):
+                return self._plain(whole)
         event = self._continued if continued else self._event
         return b"".join(event(ev) for ev in buf[:end].split(b"\n\n") if ev)
+
+    def _plain(self, events: bytes) -> bytes:
+        """Whole events of the first leg after its first, read as bytes (the cheap path, for every
+        token): their ids kept as written (read as numbers when asked for), and taken out unless
+        the client asked for them."""
+        found = _TOKEN_IDS.findall(events)
+        if found:
+            self._unread.append(b",".join(found))
+        if _FINISHED in events:
+            self.finished = True
+        if _DONE in events:
+            self.done = True
+        if b'"usage":{' in events:
+            self.usage_sent = True
+        return events if self.keep_ids else _IDS.sub(b"", events)
+
+    @property
+    def ids(self) -> list[int]:
+        """The answer's token ids so far."""
+        if self._unread:
+            text = b",".join(self._unread)
+            self._unread.clear()
+            self._ids.extend(int(t) for t in text.split(b",") if t.strip())
+        return self._ids
+
+    def _trailing_silent(self) -> int:
+        """How many of the first leg's last tokens brought no text (a character's first bytes)."""
+        silent = 0
+        for events in reversed(self._recent):
+            for ev in reversed(events.split(b"\n\n")):
+                m = _TOKEN_IDS.search(ev)
+                if m is None:
+                    continue
+                if not any(x in ev for x in _NO_TEXT):
+                    return silent
+                silent += len([t for t in m[1].split(b",") if t.strip()])
+        return silent
 
     def _event(self, ev: bytes) -> bytes:
         """An event of the first leg: its ids read (and taken out unless asked for), the rest as is;
@@ -136,7 +184,6 @@ class Answer:
                 ids = [int(t) for t in m[2][1:-1].split(b",") if t.strip()]
                 if m[1] == b"token_ids":
                     self.ids.extend(ids)
-                    self.silent = self.silent + len(ids) if any(x in ev for x in _NO_TEXT) else 0
                 else:
                     self.prompt_ids = ids
         if _FINISHED in ev:
@@ -187,6 +234,8 @@ class Answer:
         prompt that ends inside a character sends the whole prompt's text with the character's
         last byte: tokenizers' DecodeStream.)"""
         assert self.prompt_ids is not None
+        if not self._resumed:  # the first leg's events were not read one by one
+            self.silent, self._resumed = self._trailing_silent(), True
         k = len(self.ids) - self.silent
         del self.ids[k:]
         self.skip, self.silent = self.silent, 0
