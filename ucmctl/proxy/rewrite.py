@@ -118,7 +118,8 @@ def prefill_payload(body: dict[str, Any], *, p2p: str | None, transfer_id: str |
     leg["max_tokens"] = 1
     if "max_completion_tokens" in leg:
         leg["max_completion_tokens"] = 1
-    for name in ("stream", "stream_options", "min_tokens"):
+    # (token ids: the prefill's one token is never the client's, its prompt's ids are not needed)
+    for name in ("stream", "stream_options", "min_tokens", "return_token_ids"):
         leg.pop(name, None)
     if p2p:
         # Both Mooncake connectors hand KV over only for a request that stopped at its length

@@ -84,6 +84,7 @@ def test_prefill_leg_is_one_token_not_streamed() -> None:
     body = {
         "model": "m", "prompt": [1, 2], "max_tokens": 256, "max_completion_tokens": 256, "stream": True,
         "stream_options": {"include_usage": True}, "min_tokens": 5, "temperature": 0.5,
+        "return_token_ids": True,
     }  # fmt: skip
     leg = json.loads(prefill_payload(body, p2p=None))
     assert leg == {
