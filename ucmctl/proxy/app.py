@@ -9,6 +9,7 @@ import json
 import logging
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -181,6 +182,12 @@ async def reset_prefix_cache(request: web.Request) -> web.Response:
 
 async def _instance_request(request: web.Request) -> tuple[str, str | None]:
     """The `url` and `role` of an /instances/* body, checked."""
+    url, role, _ = await _instance_body(request)
+    return url, role
+
+
+async def _instance_body(request: web.Request) -> tuple[str, str | None, dict[str, Any]]:
+    """The `url` and `role` of an /instances/* body, checked, and the body."""
     state = request.app[STATE]
     try:
         body = json.loads(await request.read() or b"null")
@@ -196,7 +203,7 @@ async def _instance_request(request: web.Request) -> tuple[str, str | None]:
         url = normalize_url(body["url"], "url")
     except UcmctlError as exc:
         raise _bad(str(exc)) from None
-    return url, role
+    return url, role, body
 
 
 def _bad(message: str) -> web.HTTPBadRequest:
@@ -238,19 +245,19 @@ async def instances_drain(request: web.Request) -> web.Response:
     (their count is in /instances), no new one goes there until /instances/resume. With
     `"move_after": SECONDS`, the answers streaming from it that can go on elsewhere move to
     other instances that long after (a restart need not wait for long generations)."""
-    body = json.loads(await request.read() or b"null")
-    move_after = body.get("move_after") if isinstance(body, dict) else None
-    if move_after is not None and (not isinstance(move_after, (int, float)) or not 0 <= move_after <= 3600):
+    url, role, body = await _instance_body(request)
+    move_after = body.get("move_after")
+    seconds = isinstance(move_after, (int, float)) and not isinstance(move_after, bool)
+    if move_after is not None and not (seconds and 0 <= move_after <= 3600):
         raise _bad(f"move_after {move_after!r} is not a number of seconds from 0 to 3600")
-    response = await _set_draining(request, True)
-    if move_after is not None and response.status == 200:
-        url, role = await _instance_request(request)
-        tasks, state = request.app[MOVES], request.app[STATE]
-        for inst in state.pool.find(url, role):
+    state, tasks = request.app[STATE], request.app[MOVES]
+    found = state.pool.find(url, role)
+    if move_after is not None:
+        for inst in found:
             task = asyncio.create_task(_move_off(inst, float(move_after), state.config.migrations))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
-    return response
+    return _set_draining(found, url, True)
 
 
 MOVE_EVERY_S = 0.2  # a drained instance's answers that began streaming since the last move
@@ -269,13 +276,12 @@ async def _move_off(inst: Instance, after: float, limit: int) -> None:
 
 async def instances_resume(request: web.Request) -> web.Response:
     """Route to a drained instance again (once its health answers)."""
-    return await _set_draining(request, False)
-
-
-async def _set_draining(request: web.Request, draining: bool) -> web.Response:
-    state = request.app[STATE]
     url, role = await _instance_request(request)
-    found = state.pool.find(url, role)
+    return _set_draining(request.app[STATE].pool.find(url, role), url, False)
+
+
+def _set_draining(found: list[Instance], url: str, draining: bool) -> web.Response:
+    """Drain (or resume) the instances `found` at `url`; 404 where there is none."""
     if not found:
         return web.json_response({"error": {"message": f"no instance {url}", "code": 404}}, status=404)
     for inst in found:

@@ -269,7 +269,7 @@ class Answer:
             out["usage"] = self.usage()
             self.usage_sent = True
         out.pop("prompt_token_ids", None)
-        return b"data: " + json.dumps(out, separators=(",", ":")).encode() + b"\n\n"
+        return _sse(out)
 
     def _choice(self, c: dict[str, Any]) -> dict[str, Any] | None:
         """A continuation's choice as the client's, None for one of tokens the client had."""
@@ -328,10 +328,13 @@ class Answer:
 
     def _chunk(self, choices: list[dict[str, Any]], usage: dict[str, int] | None) -> bytes:
         obj = "chat.completion.chunk" if self.chat else "text_completion"
-        data = {**self.head, "object": obj, "choices": choices, "usage": usage}
-        return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
+        return _sse({**self.head, "object": obj, "choices": choices, "usage": usage})
 
 
 def _is_error(ev: bytes) -> bool:
     """An error event as vLLM streams one (`{"error": ...}`, or the older `"object":"error"`)."""
-    return ev.startswith(b'data: {"error"') or b'"object":"error"' in ev[:40]
+    return ev.startswith(_ERROR[0]) or _ERROR[1] in ev[:40]
+
+
+def _sse(data: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"

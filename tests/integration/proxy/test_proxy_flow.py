@@ -199,6 +199,12 @@ def test_a_drained_instance_gets_nothing_new_and_says_what_is_in_flight(pd: PD) 
         assert metric(url, "ucmctl_proxy_instance_draining", instance=drained.url) == 1
         assert json.loads(get(url + "/health")[2])["healthy"]["decode"] == 1
         assert post(url + "/instances/drain", {"url": "http://127.0.0.1:1", "role": "decode"})[0] == 404
+        # a bad body is a 400 that says what is wrong, not a server error
+        bodies = [(b"{not json", "not valid JSON"), ({"url": drained.url, "move_after": -1}, "move_after"),
+                  ({"url": drained.url, "move_after": True}, "move_after")]  # fmt: skip
+        for bad, said in bodies:
+            status, _, raw = post(url + "/instances/drain", bad)
+            assert status == 400 and said in json.loads(raw)["error"]["message"], raw
     finally:
         status, _, raw = post(url + "/instances/resume", {"url": drained.url, "role": "decode"})
     assert status == 200 and json.loads(raw)["instances"][0]["draining"] is False
