@@ -20,7 +20,7 @@ from tests.support.processes import wait_for
 from tests.support.topology import node_lines
 
 NAME = "f-storage"
-BOUND_S = 2.0  # load_timeout_s and dump_timeout_s of the deployment
+BOUND_S = 2.0  # load_timeout_s of the deployment, and its dump_timeout_s unless one is given
 
 
 @dataclass
@@ -78,9 +78,10 @@ class Rig:
 
 
 @contextlib.contextmanager
-def storage_rig(tmp: Path) -> Iterator[Rig]:
-    """Three test hosts, the volume from h3 mounted on h1 and h2, the deployment up on them;
-    down and gone afterwards. Callers check `gluster.available()` first."""
+def storage_rig(tmp: Path, dump_s: float = BOUND_S) -> Iterator[Rig]:
+    """Three test hosts, the volume from h3 mounted on h1 and h2, the deployment up on them
+    (its saves bounded at `dump_s`); down and gone afterwards. Callers check
+    `gluster.available()` first."""
     with cluster_or_skip(3) as hosts, gluster.gluster_volume(
         hosts, "faults", server="h3", clients=["h1", "h2"], brick_in_memory="1g"
     ) as vol:
@@ -99,7 +100,7 @@ storage:
   storage_backends: {vol.mount / "kv"}
   cache_buffer_capacity_gb: 0.25
   load_timeout_s: {BOUND_S}
-  dump_timeout_s: {BOUND_S}
+  dump_timeout_s: {dump_s}
 prefill: {{nodes: [h1], port: 8100, flags: {{block-size: 16, kv-bytes-per-token: 2048}}}}
 decode: {{nodes: [h2], port: 8200, flags: {{block-size: 16, kv-bytes-per-token: 2048}}}}
 proxy: {{node: h1, port: 8000}}

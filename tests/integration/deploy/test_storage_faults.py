@@ -5,11 +5,15 @@ of the measured phase (a) the brick process is killed, (b) the storage host's li
 
 Each time: no request fails, no wrong byte is delivered (the simulator checks every loaded
 block's bytes, a wrong one would count as `corrupt`), the report names the storage errors of
-that phase by kind, no single store wait outlasts the bound (2 s here) by more than a second,
-and once the storage is back a new run hits the store as before.
+that phase by kind, no single store wait outlasts its bound (2 s for a lookup or a load, 5 s
+for a save here) by more than a second, and once the storage is back a new run hits the store
+as before.
 
 The brick is a tmpfs: the faults are the network filesystem's; this machine's disk, busy with
-other work, once slowed a healthy volume's file creations past the 2 s bound.
+other work, once slowed a healthy volume's file creations past the 2 s bound. The healthy runs
+send 2 requests a second: a request's 32 new blocks are 32 files (and most of them a new
+directory) on the volume; at 8 a second a quiet machine saw saves of 1.6 s, and past 2 s in
+one run of two (at 2 a second: 0.8 s at most).
 """
 
 from __future__ import annotations
@@ -26,6 +30,9 @@ import pytest
 from tests.support import gluster
 from tests.support.storage_rig import BOUND_S, NAME, Rig, storage_rig
 
+DUMP_S = 5.0  # the deployment's save bound (half the default): a save is a request's blocks
+HEALTHY_RATE = 2.0  # requests a second, in the runs that must find no storage error
+
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 SHARES = "gluster"  # glusterd: one module at a time (tests/support/fixtures.py)
 
@@ -34,7 +41,7 @@ SHARES = "gluster"  # glusterd: one module at a time (tests/support/fixtures.py)
 def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
     if reason := gluster.available():
         pytest.skip(reason)
-    with storage_rig(Path(tmp_path_factory.mktemp("faults"))) as r:
+    with storage_rig(Path(tmp_path_factory.mktemp("faults")), dump_s=DUMP_S) as r:
         yield r
 
 
@@ -61,7 +68,8 @@ def check_the_fault_run(rig: Rig, out: str, doc: dict, prompts: int, kinds: set[
     assert decode_hit_rate(phase) < 0.9  # the outage cost hits (recomputed), not requests
     assert phase["lost"] == []  # the bench's watch: every server stayed up and answered its health
     waits = rig.longest_store_waits()
-    assert max(waits.values()) <= BOUND_S + 1.0, waits
+    over = {op: s for op, s in waits.items() if s > (DUMP_S if op.endswith('"save"') else BOUND_S) + 1.0}
+    assert not over, waits
     return phase
 
 
@@ -71,14 +79,14 @@ def check_recovered(rig: Rig, tag: str, seed: int) -> None:
     rig.vol.wait_serving()
     rig.vol.wait_writable(within=BOUND_S / 4)
     time.sleep(2 * BOUND_S)
-    out, doc = rig.run_bench(tag, 16, 8, seed)
+    out, doc = rig.run_bench(tag, 16, HEALTHY_RATE, seed)
     phase = measured(doc)
     assert phase["failed"] == 0 and "UCM store:" not in out, out
     assert decode_hit_rate(phase) > 0.9, phase["hit_rate"]  # decode loads what prefill stored
 
 
 def test_healthy_run_hits_the_store(rig: Rig) -> None:
-    out, doc = rig.run_bench("healthy", 16, 8, 1)
+    out, doc = rig.run_bench("healthy", 16, HEALTHY_RATE, 1)
     phase = measured(doc)
     assert phase["failed"] == 0 and "UCM store:" not in out
     assert decode_hit_rate(phase) > 0.9
