@@ -3,6 +3,7 @@
 at a set fraction of the deployment's capacity measured first.
 
     python benchmarks/lost_instance.py [--prompts 160] [--load 0.5] [--at 10] [--prefill 2]
+                                       [--proxy-replicas 1]
 
 The deployment: two prefill (`--prefill 1`: one, a 1P2D) and two decode servers of the
 simulator on this machine (decode 25 ms a step, 60 output tokens a request: 1.5 s each, at
@@ -18,7 +19,9 @@ supervisor). Runs:
   so its supervisor starts it again too);
 - rolling: `ucmctl restart --rolling` of all four servers, begun 3 s into the measure phase;
 - scale: `ucmctl scale --decode 3` 3 s into the measure phase, then `--decode 2` again;
-- proxy: `--fault kill:proxy@AT` (what a lost proxy costs: it has no peer to take over).
+- proxy: `--fault kill:proxy@AT` (what a lost proxy costs: it has no peer to take over); with
+  `--proxy-replicas 2`, `kill:proxy-1@AT` of two replicas that `bench` spreads its requests
+  over (one refused by the dead one goes on to the other).
 
 Printed per run: failed requests, answers cut mid-stream and of those how many went on on the
 other decode instance (moved) and the resume gap of those as their clients saw it (p50 / p99),
@@ -28,7 +31,8 @@ against the window before (and the reference's whole phase), as ratios; of the r
 each server's restart and drain time. Targets (issues #26 and #48): a kill or a stop of a decode
 fails no request, every answer it was streaming moved; reported <= 10 s after, back in routing
 with store hits > 0; a rolling restart of every server and a scale 2 -> 3 -> 2 of decode at ~50%
-of capacity fail no request.
+of capacity fail no request; of two proxy replicas, one killed fails no request sent after it
+(those it carried fail, counted).
 """
 
 from __future__ import annotations
@@ -54,7 +58,7 @@ def ucmctl(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
                           timeout=900, check=False)  # fmt: skip
 
 
-def topology(folder: Path, prefills: int) -> Path:
+def topology(folder: Path, prefills: int, replicas: int) -> Path:
     work = folder / "work"
     decode = free_port()  # and the next two ports: the second decode's, a third one's (scale)
     path = folder / "lost.yaml"
@@ -70,7 +74,8 @@ storage: {{storage_backends: {json.dumps(str(work / "store"))}, cache_buffer_cap
 prefill: {{nodes: [me], servers_per_node: {prefills}, port: {free_port()}}}
 decode: {{nodes: [me], servers_per_node: 2, port: {decode}, flags: {{decode-step-ms: 25, max-num-seqs: 4}},
           restart: {{policy: on-failure, backoff_s: 1}}}}
-proxy: {{node: me, port: {free_port()}, restart: {{policy: on-failure, backoff_s: 1}}}}
+proxy: {{node: me, port: {free_port(replicas)}, replicas: {replicas},
+        restart: {{policy: on-failure, backoff_s: 1}}}}
 """)
     return path
 
@@ -85,11 +90,13 @@ def main() -> int:
     ap.add_argument("--load", type=float, default=0.5, help="the request rate, as a fraction of capacity")
     ap.add_argument("--at", type=float, default=10.0, help="seconds into the measure phase")
     ap.add_argument("--prefill", type=int, default=2, choices=(1, 2), help="prefill servers (2P2D or 1P2D)")
+    ap.add_argument("--proxy-replicas", type=int, default=1, choices=(1, 2, 3), help="proxies in front")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="ucmctl-lost-") as tmp:
         folder = Path(tmp)
         home = folder / "home"
-        up = ucmctl(home, "up", str(topology(folder, args.prefill)))
+        up = ucmctl(home, "up", str(topology(folder, args.prefill, args.proxy_replicas)))
+        victim = "proxy" if args.proxy_replicas == 1 else "proxy-1"
         if up.returncode != 0:
             print(up.stderr, file=sys.stderr)
             return 1
@@ -109,7 +116,7 @@ def main() -> int:
                     ("reference", None),
                     ("kill", f"kill:decode-0@{args.at:g}s"),
                     ("stop", f"stop:decode-1@{args.at:g}s"),
-                    ("proxy", f"kill:proxy@{args.at:g}s"),
+                    ("proxy", f"kill:{victim}@{args.at:g}s"),
                 ]
             ):
                 save = folder / f"{name}.json"
@@ -159,7 +166,8 @@ def main() -> int:
         before, after = f["before"], f["after"]
         print(
             f"{name}: failed {f['failed']} ({f['failed_sent_after']} sent after it; streaming from it then "
-            f"{f['streaming_on_it']}, cut mid-stream {f['cut_mid_stream']}, moved {f.get('migrated')}, not "
+            f"{f['streaming_on_it']}, sent on to another proxy {f.get('sent_on')}, cut mid-stream "
+            f"{f['cut_mid_stream']}, moved {f.get('migrated')}, not "
             f"{f.get('not_migrated')}; resume gap {f.get('resume_gap_ms')}), retried {f['retried']} "
             f"({f['retried_before_first_token']} before the "
             f"first token); reported {f['detected_after_s']} s after, back {f['back_after_s']} s after, "
@@ -171,6 +179,8 @@ def main() -> int:
         )
         if name in ("kill", "stop"):
             met &= f["failed"] == 0 and f["migrated"] == f["cut_mid_stream"] and f["not_migrated"] == 0
+        if name == "proxy" and args.proxy_replicas > 1:  # the other replica took every later request
+            met &= f["failed_sent_after"] == 0 and f["after"]["failed"] == 0
         if name == "kill":
             met &= f["detected_after_s"] is not None and f["detected_after_s"] <= 10
             met &= f["back_after_s"] is not None and (f["store_since_back"] or {}).get("hit_tokens", 0) > 0
@@ -182,7 +192,9 @@ def main() -> int:
         met &= r["failed"] == 0
     said = "met" if met else "MISSED"
     targets = (f"at {args.load:g}x capacity: kill and stop: 0 failed, every cut answer moved; kill: reported "
-               "<= 10 s, back with store hits; rolling and scale 2-3-2: 0 failed")  # fmt: skip
+               "<= 10 s, back with store hits; rolling and scale 2-3-2: 0 failed"
+               + ("; a proxy replica killed: 0 failed of those sent after"
+                  if args.proxy_replicas > 1 else ""))  # fmt: skip
     print(f"targets ({targets}): {said}")
     return 0 if met else 1
 

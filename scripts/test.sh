@@ -41,15 +41,17 @@ fi
 #   and faults), then the integration tests of simulated engines on two workers, each module
 #   whole on one, then those of a private Slurm cluster of simulated engines (SLURM_SIM), one
 #   module at a time, beside the hosts lane's real-vLLM tests, then one real-vLLM test of test
-#   hosts (LATE: the hosts lane ran ~200 s longer than this one without it).
+#   hosts (LATE: the hosts lane ran ~200 s longer than this one without it). The network
+#   filesystem's tests wait for it (their QUIET lock: tests/support/fixtures.py).
 # Three lanes were tried: real-vLLM tests of three lanes at once outgrow the machine's memory
 # (an engine killed by the kernel's OOM killer). Both lanes run to their end; the suite fails
 # if either failed.
 SLURM_SIM=(tests/integration/support/test_slurm_cluster.py tests/integration/launch/test_slurm_deploy.py
            tests/integration/launch/test_sbatch_real.py tests/integration/launch/test_slurm_gres.py)
-# The network filesystem's faults run last in the hosts lane, once the local lane's engines have
-# stopped: their store waits are bounded at 2 s, which a GlusterFS volume of these hosts misses
-# while real-vLLM tests keep both cores busy (seen: healthy runs with save timeouts).
+# The network filesystem's faults run last in the hosts lane, and only while no real-vLLM test
+# runs in either lane (the QUIET lock): their store waits are bounded at seconds, which a
+# GlusterFS volume of these hosts missed while real-vLLM tests kept both cores busy (seen:
+# healthy runs with save timeouts).
 NETFS=(tests/integration/deploy/test_storage_faults.py tests/integration/store/test_store_netfs.py)
 LATE=(tests/e2e/test_up_p2p_real_vllm.py)
 hosts_lane() {

@@ -4,7 +4,9 @@
   module's `HOSTS` says: a count, or `cluster()`'s options (`{"count": 2, "containers": True}`).
 - `site`: a real Slurm on two test hosts, for one module; the module's `SLURM_SITE` passes
   `slurm_or_skip`'s options (`{"gpus": 2}`, `{"oci": True}`).
-- modules that drive one daemon of this machine (`SHARES`) run one at a time across test workers.
+- modules that drive one daemon of this machine (`SHARES`) run one at a time across test workers;
+- modules whose bounds a busy CPU breaks (`QUIET`) run while no end-to-end module (real engines)
+  does, in any test process of this machine.
 
 And for every module, what it left running (tests/support/leftovers.py), listed in the summary.
 """
@@ -53,6 +55,23 @@ def _one_module_per_daemon(request: pytest.FixtureRequest) -> Iterator[None]:
         return
     with open(f"/tmp/ucmctl-test-{shared}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _quiet_or_heavy(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A `QUIET` module (the network filesystem's fault tests: store waits bounded at seconds,
+    which GlusterFS missed on a healthy volume while a real vLLM kept both cores busy) holds the
+    machine's quiet lock alone; an end-to-end module (tests/e2e: real engines) holds it shared.
+    So neither waits for the other's kind unless both would run at once (scripts/test.sh's lanes
+    run them at different times)."""
+    quiet = bool(getattr(request.module, "QUIET", False))
+    heavy = request.module.__name__.startswith("tests.e2e.")
+    if not (quiet or heavy):
+        yield
+        return
+    with open("/tmp/ucmctl-test-quiet.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX if quiet else fcntl.LOCK_SH)
         yield
 
 

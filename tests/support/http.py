@@ -7,6 +7,8 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+from aiohttp import web
+
 
 def post(url: str, body: Any, raw: bool = False, timeout: float = 120) -> tuple[int, Any]:
     """POST JSON (or bytes as they are); returns (status, decoded JSON or raw bytes), 4xx/5xx included."""
@@ -38,3 +40,11 @@ def completion(url: str, prompt: list[int], max_tokens: int = 4) -> dict:
 def metrics(url: str) -> str:
     with urllib.request.urlopen(f"{url}/metrics", timeout=10) as r:
         return r.read().decode()
+
+
+async def serve(app: web.Application) -> tuple[str, web.AppRunner]:
+    """`app` on a free loopback port: its base URL, and its runner (`cleanup()` stops it)."""
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    return f"http://127.0.0.1:{runner.addresses[0][1]}", runner

@@ -47,9 +47,7 @@ def of_the_tests(pid: int, line: str) -> bool:
     if netns != _netns(os.getpid()):
         # On a test host of a test session beside this one (a Slurm job step, an sshd: started
         # without this session's environment), or in a container, whose runtime's processes
-        # (conmon, containerd) are on this machine's network and are judged there. Seen while
-        # test hosts were told by their names in /run/netns: the other CI lane's Slurm cluster
-        # (its sshd, its job steps) listed under this lane's modules.
+        # (conmon, containerd) are on this machine's network and are judged there.
         return False
     return "UCMCTL_PROCESS" in env or any(d in line for d in DAEMONS)
 

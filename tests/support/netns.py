@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 SSHD = "/usr/sbin/sshd"
-# The network namespaces this test process made (their inodes): what runs in them is its own,
-# whatever test workers beside it run in theirs (tests/support/leftovers.py).
+# The network namespaces this test process made and has not deleted (their inodes): what runs in
+# them is its own, whatever test workers beside it run in theirs (tests/support/leftovers.py).
 MADE_HERE: set[int] = set()
 
 
@@ -333,6 +333,10 @@ def _teardown(c: Cluster, bridge: str) -> None:
         if h.cgroup is not None:
             _remove_cgroup(h.cgroup)
         subprocess.run(["ip", "link", "del", f"ucv{bridge[4:]}{h.name[1:]}"], capture_output=True)
+        # its processes are killed above: a namespace of the same number later is another's
+        # (the kernel reuses the numbers: seen, the other CI lane's hosts taken for this one's)
+        with contextlib.suppress(OSError):
+            MADE_HERE.discard(os.stat(f"/run/netns/{h.netns}").st_ino)
         subprocess.run(["ip", "netns", "del", h.netns], capture_output=True)
     subprocess.run(["ip", "link", "del", bridge], capture_output=True)
     shutil.rmtree(c.base, ignore_errors=True)

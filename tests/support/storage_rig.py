@@ -87,6 +87,7 @@ def storage_rig(tmp: Path, dump_s: float = BOUND_S) -> Iterator[Rig]:
     ) as vol:
         # A client gives up on a server that does not answer after this long (default 42 s).
         vol.gluster("volume", "set", vol.name, "network.ping-timeout", "5")
+        vol.wait_writable(within=BOUND_S / 4)  # a new volume settles before it is measured
         cli = Cli(tmp / "home", hosts.ssh_config)
         topo = tmp / "topology.yaml"
         topo.write_text(f"""

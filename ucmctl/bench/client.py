@@ -5,6 +5,10 @@ choices, each later such event adds an inter-token latency, and the end-to-end l
 the last one. Token events are recognised by a byte check (no JSON decoding per token); the
 few other events (the usage chunk, errors) are decoded. Token counts come from the final
 usage chunk, and every request's `usage.prompt_tokens` must equal the prompt it was sent.
+
+Given several front doors (a deployment's proxy replicas), requests are spread over them in
+turn, and one whose connection a door refuses (a dead proxy: nothing was sent) goes to the
+next, as a client with several endpoints does.
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ class RequestResult:
     start_time: float = 0.0
     token_ids: list[int] | None = None  # the answer's ids, when the phase asked for them
     lag: float | None = None  # seconds the send came after its scheduled time (replays)
+    door: int = 0  # of the phase's URLs, the one that answered (or the last one tried)
+    refused: int = 0  # doors that refused its connection before one took it
 
 
 @dataclass
@@ -154,13 +160,34 @@ def _error_event(tail: list[bytes]) -> str | None:
 
 
 async def send(
-    session: aiohttp.ClientSession, url: str, body: bytes, out: RequestResult, collect_tokens: bool = False
+    session: aiohttp.ClientSession,
+    url: str | Sequence[str],
+    body: bytes,
+    out: RequestResult,
+    collect_tokens: bool = False,
+    first: int = 0,
 ) -> None:
     """One streamed request; fills `out` (never raises). With `collect_tokens` every token chunk
-    is decoded for its `token_ids` (the body must ask for them: make_body(return_token_ids=True))."""
+    is decoded for its `token_ids` (the body must ask for them: make_body(return_token_ids=True)).
+    With several URLs: to `url[first]`, and on to the next while a connection is refused."""
+    urls = [url] if isinstance(url, str) else list(url)
+    out.start_time = time.perf_counter()
+    for k in range(len(urls)):
+        out.door = (first + k) % len(urls)
+        try:
+            await _stream(session, urls[out.door], body, out, collect_tokens)
+            return
+        except aiohttp.ClientConnectorError as exc:  # nothing was sent: the next door, if any
+            out.refused += 1
+            out.error = f"{type(exc).__name__}: {exc}"
+
+
+async def _stream(
+    session: aiohttp.ClientSession, url: str, body: bytes, out: RequestResult, collect_tokens: bool
+) -> None:
+    """`send` to one URL; raises only a refused connection (nothing was sent)."""
     perf = time.perf_counter
-    start = last = perf()
-    out.start_time = start
+    start = last = out.start_time
     tail: list[bytes] = []
     got_token = False
     itl = out.itl
@@ -169,6 +196,7 @@ async def send(
         out.token_ids = token_ids
     try:
         async with session.post(url, data=body, headers=HEADERS) as resp:
+            out.error = ""
             if resp.status != 200:
                 text = (await resp.text(errors="replace"))[:300]
                 out.error = f"HTTP {resp.status}: {text}"
@@ -198,6 +226,8 @@ async def send(
                         tail.append(event)
             if buf.strip():
                 tail.append(buf)
+    except aiohttp.ClientConnectorError:
+        raise
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
         # an error event sent before the cut (a proxy's word on its upstream) says more
         out.error = _error_event(tail) or f"{type(exc).__name__}: {exc}"
@@ -226,7 +256,7 @@ BodyFactory = Callable[[int], bytes]
 
 async def run_phase(
     http: aiohttp.ClientSession,
-    url: str,
+    url: str | Sequence[str],
     bodies: Sequence[bytes] | BodyFactory,
     prompt_lens: Sequence[int],
     concurrency: int,
@@ -240,7 +270,8 @@ async def run_phase(
     from the start: a trace replay), else Poisson at `request_rate` (all at once when infinite),
     as `vllm bench serve --request-rate R --max-concurrency C` does. `bodies` may be a factory:
     then bodies are encoded a few ahead while the loop waits for the next arrival, not all
-    before the start (a long trace's prompts would not fit in memory)."""
+    before the start (a long trace's prompts would not fit in memory). Several URLs: request i
+    goes to the i-th in turn (`send`)."""
     gate = asyncio.Semaphore(max(1, concurrency))
     n = len(prompt_lens)
     results = [RequestResult(i, k) for i, k in enumerate(prompt_lens)]
@@ -251,7 +282,7 @@ async def run_phase(
         async with gate:
             if due is not None:
                 results[i].lag = max(0.0, time.perf_counter() - (start + due))
-            await send(http, url, body, results[i], collect_tokens)
+            await send(http, url, body, results[i], collect_tokens, first=i)
         if on_done is not None:
             on_done(results[i])
 

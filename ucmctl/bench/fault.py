@@ -83,17 +83,20 @@ class _Fired:
 
 class Fault:
     """Fires `spec` once, in the first measure phase, through `fire` (blocking: it goes to the
-    node), then `report`s what it cost. `proxy_url` is read for its counters and gauges;
-    `victim_url` is the process's own API server URL (its gauges in the proxy), if it has one;
-    `ALL` when the victim is the proxy itself (every answer it streams is its own)."""
+    node), then `report`s what it cost. `proxy_urls` (the proxy, or each replica) are read for
+    their counters and gauges, added up; `victim_url` is the process's own API server URL (its
+    gauges in the proxies), if it has one; `ALL` when the victim is a proxy (every answer it
+    streams is its own): then `victim_proxy` is its URL, whose gauges alone are read, and whose
+    counters are not counted (they die with it: the other replicas' are)."""
 
     def __init__(
         self,
         spec: FaultSpec,
         fire: Callable[[], bool],
         *,
-        proxy_url: str | None = None,
+        proxy_urls: Sequence[str] = (),
         victim_url: str | None = None,
+        victim_proxy: str | None = None,
         watch: Watched | None = None,
         metrics: Metrics = hitrate.METRICS,
     ) -> None:
@@ -101,8 +104,9 @@ class Fault:
         self.spec = spec
         self._metrics = metrics
         self._fire = fire
-        self._proxy = proxy_url
+        self._proxies = list(proxy_urls)
         self._victim = victim_url
+        self._victim_proxy = victim_proxy
         self._watch = watch
         self._fired: _Fired | None = None
         self._phase: str | None = None
@@ -125,10 +129,25 @@ class Fault:
         fired.proxy_after = await self._proxy_samples(http)
 
     async def _proxy_samples(self, http: aiohttp.ClientSession) -> dict[str, float] | None:
-        if self._proxy is None:
+        """The proxies' counters (the victim proxy's left out) and the victim's gauges, added
+        up; None when one that counts does not answer."""
+        if not self._proxies:
             return None
-        text = await fetch_metrics(http, self._proxy, FAULT_SCRAPE_TIMEOUT_S)
-        return proxy_samples(text, self._victim) if text is not None else None
+        texts = await asyncio.gather(*(fetch_metrics(http, u, FAULT_SCRAPE_TIMEOUT_S) for u in self._proxies))
+        out = dict.fromkeys(_COUNTERS, 0.0)
+        for url, text in zip(self._proxies, texts, strict=True):
+            victim = self._victim_proxy == url
+            if text is None:
+                if victim:
+                    continue  # gone: its gauges were read just before
+                return None
+            # a proxy as victim: its gauges alone (the others carry what it did not)
+            got = proxy_samples(text, ALL if victim else None if self._victim_proxy else self._victim)
+            for key, value in got.items():
+                if victim and key in _COUNTERS and len(self._proxies) > 1:
+                    continue
+                out[key] = out.get(key, 0.0) + value
+        return out
 
     async def report(
         self, http: aiohttp.ClientSession, results: Sequence[RequestResult], duration: float
@@ -148,7 +167,7 @@ class Fault:
         first = min((r.start_time for r in results), default=fired.perf)
         out.update(injected=True, into_s=round(fired.perf - first, 2), was_running=fired.was_running)
         after = await self._proxy_samples(http) if fired.proxy is not None else None
-        if self._victim == ALL and fired.was_running:
+        if self._victim == ALL and fired.was_running and len(self._proxies) == 1:
             after = None  # the proxy's counts of before died with it
         out.update(cost_at_proxy(fired.proxy, fired.proxy_after, after))
         out["resume_gap_ms"] = resume_gaps(results, fired.perf, out["migrated"])
@@ -156,6 +175,8 @@ class Fault:
         # sent once the signal began to go and failed: none while the others of its role serve;
         # all those sent while the proxy itself is down
         out["failed_sent_after"] = sum(1 for r in results if not r.ok and r.start_time >= fired.sending)
+        # sent to a proxy replica that refused the connection (it was down), then to another
+        out["sent_on"] = sum(1 for r in results if r.refused and r.start_time >= fired.sending)
         out.update(self._watched(fired))
         out["store_since_back"] = (
             await self._store_since_back(http) if out["back_after_s"] is not None else None
@@ -210,7 +231,7 @@ def proxy_samples(text: str, victim: str | None) -> dict[str, float]:
             out["first_token_retries"] += value
         elif name == m.PROXY_ERRORS and labels.get("reason") == "upstream_mid_stream":
             out["mid_stream"] += value
-        elif name == m.PROXY_MIGRATIONS:
+        elif name == m.PROXY_MIGRATIONS and labels.get("outcome") != "cancelled":  # (its client left)
             out["migrated" if labels.get("outcome") == "resumed" else "not_migrated"] += value
         elif victim is not None and (victim == ALL or labels.get("instance") == victim):
             if name == m.PROXY_INSTANCE_STREAMING:
@@ -307,6 +328,8 @@ def fault_lines(name: str, f: dict[str, Any]) -> list[str]:
 
     lines.append(f"  streaming from it then {n('streaming_on_it')} (in flight {n('in_flight_on_it')})")
     lines.append(f"  failed {f['failed']} ({n('failed_sent_after')} of them sent after it)")
+    if f.get("sent_on"):
+        lines.append(f"  {f['sent_on']} sent on to another proxy when theirs refused the connection")
     lines.append(
         f"  at the proxy: cut mid-stream {n('cut_mid_stream')}, retried {n('retried')} "
         f"({n('retried_before_first_token')} before the first token)"

@@ -36,6 +36,20 @@ def parse(text: str) -> Reading | None:
     return sorted(buckets), total, count
 
 
+def merged(readings: list[Reading | None]) -> Reading | None:
+    """The histograms of several proxies (replicas) as one: counts added bucket by bucket; None
+    when one has none (the readings would not be of one thing)."""
+    present = [r for r in readings if r is not None]
+    if not present or len(present) < len(readings):
+        return None
+    first = present[0]
+    bounds = [b for b, _ in first[0]]
+    if any([b for b, _ in r[0]] != bounds for r in present):
+        return None
+    buckets = [(b, sum(r[0][i][1] for r in present)) for i, b in enumerate(bounds)]
+    return buckets, sum(r[1] for r in present), sum(r[2] for r in present)
+
+
 def quantile(q: float, buckets: list[tuple[float, float]]) -> float | None:
     """histogram_quantile over cumulative (bound, count) buckets; None without observations."""
     total = buckets[-1][1] if buckets else 0.0

@@ -19,6 +19,11 @@ def parse(text: str) -> dict[str, float]:
     return counts
 
 
+def merged(readings: list[dict[str, float]]) -> dict[str, float]:
+    """The counts of several proxies (replicas) together."""
+    return {p: sum(r[p] for r in readings) for p in PATHS}
+
+
 def phase_counts(before: dict[str, float] | None, after: dict[str, float] | None) -> dict[str, int] | None:
     """The phase's requests by path; None unless some went direct (the proxy skipped no prefill
     leg, or was not read, or started again meanwhile: its counters fell)."""

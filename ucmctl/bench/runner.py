@@ -62,6 +62,12 @@ class Target:
     watch: Watched | None = None  # the deployment's processes, looked at while phases run
     fault: Fault | None = None  # injected into the first measure phase (bench --fault)
     engine: str = DEFAULT_ENGINE  # the engine serving there: the metric names its /metrics uses
+    more_urls: list[str] = field(default_factory=list)  # other front doors (proxy replicas): in turn
+
+    @property
+    def urls(self) -> list[str]:
+        """Every front door, `url` first: requests go to each in turn."""
+        return [self.url, *self.more_urls]
 
     @property
     def metrics(self) -> Metrics:
@@ -187,8 +193,8 @@ async def measure(
     fault = target.fault if target.fault is not None and target.fault.wants(label) else None
     before = await hitrate.scrape(http, target.instances, target.metrics)
     # ucmctl's proxy (a deployment's target) measures the KV handover; a server is not asked
-    proxy = target.url if target.url not in {i.url for i in target.instances} else None
-    at_proxy = await _proxy_reading(http, proxy)
+    proxies = target.urls if target.url not in {i.url for i in target.instances} else []
+    at_proxy = await _proxy_reading(http, proxies)
     mark = watch.begin(label) if watch is not None else 0.0
     progress.start(label, len(prompt_lens))
     firing: asyncio.Future[None] | None = None
@@ -203,7 +209,7 @@ async def measure(
         sending = asyncio.ensure_future(
             client.run_phase(
                 http,
-                target.url + target.endpoint,
+                [u + target.endpoint for u in target.urls],
                 bodies,
                 prompt_lens,
                 cfg.concurrency,
@@ -233,7 +239,7 @@ async def measure(
         summary.update(goodput.goodput_fields(run.results, run.duration, cfg.goodput))
     summary["num_prompts"] = len(prompt_lens)
     summary["hit_rate"] = hitrate.hit_rates(target.instances, before, after)
-    summary.update(_proxy_figures(at_proxy, await _proxy_reading(http, proxy)))
+    summary.update(_proxy_figures(at_proxy, await _proxy_reading(http, proxies)))
     if series is not None:
         summary["series"] = series
     if watch is not None:  # the processes found dead or unhealthy while this phase ran
@@ -250,24 +256,37 @@ def phase_of(summary: dict[str, Any], requests: list[RequestResult]) -> Phase:
     return phase
 
 
-async def _proxy_reading(http: aiohttp.ClientSession, proxy: str | None) -> tuple[Any, Any] | None:
-    """What ucmctl's proxy counts of the phase: the KV handover and the paths requests took (one
-    read of its /metrics)."""
-    if proxy is None:
+Reading = dict[str, tuple[Any, Any]]  # per proxy URL: (its handover histogram, its path counts)
+
+
+async def _proxy_reading(http: aiohttp.ClientSession, proxies: list[str]) -> Reading | None:
+    """What ucmctl's proxies (the proxy, or each replica) count: the KV handover and the paths
+    requests took, one read of each one's /metrics (a proxy that does not answer: not in it)."""
+    if not proxies:
         return None
-    text = await fetch_metrics(http, proxy, SCRAPE_TIMEOUT_S)
-    return (handover.parse(text), paths.parse(text)) if text is not None else (None, None)
+    texts = await asyncio.gather(*(fetch_metrics(http, u, SCRAPE_TIMEOUT_S) for u in proxies))
+    return {
+        u: (handover.parse(t), paths.parse(t)) for u, t in zip(proxies, texts, strict=True) if t is not None
+    }
 
 
-def _proxy_figures(before: tuple[Any, Any] | None, after: tuple[Any, Any] | None) -> dict[str, Any]:
-    """The phase's KV handover and paths, where the proxy measured them."""
+def _proxy_figures(before: Reading | None, after: Reading | None) -> dict[str, Any]:
+    """The phase's KV handover and paths, where the proxies measured them: of those read at both
+    ends (a replica that died meanwhile took its counts with it), added up."""
     if before is None or after is None:
         return {}
+    both = [u for u in before if u in after]
+    if not both:
+        return {}
     out: dict[str, Any] = {}
-    figures = handover.phase_figures(before[0], after[0])
+    figures = handover.phase_figures(
+        handover.merged([before[u][0] for u in both]), handover.merged([after[u][0] for u in both])
+    )
     if figures is not None:
         out["kv_handover"] = figures
-    took = paths.phase_counts(before[1], after[1])
+    took = paths.phase_counts(
+        paths.merged([before[u][1] for u in both]), paths.merged([after[u][1] for u in both])
+    )
     if took is not None:
         out["paths"] = took
     return out
@@ -316,12 +335,12 @@ def target_from_deployment(deployment: str) -> Target:
 
     ep = endpoints(deployment)
     instances = [Instance(name, role, url) for name, role, url in ep.instances]
-    url = ep.proxy or (instances[0].url if len(instances) == 1 else None)
-    if url is None:
+    doors = [u.rstrip("/") for u in ep.proxies] or ([instances[0].url] if len(instances) == 1 else [])
+    if not doors:
         from ucmctl.core.errors import UcmctlError
 
         raise UcmctlError.one(
             f"deployment '{deployment}' has no proxy and {len(instances)} API servers",
             fix="pass --url to pick the server to load",
         )
-    return Target(url.rstrip("/"), instances)
+    return Target(doors[0], instances, more_urls=doors[1:])

@@ -81,10 +81,10 @@ def up(
         drain=Drain(drain_timeout, move_after),
     )
     record = deploy_up(topo, str(topology.resolve()), options=options, console=err)
-    proxy = next((p.url for p in record.plan.processes if p.role == "proxy"), None)
+    doors = record.plan.proxy_words()
     out.print(
         f"deployment {record.deployment} is up: {counted(len(record.plan.processes), 'process')}"
-        + (f", proxy {proxy}" if proxy else "")
+        + (f", {doors}" if doors else "")
     )
 
 

@@ -296,13 +296,17 @@ def _probe(plan: Plan, record: Record, options: Options, console: Console) -> st
     if moot is not None:
         console.print(f"KV probe skipped: {moot}", markup=False)
         return None
-    console.print("KV probe: one request through the proxy ...")
-    result = kv_probe.run_probe(plan)
-    record.kv_probe = result
-    if result.ok:
-        console.print(f"KV probe: {result.detail}", markup=False)
-        return None
-    return result.detail
+    proxies = [p for p in plan.processes if p.role == "proxy"]
+    several = len(proxies) > 1
+    console.print(f"KV probe: one request through {'each proxy' if several else 'the proxy'} ...")
+    for proxy in proxies:  # replicas: each one's path proved, as each one routes on its own
+        result = kv_probe.run_probe(plan, proxy)
+        record.kv_probe = result
+        said = f"through {proxy.name}: {result.detail}" if several else result.detail
+        if not result.ok:
+            return said
+        console.print(f"KV probe: {said}", markup=False)
+    return None
 
 
 def _alive(launcher: Launcher, process: Process) -> bool:

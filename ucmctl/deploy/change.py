@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from ucmctl.core.errors import ExitStatus, Problem, UcmctlError
 from ucmctl.deploy import kv_probe
 from ucmctl.deploy.preflight import Preflight, preflight
-from ucmctl.deploy.proxy_client import Drain, Proxy
+from ucmctl.deploy.proxy_client import Drain, Proxies
 from ucmctl.deploy.restart import proxy_of, reach, restart_one
 from ucmctl.deploy.staging import stage_node
 from ucmctl.deploy.starting import failed_to_start, start_gated
@@ -64,6 +64,12 @@ def diff(old: Plan, new: Plan, *, restart_changed: bool, how: str) -> Diff:
         raise UcmctlError.one(
             f"{how} changes the deployment's mode or engine ({old.mode} {old.engine} -> {new.mode} "
             f"{new.engine}): not a change of a running deployment",
+            fix=again,
+        )
+    proxies = [[(p.name, p.node, p.url) for p in plan.processes if p.role == "proxy"] for plan in (old, new)]
+    if proxies[0] != proxies[1]:
+        raise UcmctlError.one(
+            f"{how} changes the proxy's replicas, nodes or port: not a change of a running deployment",
             fix=again,
         )
     before = {p.name: p for p in old.processes}
@@ -269,7 +275,7 @@ def _check_new(new: Plan, added: list[Process], moved: list[Process], launcher: 
 
 def _take_out(
     launcher: Launcher,
-    proxy: Proxy | None,
+    proxy: Proxies | None,
     p: Process,
     drain: Drain,
     grace: float,
@@ -296,7 +302,7 @@ def _bring_in(
     launcher: Launcher,
     runs: _Runs,
     added: list[Process],
-    proxy: Proxy | None,
+    proxy: Proxies | None,
     cleanup: dict[str, list[str]],
     grace: float,
     tell: Callable[[str], None],

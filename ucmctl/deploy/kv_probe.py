@@ -105,9 +105,10 @@ def _grown_reading(
         time.sleep(0.5)
 
 
-def run_probe(plan: Plan, *, timeout: float = 300.0) -> ProbeResult:
-    """Send one request through the proxy; say whether KV reached decode."""
-    proxy = next(p for p in plan.processes if p.role == "proxy")
+def run_probe(plan: Plan, proxy: Process | None = None, *, timeout: float = 300.0) -> ProbeResult:
+    """Send one request through the proxy (`proxy`: the one of several replicas); say whether
+    KV reached decode."""
+    proxy = proxy or next(p for p in plan.processes if p.role == "proxy")
     if proxy.proxy is not None and proxy.proxy.roles == "dynamic":
         return _probe_dynamic(plan, proxy, timeout)
     get = lambda url: _get(url, timeout=10.0)  # noqa: E731

@@ -52,17 +52,12 @@ class Proxy:
                 fix="check `ucmctl status`",
             ) from None
 
-    def drain(self, server: Process, how: Drain) -> int:
-        """Out of routing (its streamed answers moved elsewhere after `how.move_after`), then
-        wait up to `how.timeout` s for its requests in flight; how many are still in flight then."""
-        t0 = time.monotonic()
+    def drain(self, server: Process, how: Drain) -> None:
+        """Out of routing; its streamed answers moved elsewhere after `how.move_after`."""
         body: dict[str, Any] = {"url": str(server.url), "role": server.role}
         if how.move_after is not None:
             body["move_after"] = how.move_after
         self._ask("/instances/drain", body)
-        while (left := self.in_flight(server)) and time.monotonic() - t0 < how.timeout:
-            time.sleep(0.2)
-        return left
 
     def resume(self, server: Process) -> None:
         self._ask("/instances/resume", {"url": str(server.url), "role": server.role})
@@ -101,6 +96,49 @@ class Proxy:
         )
 
 
+class Proxies:
+    """The deployment's proxy, or every one of its replicas: each is told the same, as each
+    keeps its own instance list; what they carry is added up."""
+
+    def __init__(self, urls: list[str]) -> None:
+        self.each = [Proxy(u) for u in urls]
+
+    def drain(self, server: Process, how: Drain) -> int:
+        """Out of every replica's routing (its streamed answers moved elsewhere after
+        `how.move_after`), then wait up to `how.timeout` s for its requests in flight; how many
+        are still in flight then."""
+        t0 = time.monotonic()
+        for proxy in self.each:
+            proxy.drain(server, how)
+        while (left := self.in_flight(server)) and time.monotonic() - t0 < how.timeout:
+            time.sleep(0.2)
+        return left
+
+    def resume(self, server: Process) -> None:
+        for proxy in self.each:
+            proxy.resume(server)
+
+    def add(self, server: Process) -> None:
+        for proxy in self.each:
+            proxy.add(server)
+
+    def remove(self, server: Process) -> None:
+        for proxy in self.each:
+            proxy.remove(server)
+
+    def wait_routed(self, server: Process, timeout: float) -> bool:
+        """Whether every replica routes to `server` within `timeout` s."""
+        deadline = time.monotonic() + timeout
+        return all(proxy.wait_routed(server, max(0.0, deadline - time.monotonic())) for proxy in self.each)
+
+    def in_flight(self, server: Process) -> int:
+        return sum(proxy.in_flight(server) for proxy in self.each)
+
+    def routed(self, role: str, besides: set[str]) -> int:
+        """How many instances of `role` the replica that routes to the fewest routes to."""
+        return min(proxy.routed(role, besides) for proxy in self.each)
+
+
 def routing_line(proxy: Process) -> str | None:
     """What `status` says of the proxy's routing: the policy, and for kv where it learns where
     the KV is and its speeds (GET /routing); None when the proxy does not answer (its row says
@@ -111,7 +149,7 @@ def routing_line(proxy: Process) -> str | None:
         got = Proxy(proxy.url)._ask("/routing", timeout=2)
     except UcmctlError:
         return None
-    line = f"proxy routing: {got.get('policy', proxy.proxy.routing)}"
+    line = f"{proxy.name} routing: {got.get('policy', proxy.proxy.routing)}"
     if proxy.proxy.roles == "dynamic":
         line += ", roles per request"
     if proxy.proxy.direct_below:

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from ucmctl.core.errors import ExitStatus, UcmctlError
-from ucmctl.deploy.proxy_client import Drain, Proxy
+from ucmctl.deploy.proxy_client import Drain, Proxies
 from ucmctl.deploy.staging import stage_node
 from ucmctl.deploy.starting import ports_taken, start_gated
 from ucmctl.deploy.state import Record, StateStore, Status
@@ -46,10 +46,10 @@ def running_record(store: StateStore, deployment: str) -> Record:
     return record
 
 
-def proxy_of(record: Record) -> Proxy | None:
-    """The deployment's proxy, if it has one."""
-    found = next((p for p in record.plan.processes if p.role == "proxy" and p.url), None)
-    return Proxy(found.url) if found is not None and found.url else None
+def proxy_of(record: Record) -> Proxies | None:
+    """The deployment's proxy (every replica of it), if it has one."""
+    urls = [p.url for p in record.plan.processes if p.role == "proxy" and p.url]
+    return Proxies(urls) if urls else None
 
 
 def reach(launcher: Launcher, processes: list[Process]) -> None:
@@ -123,7 +123,7 @@ def restart(
     return done
 
 
-def _refuse_an_outage(proxy: Proxy, batches: list[list[Process]], down: set[str]) -> None:
+def _refuse_an_outage(proxy: Proxies, batches: list[list[Process]], down: set[str]) -> None:
     """A batch that would drain every routed instance of a role: requests would fail meanwhile.
     Those of it that are `down` (not running) take nothing out: restarting only them is no outage."""
     for batch in batches:
@@ -146,7 +146,7 @@ def restart_one(
     record: Record,
     store: StateStore,
     p: Process,
-    proxy: Proxy | None,
+    proxy: Proxies | None,
     drain: Drain,
     grace: float,
     tell: Callable[[str], None],

@@ -82,7 +82,7 @@ class Record(BaseModel):
 
 @dataclass(frozen=True)
 class Endpoints:
-    proxy: str | None
+    proxies: list[str]  # the proxy, or each of its replicas
     instances: list[tuple[str, str, str]]  # (process name, role, base URL)
 
 
@@ -192,20 +192,20 @@ def _holder(path: Path) -> str:
 
 
 def endpoints(deployment: str, store: StateStore | None = None) -> Endpoints:
-    """The proxy and every API server of a deployment that is up."""
+    """The proxy (its replicas) and every API server of a deployment that is up."""
     record = (store or StateStore()).load(deployment)
     if record is None:
         raise UcmctlError.one(
             f"no deployment named '{deployment}' on this machine", fix="see `ucmctl status`, or pass --url"
         )
-    proxy = None
+    proxies: list[str] = []
     instances: list[tuple[str, str, str]] = []
     for p in record.plan.processes:
-        if p.role == "proxy":
-            proxy = p.url
+        if p.role == "proxy" and p.url:
+            proxies.append(p.url)
         elif p.is_server and p.url:
             instances.append((p.name, p.role, p.url))
-    return Endpoints(proxy, instances)
+    return Endpoints(proxies, instances)
 
 
 def upgrade_v1(raw: dict[str, Any]) -> dict[str, Any]:

@@ -87,6 +87,8 @@ class _Renderer:
         self.sides = [side_layout(plan, self.base, role, procs) for role, procs in by_role.items() if procs]
         self.mooncake = next((p for p in plan.processes if p.role == "mooncake"), None)
         self.proxy = next((p for p in plan.processes if p.role == "proxy"), None)
+        # replicas: one Deployment of as many pods, each the first's (the base port), one Service
+        self.proxy_replicas = sum(1 for p in plan.processes if p.role == "proxy")
         self.config_name = f"{self.base}-config"
         self.store_name = f"{self.base}-store"
         self.mooncake_name = f"{self.base}-mooncake-master"
@@ -107,7 +109,7 @@ class _Renderer:
         for s in self.sides:
             objs.append(self._lws(s, containers[s.role]))
         if self.proxy is not None:
-            objs += self._deployment_and_service(self.proxy, self.proxy_name, "proxy")
+            objs += self._deployment_and_service(self.proxy, self.proxy_name, "proxy", self.proxy_replicas)
         self._check_equal_where_checks_demand(objs)
         return [
             Manifest(f"{i:02d}-{obj['kind'].lower()}-{obj['metadata']['name']}.yaml", obj)
@@ -143,16 +145,13 @@ class _Renderer:
             "app.kubernetes.io/component": component,
         }
 
-    def _deployment_and_service(self, p: Process, name: str, component: str) -> list[dict[str, Any]]:
+    def _deployment_and_service(
+        self, p: Process, name: str, component: str, replicas: int = 1
+    ) -> list[dict[str, Any]]:
         container = self._container(p, name=component, words=self._service_argv(p), env=self._env(p))
         pod = self._pod_template(component, [container], [])
-        deployment = self._object(
-            "apps/v1",
-            "Deployment",
-            name,
-            component,
-            spec={"replicas": 1, "selector": {"matchLabels": self._selector(component)}, "template": pod},
-        )
+        spec = {"replicas": replicas, "selector": {"matchLabels": self._selector(component)}, "template": pod}
+        deployment = self._object("apps/v1", "Deployment", name, component, spec=spec)
         ports = [
             {"name": _port_name(key), "port": port, "targetPort": port, "protocol": "TCP"}
             for key, port in p.ports.items()

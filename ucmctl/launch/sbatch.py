@@ -113,7 +113,6 @@ def _sbatch(flag: str, value: str | bool | None) -> str:
 def _header(plan: Plan) -> list[str]:
     spec = slurm_spec(plan)
     job = spec.job_name(plan.deployment)
-    proxy = next((p for p in plan.processes if p.role == "proxy"), None)
     about = f"""\
 #!/bin/bash
 {HEADER_MARK} from topology {plan.deployment} (digest {plan.topology_digest[:12]}).
@@ -132,8 +131,8 @@ def _header(plan: Plan) -> list[str]:
     lines = about.splitlines()
     for p in plan.processes:
         lines.append(_comment(f"  {p.name} on {p.node} (stage {p.stage.name}), log {p.log}"))
-    if proxy is not None and proxy.url:
-        lines.append(_comment(f"Requests go to the proxy: {proxy.url}"))
+    if plan.proxy_urls():
+        lines.append(_comment(f"Requests go to the {plan.proxy_words().replace(' ', ': ', 1)}"))
     lines.append("#")
     flags = [*allocation_flags(plan), ("output", log_pattern(plan))]
     lines += [_sbatch(flag, value) for flag, value in flags]
@@ -259,10 +258,9 @@ def render_script(plan: Plan) -> str:
             "addresses are known only once Slurm gives them",
             fix="name Slurm's nodes (with `host`), or use `ucmctl up`",
         )
-    proxy = next((p for p in plan.processes if p.role == "proxy"), None)
     up = f"ucmctl: deployment {plan.deployment} is up: {counted(len(plan.processes), 'process')}"
-    if proxy is not None and proxy.url:
-        up += f", proxy {proxy.url}"
+    if doors := plan.proxy_words():
+        up += f", {doors}"
     body = [
         *_header(plan),
         "",

@@ -58,7 +58,8 @@ def build_plan(t: Topology, slurm_nodes: dict[str, tuple[str, str]] | None = Non
     for server in placed:
         processes.append(_server(t, nodes, server, [master.name] if master else []))
     if t.proxy is not None:
-        processes.append(_proxy(t, nodes, [p for p in processes if p.is_server]))
+        upstream = [p for p in processes if p.is_server]
+        processes += [_proxy(t, nodes, upstream, *place) for place in t.proxy.places()]
     return Plan(
         deployment=t.name,
         mode=t.mode.value,
@@ -376,17 +377,20 @@ def _mooncake_json(t: Topology) -> str:
     )
 
 
-def _proxy(t: Topology, nodes: dict[str, NodePlan], upstream: list[Process]) -> Process:
+def _proxy(
+    t: Topology, nodes: dict[str, NodePlan], upstream: list[Process], name: str, node_name: str, port: int
+) -> Process:
+    """The proxy, or one of its replicas (`name` on `node_name`, at `port`): each one whole."""
     proxy = t.proxy
     assert proxy is not None
-    node = t.nodes[proxy.node]
-    container = t.container_of(proxy.node)
+    node = t.nodes[node_name]
+    container = t.container_of(node_name)
     # the router protocol (P2P): the connector's, as the first server's node runs it
     router = _mooncake_facts(t, t.nodes[upstream[0].node]).router if t.mode is Mode.p2p else None
     spec = ProxySpec(
         python=python_of(node, container),
         host=proxy.host or bind_address(node),
-        port=proxy.port,
+        port=port,
         mode="mixed" if t.mode is Mode.mixed else "pd",
         p2p=router,
         routing=str(routing_names.canonical(proxy.routing.value)),
@@ -398,20 +402,20 @@ def _proxy(t: Topology, nodes: dict[str, NodePlan], upstream: list[Process]) -> 
         migrations=proxy.migrations,
     )
     argv = spec.argv()
-    base = f"http://{reach_address(node)}:{proxy.port}"
+    base = f"http://{reach_address(node)}:{port}"
     return place_process(
         t,
         nodes,
-        name="proxy",
+        name=name,
         role="proxy",
-        node=proxy.node,
+        node=node_name,
         stage=Stage.proxy,
         argv=argv,
         env=dict(node.env),
         extra_files={},
         container=container,
         restart=proxy.restart,
-        ports={"http": proxy.port},
+        ports={"http": port},
         url=base,
         health=[f"{base}/health"],
         depends_on=[p.name for p in upstream],

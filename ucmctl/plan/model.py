@@ -241,6 +241,15 @@ class Plan(Frozen):
     def servers(self) -> list[Process]:
         return [p for p in self.processes if p.is_server]
 
+    def proxy_urls(self) -> list[str]:
+        """Where clients send requests: the proxy, or each of its replicas."""
+        return [p.url for p in self.processes if p.role == "proxy" and p.url]
+
+    def proxy_words(self) -> str:
+        """`proxy URL`, or `proxies URL, URL`; "" without a proxy."""
+        urls = self.proxy_urls()
+        return f"prox{'ies' if len(urls) > 1 else 'y'} {', '.join(urls)}" if urls else ""
+
     def uses_store(self, process: Process) -> bool:
         return self.store is not None and process.name in self.store.users
 

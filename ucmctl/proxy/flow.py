@@ -432,6 +432,10 @@ async def _continue(
     cont_req = Request(raw, body, rewrite.COMPLETIONS, len(ids), req.headers, None, req.session, blocks)
     try:
         inst, resp, first = await _answer(state, cont_req, [dead], resumed=True)
+    except asyncio.CancelledError:  # the client went away meanwhile: its continuation goes too
+        metrics.migrations["cancelled", cause] += 1
+        metrics.errors["client_disconnect"] += 1
+        raise
     except (LegFailed, _Answered) as exc:
         metrics.migrations["failed", cause] += 1
         message = exc.message if isinstance(exc, LegFailed) else "a prefill instance refused it"

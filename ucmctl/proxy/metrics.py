@@ -136,7 +136,8 @@ class Metrics:
             "counter",
             "Streamed answers cut mid-stream, by outcome: resumed "
             "(they went on on another instance), failed (no instance took the continuation), "
-            "not_continued (it cannot go on faithfully, or moved too often); and by cause: failure "
+            "not_continued (it cannot go on faithfully, or moved too often), cancelled (its client "
+            "went away while it moved: the continuation is stopped); and by cause: failure "
             "(the upstream broke) or drain (moved off an instance drained for a restart).",
         )
         out.extend(f'{names.PROXY_MIGRATIONS}{{outcome="{o}",cause="{c}"}} {n}'

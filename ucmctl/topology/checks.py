@@ -22,7 +22,7 @@ from ucmctl.topology.model import (
     Topology,
     Transport,
 )
-from ucmctl.topology.placement_checks import check_placement
+from ucmctl.topology.placement_checks import check_placement, check_proxy_places
 from ucmctl.topology.source import KeyPath, Source
 
 # The UCM config's pipelines (ucmctl.core.ucm_config, the one schema of that file) that share blocks
@@ -263,12 +263,8 @@ def _check_services(t: Topology, bad) -> None:
                 "PD disaggregation needs a proxy to pair prefill and decode",
                 "add proxy: {node: <node>, port: <port>}",
             )
-    elif t.proxy.node not in t.nodes:
-        bad(
-            ("proxy", "node"),
-            f"unknown node {t.proxy.node!r}",
-            f"defined nodes: {', '.join(t.nodes)}",
-        )
+    else:
+        check_proxy_places(t, bad)
     if t.proxy is not None and t.proxy.roles == "dynamic" and t.mode is not Mode.centralized:
         bad(
             ("proxy", "roles"),

@@ -313,8 +313,21 @@ class Restart(Strict):
 
 
 class Proxy(Strict):
-    node: str = Field(description="node that runs the proxy")
-    port: Port = Field(7802, description="port clients connect to")
+    node: str | None = Field(None, description="node that runs the proxy (and its replicas)")
+    nodes: list[str] | None = Field(
+        None, description="instead of node: the nodes its replicas are spread over, one on each in turn"
+    )
+    port: Port = Field(
+        7802, description="port clients connect to; replicas sharing a node listen on port, port+1, ..."
+    )
+    replicas: int | None = Field(
+        None,
+        ge=1,
+        le=64,
+        description="proxies that share nothing (each learns the instances' state itself), for clients "
+        "that know several endpoints: one may die without the deployment losing its front door "
+        "(default: 1, or one on each of nodes)",
+    )
     host: str | None = Field(
         None, description="address to listen on (default: the node's bind address); 0.0.0.0 for every one"
     )
@@ -362,6 +375,14 @@ class Proxy(Strict):
     @classmethod
     def _host(cls, v: str | None) -> str | None:
         return None if v is None else _bind_address(v)
+
+    def places(self) -> list[tuple[str, str, int]]:
+        """Each replica's process name, node and port, in order (the nodes taken in turn): one
+        proxy is `proxy`, replicas are `proxy-0`, `proxy-1`, ..."""
+        nodes = self.nodes or ([self.node] if self.node else [])
+        count = (self.replicas or len(nodes)) if nodes else 0
+        names = ["proxy"] if count == 1 else [f"proxy-{i}" for i in range(count)]
+        return [(names[i], nodes[i % len(nodes)], self.port + i // len(nodes)) for i in range(count)]
 
 
 class PeerParallel(Strict):

@@ -48,7 +48,7 @@ def check_placement(t: Topology, bad) -> None:
             bad(
                 path,
                 f"port {port} on node {node!r} is used by both {holder} and {owner}",
-                "give each process its own port (servers on a node use port + i, "
+                "give each process its own port (servers and proxy replicas on a node use port + i, "
                 "Mooncake kv_port + i*tp .. + tp-1)",
             )
         ports[node].setdefault(port, owner)
@@ -79,7 +79,9 @@ def check_placement(t: Topology, bad) -> None:
             if port:
                 claim(server.node, port, f"{server.name} {what}", (server.side, key))
     if t.proxy is not None:
-        claim(t.proxy.node, t.proxy.port, "proxy", ("proxy", "port"))
+        for name, where, port in t.proxy.places():
+            if where in t.nodes and port <= 65535:  # an unknown node or a port past the range: said before
+                claim(where, port, name, ("proxy", "port"))
 
 
 def _check_cpu_binding(t: Topology, placed: list, bad) -> None:
@@ -112,4 +114,46 @@ def _check_cpu_binding(t: Topology, placed: list, bad) -> None:
             f"node {node_name!r} runs {len(binds)} vLLM CPU servers and vLLM binds each to the same "
             f"cores unless {variable} gives each its own",
             'set it per side, e.g. "0" and "1", or core ranges such as "0-15" and "16-31"',
+        )
+
+
+def check_proxy_places(t: Topology, bad) -> None:
+    """The proxy's node, or the nodes of its replicas, and the ports they take."""
+    proxy = t.proxy
+    assert proxy is not None
+    if (proxy.node is None) == (proxy.nodes is None):
+        bad(
+            ("proxy", "node"),
+            "the proxy needs a node, or nodes to spread its replicas over: "
+            + ("neither is given" if proxy.node is None else "both are given"),
+            "give proxy: {node: <node>}, or proxy: {nodes: [<node>, ...], replicas: N}",
+        )
+        return
+    key = "node" if proxy.node is not None else "nodes"
+    named = [proxy.node] if proxy.node is not None else list(proxy.nodes or [])
+    if not named:
+        bad(("proxy", "nodes"), "is empty", "name the nodes the replicas run on, or give node")
+        return
+    for name in named:
+        if name not in t.nodes:
+            bad(("proxy", key), f"unknown node {name!r}", f"defined nodes: {', '.join(t.nodes)}")
+    if len(set(named)) < len(named):
+        bad(
+            ("proxy", "nodes"),
+            "names a node twice",
+            "replicas on one node take consecutive ports: raise replicas",
+        )
+    last = max(port for _, _, port in proxy.places())
+    if last > 65535:
+        bad(
+            ("proxy", "replicas"),
+            f"{proxy.replicas} replicas from port {proxy.port} on {len(named)} node(s) need ports "
+            f"up to {last}, past 65535",
+            "lower replicas or port, or spread the replicas over more nodes",
+        )
+    if len(named) > 1 and proxy.host is not None and proxy.host not in ("0.0.0.0", "::"):
+        bad(
+            ("proxy", "host"),
+            f"{proxy.host} is one node's address; the replicas run on {', '.join(named)}",
+            "drop host (each listens on its node's bind address), or use 0.0.0.0",
         )

@@ -35,6 +35,7 @@ HEALTHY_RATE = 2.0  # requests a second, in the runs that must find no storage e
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 SHARES = "gluster"  # glusterd: one module at a time (tests/support/fixtures.py)
+QUIET = True  # while no real engine runs on this machine (tests/support/fixtures.py)
 
 
 @pytest.fixture(scope="module")

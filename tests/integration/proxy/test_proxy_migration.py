@@ -210,3 +210,44 @@ def test_an_answer_that_cannot_go_on_faithfully_ends_with_why(launch: Launch, tm
         assert all("choices" in json.loads(e) for e in events[:-1])
         assert metric(url, "ucmctl_proxy_migrations_total", outcome="not_continued") == 1
         assert metric(url, "ucmctl_proxy_migrations_total", absent=0, outcome="resumed") == 0
+
+
+@pytest.mark.slow
+def test_a_client_gone_during_a_migration_leaves_no_request_running(launch: Launch, tmp_path: Path) -> None:
+    """The client closes its connection right after its instance was killed, while the proxy
+    brings its answer to another (whose first token takes 0.4 s or more: a slow prefill of the
+    tokens the store lacks): the continuation is stopped at once, no instance keeps generating it (300
+    tokens would take 4.5 s), and the proxy's counts come back to nothing in flight."""
+    _, flags = shared_store(tmp_path)
+    gen = [*flags, "--decode-step-ms", STEP_MS]
+    p, a = sim(tmp_path, *flags), sim(tmp_path, *gen)
+    b = sim(tmp_path, *gen, "--prefill-us-per-token", "100000")
+    px = proxy(tmp_path, *pd_flags([p], [a]), "--health-interval", "60")
+    launch(p, a, b, px)
+    body = {"model": "sim-model", "prompt": _prompt(2), "max_tokens": TOKENS, "stream": True,
+            "ignore_eos": True}  # fmt: skip
+
+    async def go() -> None:
+        async with aiohttp.ClientSession() as s:
+            r = await s.post(px.url + "/v1/completions", json=body)
+            got = b""
+            while got.count(b"data:") < 40:
+                got += await r.content.readany()
+            # b joins now: the only other decode instance, where the answer must go on
+            add = await s.post(px.url + "/instances/add", json={"url": b.url, "role": "decode"})
+            assert (await add.json())["healthy"] is True
+            a.kill()
+            await asyncio.sleep(0.1)
+            r.close()  # the client is gone, mid-migration
+
+    asyncio.run(go())
+    wait_for(lambda: metric(px.url, "ucmctl_proxy_errors_total", absent=0, reason="client_disconnect") == 1,
+             5, "the proxy saw the client go")  # fmt: skip
+    # the continuation was on its way to b (b took it up) and went with the client
+    assert metric(px.url, "ucmctl_proxy_migrations_total", absent=0, outcome="cancelled") == 1
+    assert metric(px.url, "ucmctl_proxy_migrations_total", absent=0, outcome="resumed") == 0
+    wait_for(lambda: metric(b.url, "vllm:prompt_tokens_total", absent=0) > 0, 1, "b saw the continuation")
+    # stopped on b at once, not 4.5 s of tokens later
+    wait_for(lambda: asyncio.run(_running(b.url)) == 0, 1.5, "the continuation stopped on b")
+    assert asyncio.run(_running(p.url)) == 0
+    wait_for(lambda: metric(px.url, "ucmctl_proxy_instance_requests_in_flight") == 0, 5, "counts settle")

@@ -23,6 +23,7 @@ from tests.support.netns import cluster_or_skip
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 SHARES = "gluster"  # glusterd: one module at a time (tests/support/fixtures.py)
+QUIET = True  # while no real engine runs on this machine (tests/support/fixtures.py)
 ROOT = Path(__file__).resolve().parents[3]  # the client imports `tests` from the checkout's root
 CLIENT = [sys.executable, "-m", "tests.integration.store.netfs_client"]
 COUNT = 24

@@ -179,3 +179,47 @@ def test_a_fault_is_sent_at_its_time_and_reported() -> None:
     assert lines[0].startswith("measure 64: fault kill:decode-0@0.2s sent 0.")
     assert lines[2] == "  failed 1 (0 of them sent after it)"
     assert "not reported lost; not back" in lines[4] and all(len(x) <= 80 for x in lines)
+
+
+def test_of_two_proxy_replicas_the_dead_ones_gauges_are_read_and_the_living_ones_counters() -> None:
+    """kill:proxy-1 of two replicas: what proxy-1 carried is its gauges (every instance's) read
+    before the kill; the counters are proxy-0's, which live on (proxy-1's die with it)."""
+    from aiohttp import web
+
+    from tests.support.http import serve
+
+    texts = {0: PROXY, 1: PROXY.replace("} 9\n", "} 4\n")}  # proxy-1 streams 2 + 4
+
+    async def go() -> tuple[dict | None, dict | None]:
+        import aiohttp
+
+        runners, urls = [], []
+        for k in (0, 1):
+            async def metrics(_request: web.Request, k: int = k) -> web.Response:
+                return web.Response(text=texts[k])
+
+            app = web.Application()
+            app.router.add_get("/metrics", metrics)
+            url, runner = await serve(app)
+            runners.append(runner)
+            urls.append(url)
+        fault = Fault(FaultSpec("kill", "proxy-1", 1.0), lambda: True, proxy_urls=urls, victim_url=ALL,
+                      victim_proxy=urls[1])  # fmt: skip
+        async with aiohttp.ClientSession() as http:
+            before = await fault._proxy_samples(http)
+            await runners[1].cleanup()  # proxy-1 is gone
+            after = await fault._proxy_samples(http)
+        await runners[0].cleanup()
+        return before, after
+
+    before, after = asyncio.run(go())
+    assert before is not None and after is not None
+    assert (before["streaming"], before["in_flight"]) == (6, 3)  # proxy-1's own
+    assert before["mid_stream"] == 4 and before["retries"] == 5  # proxy-0's alone
+    assert "streaming" not in after and after["mid_stream"] == 4
+    cost = cost_at_proxy(before, None, after)
+    assert cost["streaming_on_it"] == 6 and cost["cut_mid_stream"] == 0 and cost["retried"] == 0
+    lines = fault_lines("m", {"injected": True, "spec": "kill:proxy-1@1s", "into_s": 1.0, "was_running": True,
+                              "failed": 3, "failed_sent_after": 0, "sent_on": 5, **cost, "window_s": 1,
+                              "before": _WINDOW, "after": _WINDOW})  # fmt: skip
+    assert "  5 sent on to another proxy when theirs refused the connection" in lines

@@ -54,8 +54,9 @@ def test_a_changed_flag_restarts_those_servers_and_a_dropped_node_takes_its_out(
 @pytest.mark.parametrize(
     ("old", "new", "said"),
     [
-        ("proxy: {node: a, port: 8002}", "proxy: {node: a, port: 8003}", "this topology would change proxy"),
-        ("proxy: {node: a, port: 8002}", "proxy: {node: b, port: 8002}", "this topology would change proxy"),
+        ("proxy: {node: a, port: 8002}", "proxy: {node: a, port: 8003}", "changes the proxy's replicas"),
+        ("proxy: {node: a, port: 8002}", "proxy: {node: b, port: 8002}", "changes the proxy's replicas"),
+        ("proxy: {node: a, port: 8002}", "proxy: {node: a, port: 8002, replicas: 2}", "changes the proxy's"),
         ("mode: centralized", "mode: mixed", "changes the deployment's mode or engine"),
     ],
 )

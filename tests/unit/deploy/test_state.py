@@ -56,7 +56,7 @@ def test_endpoints_and_bad_names(tmp_path: Path) -> None:
     store = StateStore(tmp_path)
     store.save(record())
     ep = endpoints("2p2d-centralized", store)
-    assert ep.proxy == "http://192.168.10.1:7805"
+    assert ep.proxies == ["http://192.168.10.1:7805"]
     names = [(n, r) for n, r, _ in ep.instances]
     assert names == [
         ("prefill-0", "prefill"),

@@ -89,3 +89,39 @@ def test_migrations_reach_the_proxys_command_line_and_a_bad_count_is_one_line() 
         with pytest.raises(UcmctlError) as caught:
             plan_with(f"migrations: {bad}")
         assert "proxy.migrations" in str(caught.value), str(caught.value)
+
+
+def test_replicas_on_one_node_take_consecutive_ports_and_spread_ones_a_port_each() -> None:
+    plan = plan_with("replicas: 3")
+    proxies = [p for p in plan.processes if p.role == "proxy"]
+    assert [(p.name, p.node, p.ports["http"]) for p in proxies] == [
+        ("proxy-0", "a", 7805), ("proxy-1", "a", 7806), ("proxy-2", "a", 7807)
+    ]  # fmt: skip
+    # each whole and alike: the same instances, routing and spec but its own port
+    assert all(p.argv[p.argv.index("--port") + 1] == str(p.ports["http"]) for p in proxies)
+    ports = {p.name: p.argv[p.argv.index("--port") + 1] for p in proxies}
+    assert len({json.dumps([a for a in p.argv if a != ports[p.name]]) for p in proxies}) == 1
+    assert plan.proxy_urls() == [p.url for p in proxies] and plan.proxy_words().startswith("proxies http://")
+    from ucmctl.monitor.prometheus import targets
+
+    scraped = [(t["labels"]["process"], t["targets"]) for t in targets(plan)
+               if t["labels"]["role"] == "proxy"]
+    assert scraped == [(p.name, [f"192.168.10.1:{p.ports['http']}"]) for p in proxies]  # each replica
+    text = BASE.replace("\nproxy:\n  node: a\n", "\nproxy:\n  nodes: [a, b]\n", 1)
+    spread = build_plan(parse_topology(text))
+    assert [(p.name, p.node, p.ports["http"]) for p in spread.processes if p.role == "proxy"] == [
+        ("proxy-0", "a", 7805), ("proxy-1", "b", 7805)
+    ]  # fmt: skip
+
+
+def test_one_proxy_keeps_its_name_and_k8s_runs_replicas_as_one_deployment() -> None:
+    from ucmctl.k8s.render import render_manifests
+
+    assert [p.name for p in plan_with().processes if p.role == "proxy"] == ["proxy"]
+    assert plan_with().proxy_words() == "proxy http://192.168.10.1:7805"
+    objs = [m.obj for m in render_manifests(plan_with("replicas: 3"))]
+    proxy = [o for o in objs if o["metadata"]["name"].endswith("-proxy")]
+    (deployment,) = [o for o in proxy if o["kind"] == "Deployment"]
+    assert deployment["spec"]["replicas"] == 3
+    (service,) = [o for o in proxy if o["kind"] == "Service"]
+    assert [p["port"] for p in service["spec"]["ports"]] == [7805]  # one front door: the base port

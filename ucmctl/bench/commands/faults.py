@@ -58,12 +58,20 @@ def faulting(record: Any, spec: FaultSpec | None, target: Any) -> Iterator[None]
 
     victim = process_named(record, spec.process)
     with signaller(record, victim, spec.action) as fire:
-        proxy = target.url if any(p.role == "proxy" for p in record.plan.processes) else None
+        proxies = [p.url.rstrip("/") for p in record.plan.processes if p.role == "proxy" and p.url]
         victim_url = victim.url.rstrip("/") if victim.is_server and victim.url else None
+        victim_proxy = None
         if victim.role == "proxy":
             victim_url = ALL  # its gauges are read for every instance, and it has no store
+            victim_proxy = str(victim.url).rstrip("/")
         target.fault = Fault(
-            spec, fire, proxy_url=proxy, victim_url=victim_url, watch=target.watch, metrics=target.metrics
+            spec,
+            fire,
+            proxy_urls=proxies,
+            victim_url=victim_url,
+            victim_proxy=victim_proxy,
+            watch=target.watch,
+            metrics=target.metrics,
         )
         yield
 

@@ -201,18 +201,23 @@ def url_target(opts: RunOptions) -> Target:
             key="--fail-fast",
             fix="bench a deployment (-d NAME), or drop --fail-fast",
         )
-    url = opts.url or ""
-    base = url.rstrip("/")
-    if not base.startswith(("http://", "https://")):
-        raise UcmctlError.one(f"'{url}' is not an http(s) URL", key="--url", fix="e.g. http://127.0.0.1:8000")
-    urls = opts.metrics_url or [base]
+    doors = [u.strip().rstrip("/") for u in (opts.url or "").split(",")]
+    for url in doors:
+        if not url.startswith(("http://", "https://")) or len(url) <= len("https://"):
+            raise UcmctlError.one(
+                f"'{url}' is not an http(s) URL",
+                key="--url",
+                fix="e.g. http://127.0.0.1:8000, or several: http://h1:8000,http://h2:8000",
+            )
+    urls = opts.metrics_url or doors[:1]
     return Target(
-        base,
+        doors[0],
         [
             Instance(f"server{i}" if len(urls) > 1 else "server", "server", u.rstrip("/"))
             for i, u in enumerate(urls)
         ],
         engine=opts.engine or DEFAULT_ENGINE,
+        more_urls=doors[1:],
     )
 
 

@@ -44,7 +44,12 @@ def with_workload_options(command: Command) -> Command:
 
 
 DEPLOYMENT = typer.Option(None, "--deployment", "-d", help="a deployment started by `ucmctl up`")
-URL = typer.Option(None, "--url", help="any OpenAI-compatible server, e.g. http://127.0.0.1:8000")
+URL = typer.Option(
+    None,
+    "--url",
+    help="any OpenAI-compatible server, e.g. http://127.0.0.1:8000; several, comma-separated (proxy "
+    "replicas): requests go to each in turn, and on to the next when one refuses the connection",
+)
 ENGINE = typer.Option(
     None,
     "--engine",

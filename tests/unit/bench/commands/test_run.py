@@ -92,7 +92,7 @@ def test_a_url_target_reads_metrics_where_told() -> None:
 @pytest.mark.parametrize(
     ("changes", "said"),
     [
-        ({"url": "ftp://x"}, "--url: 'ftp://x' is not an http(s) URL (e.g. http://127.0.0.1:8000)"),
+        ({"url": "ftp://x"}, "--url: 'ftp://x' is not an http(s) URL (e.g. http://127.0.0.1:8000, or"),
         ({"url": "http://x", "fail_fast": True}, "--fail-fast: --fail-fast watches a deployment's"),
     ],
 )
