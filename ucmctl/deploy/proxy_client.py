@@ -108,6 +108,7 @@ class Proxies:
         `how.move_after`), then wait up to `how.timeout` s for its requests in flight; how many
         are still in flight then."""
         t0 = time.monotonic()
+        self.in_flight(server)  # every replica answers before any is told: none drained alone
         for proxy in self.each:
             proxy.drain(server, how)
         while (left := self.in_flight(server)) and time.monotonic() - t0 < how.timeout:
