@@ -38,6 +38,8 @@ def _netns(pid: int) -> int | None:
 
 
 def of_the_tests(pid: int, line: str) -> bool:
+    if "-m pytest" in line or line.split(" ", 1)[0].endswith("pytest"):
+        return False  # a test session (the other CI lane's next step), not what a test left
     env = environ(pid)
     if SESSION in env:  # started on this machine by a test session: this one, or another's
         return env[SESSION] == os.environ.get(SESSION)

@@ -10,6 +10,7 @@ matched by name.
 
 from __future__ import annotations
 
+import math
 import posixpath
 import re
 import shlex
@@ -171,9 +172,12 @@ done
 
 def stop(ex: Executor, process: Process, *, grace: float = 10) -> Stopped:
     """TERM the group, wait up to `grace` seconds, KILL what is left, remove the pidfile. A
-    process systemd restarts: its unit is stopped first (also while it waits to restart)."""
+    process systemd restarts: its unit is stopped first (also while it waits to restart). The
+    waits are by the clock, not by a count of checks: on a loaded node each check (ps, and the
+    environment of each process of the group) took long enough that 150 of them outlasted the
+    command's own timeout (seen: `down` failing on a CI machine running four vLLM servers)."""
     pidfile, mark = shlex.quote(process.pidfile), shlex.quote(marker(process))
-    tries = int(grace * 10)
+    term_s = max(1, math.ceil(grace))
     unit = units.stop_lines(process, grace) if units.managed(process) else ""
     script = (
         _MEMBERS
@@ -185,12 +189,12 @@ live=0
 {unit}
 if [ "$live" -eq 0 ]; then rm -f {pidfile}; echo absent; exit 0; fi
 kill -TERM -"$g" 2>/dev/null  # dash's kill takes no `--`
-i=0
-while [ "$(members "$g" {mark})" -gt 0 ] && [ $i -lt {tries} ]; do sleep 0.1; i=$((i + 1)); done
+end=$(($(date +%s) + {term_s}))  # whole seconds: the grace, and up to a second more
+while [ "$(members "$g" {mark})" -gt 0 ] && [ "$(date +%s)" -le "$end" ]; do sleep 0.1; done
 if [ "$(members "$g" {mark})" -gt 0 ]; then
   kill -KILL -"$g" 2>/dev/null
-  i=0
-  while [ "$(members "$g" {mark})" -gt 0 ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
+  end=$(($(date +%s) + 5))
+  while [ "$(members "$g" {mark})" -gt 0 ] && [ "$(date +%s)" -le "$end" ]; do sleep 0.1; done
   if [ "$(members "$g" {mark})" -gt 0 ]; then echo "process group $g survived SIGKILL" >&2; exit 4; fi
   echo killed
 else

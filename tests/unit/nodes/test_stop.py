@@ -1,0 +1,46 @@
+"""`down`'s stop of one process for real (lifecycle.stop on this machine): TERM to its group,
+then, for a process that ignores TERM, KILL once `grace` seconds have passed by the clock."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from tests.support.processes import wait_for
+from ucmctl.nodes import lifecycle
+from ucmctl.nodes.executor import LocalExecutor
+from ucmctl.plan.model import NodePlan, PlacedFile, Process, Stage
+
+
+def _started(tmp: Path, script: str) -> tuple[LocalExecutor, Process]:
+    home = tmp / "srv"
+    home.mkdir()
+    launch = home / "launch.sh"
+    launch.write_text(script)
+    node = NodePlan(name="local", host="localhost", transport="local", user="me", ssh_port=22,
+                    key=None, platform="cpu", devices=0, python="python3", run_dir=str(tmp),
+                    bind="127.0.0.1")  # fmt: skip
+    p = Process(name="srv", role="decode", node="local", stage=Stage.servers, argv=["true"], env={},
+                launch=str(launch), files=[PlacedFile(path=str(launch), content="")], ports={},
+                log=str(home / "output.log"), pidfile=str(home / "pid"), health_timeout=60.0)  # fmt: skip
+    ex = LocalExecutor(node)
+    lifecycle.start(ex, p)
+    assert wait_for(lambda: (home / "output.log").exists() and "up" in (home / "output.log").read_text())
+    return ex, p
+
+
+def test_a_process_that_ignores_term_is_killed_after_the_grace(tmp_path: Path) -> None:
+    ex, p = _started(tmp_path, "trap '' TERM\necho up\nwhile :; do sleep 0.1; done\n")
+    t0 = time.monotonic()
+    stopped = lifecycle.stop(ex, p, grace=1)
+    took = time.monotonic() - t0
+    assert stopped.was_running and stopped.killed, stopped
+    assert 1.0 <= took < 7.0, took  # the grace by the clock, then the KILL
+    assert lifecycle.alive(ex, p) is None
+
+
+def test_a_process_that_ends_on_term_is_stopped_not_killed(tmp_path: Path) -> None:
+    ex, p = _started(tmp_path, "echo up\nexec sleep 60\n")
+    stopped = lifecycle.stop(ex, p, grace=5)
+    assert stopped.was_running and not stopped.killed
+    assert lifecycle.stop(ex, p, grace=5).was_running is False  # gone: nothing to stop
