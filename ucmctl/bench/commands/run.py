@@ -227,7 +227,7 @@ def configure(opts: RunOptions, checked: Checked, where: Where) -> tuple[BenchCo
     from ucmctl.bench.runner import BenchConfig, server_facts, vocabulary_refused
 
     target, spec = where.target, checked.spec
-    facts = loop.run(server_facts([target.url, *(i.url for i in target.instances)]))
+    facts = loop.run(server_facts([*target.urls, *(i.url for i in target.instances)]))  # one dead: the next
     model = facts.model if opts.model is None else opts.model
     out_len = opts.output_len or spec.default_output_len
     fit_input_lengths(opts, spec, facts.max_model_len, out_len)
