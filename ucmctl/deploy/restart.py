@@ -48,7 +48,7 @@ def running_record(store: StateStore, deployment: str) -> Record:
 
 def proxy_of(record: Record) -> Proxies | None:
     """The deployment's proxy (every replica of it), if it has one."""
-    urls = [p.url for p in record.plan.processes if p.role == "proxy" and p.url]
+    urls = record.plan.proxy_urls()
     return Proxies(urls) if urls else None
 
 

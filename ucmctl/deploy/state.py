@@ -198,14 +198,10 @@ def endpoints(deployment: str, store: StateStore | None = None) -> Endpoints:
         raise UcmctlError.one(
             f"no deployment named '{deployment}' on this machine", fix="see `ucmctl status`, or pass --url"
         )
-    proxies: list[str] = []
-    instances: list[tuple[str, str, str]] = []
-    for p in record.plan.processes:
-        if p.role == "proxy" and p.url:
-            proxies.append(p.url)
-        elif p.is_server and p.url:
-            instances.append((p.name, p.role, p.url))
-    return Endpoints(proxies, instances)
+    instances: list[tuple[str, str, str]] = [
+        (p.name, p.role, p.url) for p in record.plan.processes if p.is_server and p.url
+    ]
+    return Endpoints(record.plan.proxy_urls(), instances)
 
 
 def upgrade_v1(raw: dict[str, Any]) -> dict[str, Any]:

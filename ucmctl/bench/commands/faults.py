@@ -58,7 +58,7 @@ def faulting(record: Any, spec: FaultSpec | None, target: Any) -> Iterator[None]
 
     victim = process_named(record, spec.process)
     with signaller(record, victim, spec.action) as fire:
-        proxies = [p.url.rstrip("/") for p in record.plan.processes if p.role == "proxy" and p.url]
+        proxies = [url.rstrip("/") for url in record.plan.proxy_urls()]
         victim_url = victim.url.rstrip("/") if victim.is_server and victim.url else None
         victim_proxy = None
         if victim.role == "proxy":
