@@ -396,6 +396,8 @@ async def _pump(
                 return exc
     finally:
         leg.inst.output_chunks_total += chunks
+    if answer is not None:
+        answer.settle()
     if answer is not None and not (answer.done or answer.finished):
         return aiohttp.ClientPayloadError("the stream ended before its last event")
     return None

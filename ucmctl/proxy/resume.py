@@ -26,12 +26,15 @@ from ucmctl.proxy.rewrite import CHAT, COMPLETIONS
 # a chunk's token ids, as vLLM writes them (never the first field of an object)
 _IDS = re.compile(rb',"(prompt_token_ids|token_ids)":(null|\[[0-9, ]*\])')
 _TOKEN_IDS = re.compile(rb',"token_ids":\[([0-9, ]*)\]')
+_IDS_AT = b',"token_ids":['  # where an event's token ids begin (vLLM writes them as a list)
+_NO_PROMPT_IDS = b',"prompt_token_ids":null'  # in each completion event after the first, before them
 _ERROR = (b'data: {"error"', b'"object":"error"')
 _FINISHED = b'"finish_reason":"'
 # a chunk whose token brought no text: the middle of a character split over several tokens (the
 # engine holds its bytes back until it is whole)
 _NO_TEXT = (b'"text":""', b'"delta":{}', b'"content":""')
 _DONE = b"data: [DONE]"
+_PROMPT_IDS_KEY = b'"prompt_token_ids":'
 
 # Guided decoding cannot be resumed from a token in the middle of its grammar (Dynamo turned its
 # migration off for it after corrupted outputs).
@@ -126,25 +129,44 @@ class Answer:
         self._buf = b"" if whole is buf else buf[end + 2 :]
         if not continued:
             self._recent.append(whole)
-            if self.head and not (self.logprobs or self.broke or _ERROR[0] in buf or _ERROR[1] in buf):
-                return self._plain(whole)
+            if self.head and not (self.logprobs or self.broke):
+                if whole.rfind(b"\n\n", 0, len(whole) - 2) < 0:  # one event: the usual read
+                    return self._plain(whole)
+                return b"".join(self._plain(ev + b"\n\n") for ev in buf[:end].split(b"\n\n") if ev)
         event = self._continued if continued else self._event
         return b"".join(event(ev) for ev in buf[:end].split(b"\n\n") if ev)
 
-    def _plain(self, events: bytes) -> bytes:
-        """Whole events of the first leg after its first, read as bytes (the cheap path, for every
-        token): their ids kept as written (read as numbers when asked for), and taken out unless
-        the client asked for them."""
-        found = _TOKEN_IDS.findall(events)
-        if found:
-            self._unread.append(b",".join(found))
-        if _FINISHED in events:
-            self.finished = True
-        if _DONE in events:
-            self.done = True
-        if b'"usage":{' in events:
-            self.usage_sent = True
-        return events if self.keep_ids else _IDS.sub(b"", events)
+    def _plain(self, ev: bytes) -> bytes:
+        """A whole event of the first leg after its first, read as bytes (the cheap path, for
+        every token of every answer that may move, so no scan of the whole event): its ids found
+        from its end and kept as written (read as numbers when asked for), and taken out unless
+        the client asked for them. An event without ids ([DONE], usage, an error) is read whole.
+        Its finish reason and usage are looked for only when the leg ends (`settle`)."""
+        at = ev.rfind(_IDS_AT)
+        if at < 0:
+            return self._event(ev[:-2])
+        end = ev.index(b"]", at)
+        self._unread.append(ev[at + len(_IDS_AT) : end])
+        if self.keep_ids:
+            return ev
+        if ev.endswith(_NO_PROMPT_IDS, 0, at):  # a completion's: right before the ids
+            at -= len(_NO_PROMPT_IDS)
+        tail = ev[end + 1 :]  # the event's last fields
+        if _PROMPT_IDS_KEY in tail:  # a chat's, after its choices
+            tail = _IDS.sub(b"", tail)
+        return ev[:at] + tail
+
+    def settle(self) -> None:
+        """The first leg's finish and usage, which its cheap path does not look for: read off its
+        last reads (after a finish reason come only the usage and [DONE]) once it ended ([DONE])
+        or broke."""
+        if self._resumed:
+            return
+        for events in self._recent:
+            if _FINISHED in events:
+                self.finished = True
+            if b'"usage":{' in events:
+                self.usage_sent = True
 
     @property
     def ids(self) -> list[int]:
@@ -201,7 +223,9 @@ class Answer:
             self.broke = self.broke or ev
             return b""
         if not ev.startswith(b"data: {"):
-            self.done = self.done or ev == _DONE
+            if ev == _DONE:
+                self.done = True
+                self.settle()
             return ev + b"\n\n"
         return None
 
@@ -219,10 +243,12 @@ class Answer:
 
     def resumable(self) -> bool:
         """The stream broke where a continuation can take it up: ids known, not finished."""
+        self.settle()
         return self.prompt_ids is not None and not self.finished and not self.done
 
     def complete(self) -> bool:
         """Every token of the answer came (its end may not have)."""
+        self.settle()
         return self.finished or (self.limit is not None and len(self.ids) >= self.limit)
 
     def continuation(self, body: dict[str, Any], path: str) -> tuple[bytes, dict[str, Any]]:

@@ -69,6 +69,40 @@ def test_plain_answers_can_go_on() -> None:
     assert json.loads(raw) == leg == {"prompt": "x", "stream": True, "return_token_ids": True}
 
 
+def test_a_read_of_several_events_ending_before_done_leaves_the_answer_complete() -> None:
+    """The cheap path finds each event's ids from its end; the finish and the usage of a leg that
+    broke before [DONE] are read off its last reads."""
+    a = Answer.of({"prompt": "x", "max_tokens": 50, "stream": True}, COMPLETIONS)
+    a.feed(cmpl_chunk(" a", [11], prompt=[1, 2]))
+    usage = sse({"id": "cmpl-1", "object": "text_completion", "created": 7, "model": "m", "choices": [],
+                 "usage": {"prompt_tokens": 2, "completion_tokens": 3, "total_tokens": 5}})  # fmt: skip
+    out = a.feed(cmpl_chunk(" b", [12]) + cmpl_chunk(" c", [13], finish="stop") + usage)
+    assert a.ids == [11, 12, 13] and b"token_ids" not in out and not a.done
+    assert [e["choices"][0]["finish_reason"] for e in events(out)[:2]] == [None, "stop"]
+    assert events(out)[2]["usage"]["total_tokens"] == 5
+    assert a.complete() and not a.resumable() and a.usage_sent
+    assert a.ending() == b"data: [DONE]\n\n"  # only its end was lost
+
+
+def test_a_chat_answers_ids_are_taken_out_wherever_its_null_prompt_ids_stand() -> None:
+    a = Answer.of({"messages": [], "stream": True}, CHAT)
+    a.feed(chat_first([5, 6]))
+    late = chat_chunk(" y", [22])[:-3] + b',"prompt_token_ids":null}\n\n'  # after the choices
+    out = a.feed(chat_chunk(" x", [21]) + late)
+    assert a.prompt_ids == [5, 6] and a.ids == [21, 22]
+    assert b"token_ids" not in out
+    assert [e["choices"][0]["delta"]["content"] for e in events(out)] == [" x", " y"]
+
+
+def test_an_error_event_in_a_read_of_tokens_is_held_back() -> None:
+    a = Answer.of({"prompt": "x", "stream": True}, COMPLETIONS)
+    a.feed(cmpl_chunk(" a", [11], prompt=[1]))
+    error = b'data: {"error":{"message":"engine dead","code":500}}\n\n'
+    out = a.feed(cmpl_chunk(" b", [12]) + error)
+    assert a.ids == [11, 12] and a.broke.startswith(b'data: {"error"') and b"engine dead" not in out
+    assert events(out)[0]["choices"][0]["text"] == " b" and a.resumable()
+
+
 def test_the_ids_are_read_off_the_stream_and_taken_out_where_not_asked_for() -> None:
     a = Answer.of({"prompt": "x", "max_tokens": 9, "stream": True}, COMPLETIONS)
     raw = cmpl_chunk(" a", [11], prompt=[1, 2, 3]) + cmpl_chunk(" b", [12]) + cmpl_chunk(" c", [13, 14])
