@@ -135,18 +135,20 @@ class Fault:
             return None
         texts = await asyncio.gather(*(fetch_metrics(http, u, FAULT_SCRAPE_TIMEOUT_S) for u in self._proxies))
         out = dict.fromkeys(_COUNTERS, 0.0)
+        counted = False
         for url, text in zip(self._proxies, texts, strict=True):
             victim = self._victim_proxy == url
             if text is None:
                 if victim:
                     continue  # gone: its gauges were read just before
                 return None
-            # a proxy as victim: its gauges alone (the others carry what it did not)
+            # a proxy as victim: its gauges alone; its counts die with it (the living count)
             got = proxy_samples(text, ALL if victim else None if self._victim_proxy else self._victim)
-            for key, value in got.items():
-                if victim and key in _COUNTERS and len(self._proxies) > 1:
-                    continue
-                out[key] = out.get(key, 0.0) + value
+            out.update((k, out.get(k, 0.0) + v) for k, v in got.items() if not (victim and k in _COUNTERS))
+            counted = counted or not victim
+        if not counted:  # no living proxy: no counts
+            for key in _COUNTERS:
+                del out[key]
         return out
 
     async def report(
@@ -167,8 +169,6 @@ class Fault:
         first = min((r.start_time for r in results), default=fired.perf)
         out.update(injected=True, into_s=round(fired.perf - first, 2), was_running=fired.was_running)
         after = await self._proxy_samples(http) if fired.proxy is not None else None
-        if self._victim == ALL and fired.was_running and len(self._proxies) == 1:
-            after = None  # the proxy's counts of before died with it
         out.update(cost_at_proxy(fired.proxy, fired.proxy_after, after))
         out["resume_gap_ms"] = resume_gaps(results, fired.perf, out["migrated"])
         out["failed"] = sum(1 for r in results if not r.ok)
@@ -256,17 +256,21 @@ def cost_at_proxy(
         if before is None or key not in before:
             return None
         now = before[key]
-        if just_after is not None and key in just_after:
+        if just_after is not None and key in just_after and "mid_stream" in just_after:
             now = max(now, just_after[key] + just_after["mid_stream"] - before["mid_stream"])
         return int(now)
 
     def delta(key: str) -> int | None:
-        if before is None or end is None or restarted:
+        if before is None or end is None or restarted or key not in before or key not in end:
             return None
         return int(end[key] - before[key])
 
     # a counter that went down: the proxy itself started again, its counts of before are gone
-    restarted = before is not None and end is not None and any(end[k] < before[k] for k in _COUNTERS)
+    restarted = (
+        before is not None
+        and end is not None
+        and any(end[k] < before[k] for k in _COUNTERS if k in before and k in end)
+    )
 
     return {
         "streaming_on_it": at("streaming"),
