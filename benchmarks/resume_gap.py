@@ -8,17 +8,21 @@ Real `vllm serve` of the tiny model on the CPU (float32, greedy), the proxy in f
 streams a prompt of `--prompt-len` new tokens (120 out) through the proxy; after `--cut-after`
 tokens the instance streaming it is cut off, and the proxy continues the answer on another:
 
-- store, kill: 1P2D, centralized through one UCM store (`Cache|Posix`); the decode instance
-  streaming the answer is killed (SIGKILL to its process group), as the issue's target says.
+- store, drain (first, on the fresh deployment): 1P2D, centralized through one UCM store
+  (`Cache|Posix`); the decode instance streaming the answer is drained with `move_after: 0`
+  (what `ucmctl restart` does): the same continuation, but the drained server stays up and goes
+  on computing until it sees its request gone, on the same two cores as the one continuing.
+- store, kill (then): the same deployment; the decode instance streaming the answer is killed
+  (SIGKILL to its process group), as the issue's target says.
   The other decode instance loads the prompt and the tokens so far from the store. The killed
   server is started again (same port) before the next trial, and is then, warmed up, where the
   store hit's TTFT is measured: the continuation's prompt sent to an instance whose DRAM tier
   does not hold it (it reads the shared Posix tier, as the continuation did).
-- store, drain: the same deployment, the decode instance drained with `move_after: 0` (what
-  `ucmctl restart` does): the same continuation, but the drained server stays up and goes on
-  computing until it sees its request gone, on the same two cores as the one continuing.
 - no store, kill: two mixed servers without the connector, the same kills: the continuation
   recomputes the prompt and the tokens so far.
+
+Each trial also reads the proxy's own gap (`ucmctl_proxy_migration_gap_seconds`: its last bytes
+of the old leg to the continuation's first), which leaves out the client's side.
 
 Every answer is checked against the same request answered without the cut (greedy: the same
 tokens). Targets (on the kill): resume gap p50 <= 2x the store hit's TTFT p50, and <= 0.5x the
@@ -61,6 +65,7 @@ class Trial:
     prompt_ids: list[int]
     cut_at: int  # tokens the client had when the cut was asked for
     store_ttft_s: float | None = None
+    seam_s: float = 0.0  # the proxy's own gap: its last bytes of the old leg to the continuation's first
 
 
 def start_servers(stack: ExitStack, tmp: Path, model: Path, ucm: Path | None, n: int) -> list[VllmServer]:
@@ -126,6 +131,14 @@ async def trial(s: aiohttp.ClientSession, proxy: str, role: str, prompt: list[in
     return Trial(gap, ids, prompt_ids, asked[1]), victim
 
 
+async def proxy_gaps(s: aiohttp.ClientSession, proxy: str) -> float:
+    """The sum of the proxy's migration gaps so far (`ucmctl_proxy_migration_gap_seconds`)."""
+    async with s.get(proxy + "/metrics") as r:
+        text = await r.text()
+    return sum(float(line.split()[-1]) for line in text.splitlines()
+               if line.startswith("ucmctl_proxy_migration_gap_seconds_sum"))  # fmt: skip
+
+
 async def ttft(s: aiohttp.ClientSession, url: str, prompt: list[int]) -> float:
     body = {"model": "m", "prompt": prompt, "max_tokens": 1, "temperature": 0.0, "stream": True}
     t0 = time.perf_counter()
@@ -184,7 +197,9 @@ async def run(proxy: str, role: str, servers: dict[str, VllmServer], prompts: li
             # its continuation find the prompt only in the store (or nowhere)
             for url in decodes:
                 await post(s, url + "/reset_prefix_cache", {})
+            gaps = await proxy_gaps(s, proxy)
             t, victim = await trial(s, proxy, role, prompt, args.cut_after, cut)
+            t.seam_s = await proxy_gaps(s, proxy) - gaps
             assert t.ids == reference["choices"][0]["token_ids"], "the moved answer differs"
             if how == "kill":
                 await asyncio.to_thread(restart, servers[victim])
@@ -197,7 +212,8 @@ async def run(proxy: str, role: str, servers: dict[str, VllmServer], prompts: li
             else:
                 await post(s, proxy + "/instances/resume", {"url": victim, "role": role})
             out.append(t)
-            print(f"  gap {t.gap_s * 1e3:7.1f} ms after {t.cut_at} tokens"
+            print(f"  gap {t.gap_s * 1e3:7.1f} ms after {t.cut_at} tokens "
+                  f"(the proxy's {t.seam_s * 1e3:5.1f} ms)"
                   + (f"; store hit TTFT {t.store_ttft_s * 1e3:7.1f} ms" if t.store_ttft_s else ""),
                   flush=True)  # fmt: skip
     return out
@@ -234,9 +250,15 @@ def main() -> int:
                 stack.callback(proc.wait)
                 stack.callback(proc.kill)
                 servers = {d.url: d for d in decodes}
-                for how in ("kill", "drain") if store else ("kill",):
+                for how in ("drain", "kill") if store else ("kill",):
                     print(f"--- {label}, {how}: {args.trials} trials of {args.prompt_len} tokens", flush=True)
                     results[f"{label}, {how}"] = asyncio.run(run(url, role, servers, prompts(), args, how))
+    for row, trials in results.items():
+        seam = statistics.median(t.seam_s for t in trials)
+        print(
+            f"{row}: client's gap p50 {statistics.median(t.gap_s for t in trials) * 1e3:.0f} ms, "
+            f"the proxy's (last bytes of the old leg to the continuation's first) p50 {seam * 1e3:.0f} ms"
+        )
     gap = statistics.median(t.gap_s for t in results["store, kill"])
     hit = statistics.median(t.store_ttft_s or 0.0 for t in results["store, kill"])
     drained = statistics.median(t.gap_s for t in results["store, drain"])
