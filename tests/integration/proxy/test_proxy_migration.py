@@ -145,7 +145,11 @@ def test_a_killed_instance_costs_no_answer(launch: Launch, tmp_path: Path, mode:
     on_victim: list[float] = []
 
     async def kill_a() -> None:
-        await asyncio.sleep(int(STEP_MS) * 60 / 1000)
+        # its streams began (on a loaded machine the prefill legs may take longer than 60 steps)
+        deadline = asyncio.get_running_loop().time() + 20
+        while await _running(a.url) < 2 and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(int(STEP_MS) * 60 / 1000)  # ~60 tokens of each
         on_victim.append(await _running(a.url))
         a.kill()
 
