@@ -26,7 +26,7 @@ from tests.support import gluster
 from tests.support.cli import Cli
 from tests.support.netns import Cluster
 from tests.support.openai_checks import counter, greedy_with_logprobs
-from tests.support.processes import wait_for
+from tests.support.processes import in_the_kernel, wait_for
 from tests.support.topology import vllm_role
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
@@ -154,7 +154,8 @@ def test_1p1d_over_ssh_decode_hits_what_prefill_stored(
             assert tokens == greedy_with_logprobs(prefill, tried)[0], name
     finally:
         down = ucmctl("down")
-    assert down.returncode == 0, down.stderr
+        stuck = in_the_kernel() if down.returncode else ""
+    assert down.returncode == 0, f"{down.stderr}\n{stuck}"
     assert "3 processes stopped" in down.stdout
     assert hosts.processes_of("e2e-two-hosts") == []
     blocks = [f for f in (volume.brick / "store").rglob("*") if f.is_file()]

@@ -47,6 +47,20 @@ def carries_marker(pid: int, text: bytes) -> bool:
     return False
 
 
+def in_the_kernel() -> str:
+    """Every process of the machine waiting uninterruptibly (state D), with where it waits and its
+    kernel stack where readable: what to show when a stop outlived its timeout."""
+    out = []
+    for d in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            if d.name.isdigit() and (stat := (d / "stat").read_text()).rsplit(")", 1)[1].split()[0] == "D":
+                wchan = (d / "wchan").read_text()
+                stack = " <- ".join(line.split()[-1] for line in (d / "stack").read_text().splitlines()[:6])
+                # its name from stat: reading its cmdline would take the lock it may hold
+                out.append(f"pid {d.name} {stat.split()[1]} in {wchan}: {stack}")
+    return "\n".join(out) or "no process in state D"
+
+
 def environ(pid: int) -> dict[str, str]:
     """A process's environment ({} once it is gone)."""
     with contextlib.suppress(OSError):

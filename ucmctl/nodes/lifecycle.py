@@ -24,11 +24,21 @@ from ucmctl.plan.model import Process, process_marker
 # Prints the number of live (non-zombie) members of process group $1 that carry marker $2.
 # The marker holds a path (the launch script's), so it is matched as a fixed string (-F):
 # a workdir like /srv/run[1] is a regular expression that does not match itself.
+# Reading a process's environment takes its memory map's lock: a process stuck in the kernel
+# (in I/O on a network filesystem that hangs, or tearing down a large memory) can hold that read
+# for as long as it is stuck. A read that does not end in 3 s counts the process as a member
+# (it is alive, in the group ucmctl started) instead of hanging the whole check.
 _MEMBERS = r"""
 members() {
   for p in $(ps -e -o pid=,pgid=,stat= | awk -v g="$1" '$2 == g && $3 !~ /^Z/ {print $1}'); do
-    if tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qxF -e "$2"; then echo "$p"; fi
+    timeout -s KILL 3 grep -qzxF -e "$2" /proc/$p/environ 2>/dev/null
+    case $? in 0|124|137) echo "$p" ;; esac
   done | wc -l
+}
+# The members of group $1 that outlived SIGKILL, with their state and where in the kernel they wait.
+stuck() {
+  ps -e -o pid=,pgid=,stat=,wchan:40= |
+    awk -v g="$1" '$2 == g && $3 !~ /^Z/ {printf " pid %s (%s, in %s)", $1, $3, $4}'
 }
 """
 
@@ -195,7 +205,11 @@ if [ "$(members "$g" {mark})" -gt 0 ]; then
   kill -KILL -"$g" 2>/dev/null
   end=$(($(date +%s) + 5))
   while [ "$(members "$g" {mark})" -gt 0 ] && [ "$(date +%s)" -le "$end" ]; do sleep 0.1; done
-  if [ "$(members "$g" {mark})" -gt 0 ]; then echo "process group $g survived SIGKILL" >&2; exit 4; fi
+  if [ "$(members "$g" {mark})" -gt 0 ]; then
+    echo "process group $g outlived SIGKILL by 5 s:$(stuck "$g");" \
+      "a process in state D waits in the kernel (on I/O of a hung filesystem?)" >&2
+    exit 4
+  fi
   echo killed
 else
   echo stopped

@@ -44,3 +44,29 @@ def test_a_process_that_ends_on_term_is_stopped_not_killed(tmp_path: Path) -> No
     stopped = lifecycle.stop(ex, p, grace=5)
     assert stopped.was_running and not stopped.killed
     assert lifecycle.stop(ex, p, grace=5).was_running is False  # gone: nothing to stop
+
+
+class _HangingReads(LocalExecutor):
+    """This machine, where reading a process's environment hangs (as it does for a process stuck
+    in the kernel holding its memory map's lock): `grep` first on PATH sleeps instead."""
+
+    def __init__(self, node: NodePlan, bin_dir: Path) -> None:
+        super().__init__(node)
+        self.bin_dir = bin_dir
+
+    def argv(self, command: str) -> list[str]:
+        return ["/bin/sh", "-c", f'PATH="{self.bin_dir}:$PATH"\n{command}']
+
+
+def test_a_process_whose_environment_cannot_be_read_is_still_stopped_in_time(tmp_path: Path) -> None:
+    ex, p = _started(tmp_path, "echo up\nexec sleep 60\n")
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "grep").write_text("#!/bin/sh\nexec sleep 60\n")
+    (fake / "grep").chmod(0o755)
+    t0 = time.monotonic()
+    stopped = lifecycle.stop(_HangingReads(ex.node, fake), p, grace=5)
+    took = time.monotonic() - t0
+    assert stopped.was_running and not stopped.killed, stopped  # counted alive, then gone on TERM
+    assert 3.0 <= took < 12.0, took  # one read given up after 3 s, not the command's timeout
+    assert lifecycle.alive(ex, p) is None
