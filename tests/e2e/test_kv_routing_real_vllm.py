@@ -169,6 +169,27 @@ def test_conversations_go_home_and_the_predicted_local_hits_are_vllms(deployment
         assert abs(p - c) <= 0.05 * c, (predicted, counted)
 
 
+def test_a_whole_answer_through_the_proxy_is_vllms_own(deployment: Deployment) -> None:
+    """A request that does not stream: the proxy asks the engine for a stream (so a cut answer
+    could go on elsewhere) and assembles the body; it is the body vLLM answers the request whole,
+    field for field (but its id and time), logprobs and token ids included."""
+    body = {"model": "m", "prompt": "the proxy assembles what the engine streams " * 20, "max_tokens": 24,
+            "temperature": 0.0, "ignore_eos": True, "logprobs": 2, "return_token_ids": True}  # fmt: skip
+    direct = deployment.servers[0].post("/v1/completions", body)
+    req = urllib.request.Request(deployment.url + "/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})  # fmt: skip
+    with urllib.request.urlopen(req, timeout=120) as r:
+        proxied = json.loads(r.read())
+    assert len(direct["choices"][0]["token_ids"]) == 24
+    for got in (proxied, direct):
+        got.pop("id"), got.pop("created")
+        got["choices"][0]["logprobs"]["token_logprobs"] = [
+            round(v, 3) for v in got["choices"][0]["logprobs"]["token_logprobs"]
+        ]
+        got["choices"][0]["logprobs"].pop("top_logprobs")  # floats, compared by the rounded ones above
+    assert proxied == direct
+
+
 def test_an_answer_whose_server_dies_goes_on_from_the_store(deployment: Deployment) -> None:
     """Last in the module (it kills a server): a streamed answer of the server that holds its
     prompt, that server killed with SIGKILL mid-answer; the proxy continues the answer on the

@@ -8,15 +8,15 @@ import asyncio
 import contextlib
 import json
 import uuid
-from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 from aiohttp import web
 
-from ucmctl.proxy import resume, rewrite
+from ucmctl.proxy import resume, rewrite, whole
 from ucmctl.proxy.health import log, record_failure, record_success
 from ucmctl.proxy.kv_index import block_keys, ids_keys
+from ucmctl.proxy.leg import Leg
 from ucmctl.proxy.pool import Instance
 from ucmctl.proxy.routing import Ask
 from ucmctl.proxy.state import ProxyState, Request, error_response, session_of
@@ -43,10 +43,12 @@ async def serve_generate(request: web.Request, state: ProxyState, path: str) -> 
     blocks: tuple[int, ...] = ()
     if state.policy.needs_blocks or state.index is not None:
         tokens, blocks = await _blocks(state, body, path, tokens, headers)
-    streamed = body.get("stream") is True
     refused = resume.refusal(body, path) if cfg.migrations else "migrations are off"
-    answer = resume.Answer.of(body, path) if streamed and refused is None else None
-    if answer is not None:  # the legs that generate return token ids: a cut answer can go on
+    answer = None
+    if refused is None:  # the legs that generate return token ids: a cut answer can go on
+        answer = resume.Answer.of(body, path)
+        if answer.whole:  # and stream: the client gets the answer whole, assembled here
+            body = whole.streamed(body)
         raw, body = resume.with_token_ids(body)
     req = Request(raw, body, path, tokens, headers, prefix, session_of(request, body), blocks)
     try:
@@ -56,58 +58,11 @@ async def serve_generate(request: web.Request, state: ProxyState, path: str) -> 
         return error_response(exc.status, exc.message, rid)
     except _Answered as answered:
         return answered.response
-    leg = _Leg(inst, resp, tokens, first)
+    leg = Leg(inst, resp, tokens, first)
     try:
         return await _relay(request, state, req, leg, t0, rid, answer, refused)
     finally:
         leg.end()
-
-
-@dataclass(eq=False)  # one per answer, kept in a set by its instance
-class _Leg:
-    """The upstream whose answer the client is getting: its instance counts it as streaming
-    until it ends (a migration swaps in the continuation's)."""
-
-    inst: Instance
-    resp: aiohttp.ClientResponse
-    tokens: int
-    first: bytes  # its first bytes, read already
-    wrote_at: float = 0.0  # when its last bytes went to the client (the event loop's clock)
-    clean: bool = True  # what went to the client so far ends between two events
-    answer: resume.Answer | None = None  # where it can go on elsewhere: its instance lists it
-    moved: bool = False  # cut on purpose: its instance is drained for a restart
-
-    def __post_init__(self) -> None:
-        self.inst.streaming += 1
-
-    def hold(self, answer: resume.Answer) -> None:
-        """The answer can go on on another instance: its instance may move it (`move`)."""
-        self.answer = answer
-        self.inst.answers.add(self)
-
-    def move(self, limit: int) -> None:
-        """Cut it here on purpose (its instance is drained) where it can go on elsewhere (it has
-        moved fewer than `limit` times): the relay goes on on another instance."""
-        if self.answer is not None and self.answer.migrations < limit and self.answer.resumable():
-            self.moved = True
-            self.resp.close()  # the relay's read fails at once; the instance stops the request
-
-    def end(self) -> None:
-        """The answer is over: this drops the upstream connection on any early exit (the instance
-        stops the request) and frees the instance's count."""
-        self.resp.close()
-        self.inst.streaming -= 1
-        self.inst.release(self.tokens)
-        self.inst.answers.discard(self)
-
-    def swap(self, inst: Instance, resp: aiohttp.ClientResponse, tokens: int, first: bytes) -> None:
-        """A continuation takes over the answer from here."""
-        self.end()
-        self.inst, self.resp, self.tokens, self.first = inst, resp, tokens, first
-        self.moved = False
-        inst.streaming += 1
-        if self.answer is not None:
-            inst.answers.add(self)
 
 
 async def _blocks(
@@ -316,31 +271,36 @@ async def _relay(
     request: web.Request,
     state: ProxyState,
     req: Request,
-    leg: _Leg,
+    leg: Leg,
     t0: float,
     rid: str,
     answer: resume.Answer | None,
     refused: str | None,
 ) -> web.StreamResponse:
     """Copy the upstream's answer to the client read by read: no buffering, and no parsing but
-    the token ids of an answer that may be continued (`answer`). One cut mid-stream goes on on
-    another instance where it can (`refused`: why it cannot)."""
+    the token ids of an answer that may be continued (`answer`; one the client wants whole is
+    assembled and sent at its end). One cut mid-stream goes on on another instance where it can
+    (`refused`: why it cannot)."""
     metrics = state.metrics
     loop = asyncio.get_running_loop()
     resp = leg.resp
-    stream = req.body.get("stream") is True
-    out = web.StreamResponse(status=resp.status)
-    out.headers["Content-Type"] = resp.headers.get("Content-Type", "application/json")
-    out.headers["X-Request-Id"] = rid
-    if stream:
-        out.headers["Cache-Control"] = "no-cache"
-    elif resp.content_length is not None:
-        out.content_length = resp.content_length
+    stream = req.body.get("stream") is True  # the upstream's (also for a whole answer, see `whole`)
     counting = stream and resp.status == 200
     if not counting:
         answer = None  # only a streamed answer is continued
-    if leg.first and stream:
-        metrics.ttft.observe(loop.time() - t0)
+    out: web.StreamResponse | whole.Body
+    if answer is not None and answer.whole:
+        out = whole.Body(answer)
+    else:
+        out = web.StreamResponse(status=resp.status)
+        out.headers["Content-Type"] = resp.headers.get("Content-Type", "application/json")
+        out.headers["X-Request-Id"] = rid
+        if stream:
+            out.headers["Cache-Control"] = "no-cache"
+        elif resp.content_length is not None:
+            out.content_length = resp.content_length
+        if leg.first and stream:
+            metrics.ttft.observe(loop.time() - t0)
     if answer is not None:
         leg.hold(answer)
     try:
@@ -351,13 +311,15 @@ async def _relay(
                 await out.write(answer.ending())
                 break
             if not await _continue(request, state, req, leg, out, answer, broke, refused):
-                return out
+                return out if not isinstance(out, whole.Body) else error_response(502, out.failed or "", rid)
             broke = await _pump(out, leg, answer, counting=counting, continued=True)
         await out.write_eof()
     except ConnectionError:  # the client went away mid-answer; the caller closes the upstream
         metrics.errors["client_disconnect"] += 1
-        return out
+        return out if not isinstance(out, whole.Body) else web.Response(status=499)
     metrics.latency.observe(loop.time() - t0)
+    if isinstance(out, whole.Body):
+        return web.json_response(out.body(), headers={"X-Request-Id": rid})
     return out
 
 
@@ -366,8 +328,8 @@ class _EngineError(Exception):
 
 
 async def _pump(
-    out: web.StreamResponse,
-    leg: _Leg,
+    out: web.StreamResponse | whole.Body,
+    leg: Leg,
     answer: resume.Answer | None,
     *,
     counting: bool,
@@ -407,8 +369,8 @@ async def _continue(
     request: web.Request,
     state: ProxyState,
     req: Request,
-    leg: _Leg,
-    out: web.StreamResponse,
+    leg: Leg,
+    out: web.StreamResponse | whole.Body,
     answer: resume.Answer | None,
     broke: BaseException,
     refused: str | None,
@@ -460,7 +422,7 @@ async def _continue(
 def _why_not(migrations: int, answer: resume.Answer | None, refused: str | None) -> str | None:
     """Why a cut answer does not go on elsewhere, None when it can."""
     if answer is None:
-        return refused or "a whole answer (not streamed) is not continued"
+        return refused or "it cannot be continued"
     if not answer.resumable():
         return "the engine returned no token ids"
     if answer.migrations >= migrations:
@@ -472,7 +434,7 @@ async def _upstream_broke(
     request: web.Request,
     inst: Instance,
     exc: BaseException,
-    out: web.StreamResponse,
+    out: web.StreamResponse | whole.Body,
     clean: bool,
     why_not: str,
 ) -> None:
@@ -480,14 +442,16 @@ async def _upstream_broke(
     not sent again (the client has part of it). A stream gets an error event the client's SSE
     parser reads (as vLLM sends its own errors), then the connection ends without the chunked
     body's end, so no client can take the cut answer for a complete one."""
+    # the exception's own words (aiohttp's payload errors run to hundreds of characters) go to the
+    # proxy's log; the client is told what happened
+    kind = type(exc).__name__
+    message = (
+        f"{inst.role} instance {inst.url} failed mid-stream ({kind}): the answer is incomplete ({why_not})"
+    )
+    if isinstance(out, whole.Body):  # nothing of it went out: an error instead of the answer
+        out.fail(message)
+        return
     if out.headers.get("Cache-Control") == "no-cache":  # streamed
-        # the exception's own words (aiohttp's payload errors run to hundreds of characters)
-        # go to the proxy's log; the client is told what happened
-        kind = type(exc).__name__
-        message = (
-            f"{inst.role} instance {inst.url} failed mid-stream ({kind}): the answer is incomplete"
-            f" ({why_not})"
-        )
         event = {"error": {"message": message, "type": "upstream_error", "code": 502}}
         # after a cut event, two newlines end it first, so the error event is read alone
         head = b"" if clean else b"\n\n"

@@ -89,6 +89,7 @@ class Answer:
     keep_ids: bool  # the client asked for the token ids itself
     usage_asked: bool  # stream_options.include_usage
     limit: int | None  # max_tokens (chat: max_completion_tokens), None: the engine's own
+    whole: bool = False  # not streamed: the legs stream, the client gets one body (ucmctl.proxy.whole)
     logprobs: bool = False  # a completion's logprobs: their text offsets go on across the seam
     offset: int = 0  # the text offset of the next token (vLLM's: the last one's plus its length)
     base: int = 0  # the text offset where the leg now streaming began (its own offsets start at 0)
@@ -109,13 +110,15 @@ class Answer:
 
     @classmethod
     def of(cls, body: dict[str, Any], path: str) -> Answer:
-        usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        whole = body.get("stream") is not True
+        usage = whole or bool((body.get("stream_options") or {}).get("include_usage"))
         limit = body.get("max_tokens")
         if path == CHAT:
             limit = body.get("max_completion_tokens") or limit
         keep = body.get("return_token_ids") is True
         logprobs = path != CHAT and body.get("logprobs") is not None
-        return cls(chat=path == CHAT, keep_ids=keep, usage_asked=usage, limit=limit, logprobs=logprobs)
+        chat = path == CHAT
+        return cls(chat=chat, keep_ids=keep, usage_asked=usage, limit=limit, whole=whole, logprobs=logprobs)
 
     def feed(self, chunk: bytes, *, continued: bool = False) -> bytes:
         """The whole events of `chunk` (after what came before it) as the client gets them; an

@@ -61,7 +61,9 @@ def test_prefill_leg_is_one_token_and_p2p_params_reach_decode(pd: PD) -> None:
     pre, dec = pd.prefill[0], pd.decode[0]
     gen_before = metric(pre.url, "vllm:generation_tokens_total")
     done_before = metric(pre.url, "vllm:request_success_total")
-    status, _, raw = post(pd.p2p.url + "/v1/completions", completion(6), headers={"X-Request-Id": "rid-p2p"})
+    # a whole answer that cannot be continued elsewhere (a penalty) goes to decode as it came
+    whole = {**completion(6), "presence_penalty": 0.5}
+    status, _, raw = post(pd.p2p.url + "/v1/completions", whole, headers={"X-Request-Id": "rid-p2p"})
     assert status == 200
     body = json.loads(raw)
     # the prefill sim answered do_remote_decode with where the KV is; the decode sim echoes what it got

@@ -21,6 +21,7 @@ from .test_proxy_mooncake import CONSUMER, mooncake_pair, transferred
 Launch = Callable[..., list[Proc]]
 STEP_MS = "15"  # a decode step: 300 tokens take 4.5 s
 TOKENS = 300
+WHOLE = (5, 6)  # the requests for a whole answer: a chat with ids, a completion (next to each other)
 
 
 def _prompt(i: int) -> list[int]:
@@ -28,13 +29,14 @@ def _prompt(i: int) -> list[int]:
 
 
 def _requests(n: int) -> list[tuple[str, dict[str, Any]]]:
-    """`n` streamed requests: completions and chats, some asking for the token ids and usage."""
+    """`n` requests: completions and chats, some asking for the token ids and usage, two for the
+    answer whole (not streamed)."""
     out: list[tuple[str, dict[str, Any]]] = []
     for i in range(n):
         body: dict[str, Any] = {
             "model": "sim-model",
             "max_tokens": TOKENS,
-            "stream": True,
+            "stream": i not in WHOLE,
             "ignore_eos": True,
         }
         if i % 3 == 2:
@@ -43,10 +45,11 @@ def _requests(n: int) -> list[tuple[str, dict[str, Any]]]:
         else:
             body["prompt"] = _prompt(i)
             path = "/v1/completions"
-        if i % 2:
+        if i % 2 and body["stream"]:
             body["stream_options"] = {"include_usage": True}
         if i % 4 == 1:
             body["return_token_ids"] = True
+        body["user"] = f"r{i}"  # its request id too
         out.append((path, body))
     return out
 
@@ -60,7 +63,7 @@ def _text(chunks: list[dict[str, Any]]) -> str:
 
 
 async def _stream(s: aiohttp.ClientSession, url: str, path: str, body: dict[str, Any]) -> tuple[int, bytes]:
-    async with s.post(url + path, json=body) as r:
+    async with s.post(url + path, json=body, headers={"X-Request-Id": body.get("user", "")}) as r:
         return r.status, await r.read()
 
 
@@ -79,6 +82,10 @@ def _check_same(got: list[tuple[int, bytes]], want: list[tuple[int, bytes]], req
     """Each answer is the one its request gets without the fault: the same text, the same ids
     where asked (and none where not), one id, one finish, usage of the whole answer."""
     for (status, raw), (_, ref), (_, body) in zip(got, want, reqs, strict=True):
+        if not body["stream"]:
+            assert status == 200, raw[-300:]
+            _check_same_whole(json.loads(raw), json.loads(ref), body)
+            continue
         assert status == 200 and raw.endswith(b"data: [DONE]\n\n"), raw[-300:]
         events = [json.loads(e) for e in sse_events(raw) if e != "[DONE]"]
         refs = [json.loads(e) for e in sse_events(ref) if e != "[DONE]"]
@@ -101,6 +108,23 @@ def _check_same(got: list[tuple[int, bytes]], want: list[tuple[int, bytes]], req
             assert usage[0]["total_tokens"] == ref_usage["prompt_tokens"] + TOKENS
         else:
             assert usage == []
+
+
+def _check_same_whole(got: dict[str, Any], ref: dict[str, Any], body: dict[str, Any]) -> None:
+    """A whole answer is the one its request gets without the fault (assembled by the proxy from
+    the legs it streamed): the same text, the ids where asked, usage of the whole answer."""
+    (c,), (rc,) = got["choices"], ref["choices"]
+    text, ref_text = (
+        (c["message"]["content"], rc["message"]["content"]) if "messages" in body else (c["text"], rc["text"])
+    )
+    assert text == ref_text and len(text) > TOKENS // 2
+    assert c["finish_reason"] == "length" and got["object"] == ref["object"]
+    if body.get("return_token_ids"):
+        assert c["token_ids"] == rc["token_ids"] and len(c["token_ids"]) == TOKENS
+    else:
+        assert c.get("token_ids") is None
+    assert got["usage"]["completion_tokens"] == TOKENS
+    assert got["usage"]["prompt_tokens"] == ref["usage"]["prompt_tokens"]
 
 
 async def _running(url: str) -> float:
@@ -159,6 +183,12 @@ def test_a_killed_instance_costs_no_answer(launch: Launch, tmp_path: Path, mode:
     assert on_victim[0] >= 2 and moved == on_victim[0], (on_victim, moved)
     assert metric(px.url, "ucmctl_proxy_migrations_total", absent=0, outcome="not_continued") == 0
     assert metric(px.url, "ucmctl_proxy_migration_gap_seconds_count") == moved
+    went_on = {
+        line.split("answer ")[1].split()[0]
+        for line in px.log.read_text().splitlines()
+        if " goes on on " in line
+    }
+    assert any(f"r{i}" in went_on for i in WHOLE), went_on  # a whole answer moved too
     if mode == "p2p":  # each continuation's prompt (90 tokens and more) came over from the prefiller
         assert transferred(b) >= moved * 90
     else:  # each continuation loaded its context from the store: at least 3 full blocks of each
