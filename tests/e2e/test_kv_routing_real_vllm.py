@@ -192,10 +192,11 @@ def test_a_whole_answer_through_the_proxy_is_vllms_own(deployment: Deployment) -
 
 def test_an_answer_whose_server_dies_goes_on_from_the_store(deployment: Deployment) -> None:
     """Last in the module (it kills a server): a streamed answer of the server that holds its
-    prompt, that server killed with SIGKILL mid-answer; the proxy continues the answer on the
-    other server, which loads the prompt (and the tokens so far) from the store: the client gets
-    the answer it gets without the fault, token for token, with the usage of the whole answer and
-    its logprobs (their text offsets counted from the answer's start across the seam)."""
+    prompt, and the same request asked for whole, that server killed with SIGKILL mid-answer; the
+    proxy continues both on the other server, which loads the prompt (and the tokens so far) from
+    the store: each client gets the answer it gets without the fault, token for token, with the
+    usage of the whole answer and its logprobs (their text offsets counted from the answer's start
+    across the seam)."""
     servers, url = deployment.servers, deployment.url
     text = " ".join(f"question {k} asks where the cache of block {k * 7 % 31} went" for k in range(70))
     body: dict[str, Any] = {
@@ -219,19 +220,34 @@ def test_an_answer_whose_server_dies_goes_on_from_the_store(deployment: Deployme
     before = servers[1].metrics()
     stream = {**body, "stream": True, "stream_options": {"include_usage": True}}
 
-    async def go() -> tuple[bytes, int]:
-        got, tokens = b"", 0
-        async with aiohttp.ClientSession() as s, s.post(url + "/v1/completions", json=stream) as r:
-            while chunk := await r.content.readany():
-                got += chunk
-                tokens = got.count(b'"text"')
-                if tokens >= 40 and servers[0].proc is not None and servers[0].proc.poll() is None:
-                    assert servers[0].metrics().get("vllm:num_requests_running") == 1  # it is the one
-                    os.killpg(servers[0].proc.pid, signal.SIGKILL)
-                    servers[0].proc.wait()
-        return got, tokens
+    whole_body = {**body, "return_token_ids": True}  # the same request, answered whole
 
-    raw, _ = asyncio.run(go())
+    async def go() -> tuple[bytes, dict[str, Any]]:
+        got, victim = b"", servers[0].proc
+        other = {"url": servers[1].url}
+        async with aiohttp.ClientSession() as s:
+            # both go to the server that holds their prompt: the other is out of routing meanwhile
+            # (kv routing weighs a second request's queue there against a load from the store)
+            assert (await s.post(url + "/instances/drain", json=other)).status == 200
+            whole = asyncio.create_task(_whole(s, url + "/v1/completions", whole_body))
+            async with s.post(url + "/v1/completions", json=stream) as r:
+                assert (await s.post(url + "/instances/resume", json=other)).status == 200
+                while chunk := await r.content.readany():
+                    got += chunk
+                    if got.count(b'"text"') >= 40 and victim is not None and victim.poll() is None:
+                        # both are the server's, the whole one generating too
+                        assert servers[0].metrics().get("vllm:num_requests_running") == 2
+                        os.killpg(victim.pid, signal.SIGKILL)
+                        victim.wait()
+            return got, await whole
+
+    raw, whole = asyncio.run(go())
+    (choice,) = whole["choices"]  # assembled by the proxy of both servers' streams
+    assert choice["text"] == ref["text"] and choice["token_ids"] == ref["token_ids"]
+    assert choice["prompt_token_ids"] == prompt_ids and choice["finish_reason"] == "length"
+    assert choice["logprobs"]["text_offset"] == ref["logprobs"]["text_offset"]
+    assert choice["logprobs"]["token_logprobs"] == pytest.approx(ref["logprobs"]["token_logprobs"], abs=1e-3)
+    assert whole["usage"]["completion_tokens"] == 160 and whole["usage"]["prompt_tokens"] == len(prompt_ids)
     events = [json.loads(e[6:]) for e in raw.decode().split("\n\n") if e.startswith("data: {")]
     assert raw.endswith(b"data: [DONE]\n\n") and not any("error" in e for e in events), raw[-500:]
     assert "".join(c["text"] for e in events for c in e["choices"]) == ref["text"]
@@ -242,14 +258,21 @@ def test_an_answer_whose_server_dies_goes_on_from_the_store(deployment: Deployme
     assert got == pytest.approx(ref["logprobs"]["token_logprobs"], abs=1e-3)
     usage = events[-1]["usage"]
     assert usage["prompt_tokens"] == len(prompt_ids) and usage["completion_tokens"] == 160, usage
-    assert _metric(url, "ucmctl_proxy_migrations_total", 'outcome="resumed"') == 1
+    assert _metric(url, "ucmctl_proxy_migrations_total", 'outcome="resumed"') == 2
     after = servers[1].metrics()
     loaded = after["vllm:external_prefix_cache_hits_total"] - before.get(
         "vllm:external_prefix_cache_hits_total", 0
     )
     gap = _metric(url, "ucmctl_proxy_migration_gap_seconds_sum", "")
     print(f"continuation: {loaded:.0f} tokens loaded from the store; gap {gap * 1000:.0f} ms")
-    assert loaded >= (len(prompt_ids) + 40) // BLOCK * BLOCK  # the prompt, and the answer's blocks so far
+    # the prompt and the answer's blocks so far (the second continuation finds the first's in HBM)
+    assert loaded >= (len(prompt_ids) + 40) // BLOCK * BLOCK
+
+
+async def _whole(s: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> dict[str, Any]:
+    async with s.post(url, json=body) as r:
+        assert r.status == 200, await r.text()
+        return await r.json()
 
 
 def _metric(url: str, name: str, labels: str) -> float:
