@@ -43,7 +43,7 @@ class Body:
         self._events.append(data)
 
     async def write_eof(self) -> None:
-        """The answer is whole: `response` sends it."""
+        """The answer is whole: the request path sends `body()`."""
 
     def fail(self, message: str) -> None:
         """The answer broke and does not go on: the client gets this error, no part of it."""
