@@ -231,6 +231,10 @@ def test_an_answer_whose_server_dies_goes_on_from_the_store(deployment: Deployme
             assert (await s.post(url + "/instances/drain", json=other)).status == 200
             whole = asyncio.create_task(_whole(s, url + "/v1/completions", whole_body))
             async with s.post(url + "/v1/completions", json=stream) as r:
+                for _ in range(200):  # both routed (the whole one's routing may come second)
+                    if servers[0].metrics().get("vllm:num_requests_running") == 2:
+                        break
+                    await asyncio.sleep(0.05)
                 assert (await s.post(url + "/instances/resume", json=other)).status == 200
                 while chunk := await r.content.readany():
                     got += chunk
