@@ -241,6 +241,7 @@ def cluster(
             layers = f"lowerdir={user_home},upperdir={home}/home-upper,workdir={home}/home-work"
             (home / "home-upper").mkdir()
             (home / "home-work").mkdir()
+            _no_rehash_on_login(Path(user_home), home / "home-upper")
             overlay = f"mount -t overlay overlay -o {shlex.quote(layers)} {shlex.quote(user_home)}"
             boot = (f"hostname {name} && mount --bind {home}/private {c.private} && "
                     f"{{ ! {overlay} || touch {home}/private-home; }} && "
@@ -272,6 +273,18 @@ def cluster(
         yield c
     finally:
         _teardown(c, bridge)
+
+
+def _no_rehash_on_login(user_home: Path, upper: Path) -> None:
+    """A host's `.bashrc` without pyenv's rehash: sshd runs every command through the user's bash,
+    which reads `.bashrc` (Debian's bash does for SSH), and this machine's runs `pyenv init -`,
+    whose `pyenv rehash` waits up to 60 s for a lock file in the shims folder. A lock left behind
+    (a rehash that did not end) held every later command on the host past ucmctl's timeouts (seen:
+    `down` failing on both hosts at once, nothing stuck in the kernel). The host keeps the rest of
+    the file (PATH and pyenv's shims as before); the shims are there already."""
+    rc = user_home / ".bashrc"
+    if rc.is_file() and "pyenv init -)" in (text := rc.read_text()):
+        (upper / ".bashrc").write_text(text.replace("pyenv init -)", "pyenv init - --no-rehash)"))
 
 
 def _bridge_on_a_free_subnet(bridge: str) -> str:

@@ -5,6 +5,8 @@ multi-host tests and `benchmarks/up_scaling.py` measure the wrong thing."""
 from __future__ import annotations
 
 import subprocess
+import time
+from pathlib import Path
 
 import pytest
 
@@ -30,6 +32,21 @@ def test_hosts_have_their_own_hostname_and_home_folder() -> None:
         assert ssh(c, "h1", "echo ~") == ssh(c, "h2", "echo ~")  # the same path, as on two machines
         # ... and the user's real home folder here is untouched.
         assert subprocess.run(["sh", "-c", f"test -e ~/{name}"]).returncode == 1
+
+
+def test_a_lock_left_in_pyenvs_shims_does_not_hold_a_login() -> None:
+    """This machine's `.bashrc` runs `pyenv init -`, whose rehash waits up to 60 s for a lock
+    file: a host's logins skip the rehash, so a lock left behind holds no command."""
+    rc = Path.home() / ".bashrc"
+    if not (rc.is_file() and "pyenv init -)" in rc.read_text()):
+        pytest.skip("no pyenv in this user's .bashrc")
+    with cluster_or_skip(1) as c:
+        shims = ssh(c, "h1", 'echo "${PYENV_ROOT:-$HOME/.pyenv}/shims"')
+        ssh(c, "h1", f"set -o noclobber; echo > {shims}/.pyenv-shim")  # the lock, as a rehash takes it
+        t0 = time.monotonic()
+        assert ssh(c, "h1", "echo up") == "up"
+        assert time.monotonic() - t0 < 10  # a rehash would wait 60 s for the lock
+        assert not (rc.parent / ".pyenv" / "shims" / ".pyenv-shim").exists()  # the host's, not this machine's
 
 
 def test_a_cpu_share_holds_every_login_and_what_it_starts() -> None:
