@@ -311,16 +311,19 @@ async def _relay(
                 await out.write(answer.ending())
                 break
             if not await _continue(request, state, req, leg, out, answer, broke, refused):
-                return out if not isinstance(out, whole.Body) else error_response(502, out.failed or "", rid)
+                return _sent(out, rid)
             broke = await _pump(out, leg, answer, counting=counting, continued=True)
         await out.write_eof()
     except ConnectionError:  # the client went away mid-answer; the caller closes the upstream
         metrics.errors["client_disconnect"] += 1
-        return out if not isinstance(out, whole.Body) else web.Response(status=499)
+        return _sent(out, rid)
     metrics.latency.observe(loop.time() - t0)
-    if isinstance(out, whole.Body):
-        return web.json_response(out.body(), headers={"X-Request-Id": rid})
-    return out
+    return _sent(out, rid)
+
+
+def _sent(out: web.StreamResponse | whole.Body, rid: str) -> web.StreamResponse:
+    """What went to the client: the stream relayed, or a whole answer's one response."""
+    return out.response(rid) if isinstance(out, whole.Body) else out
 
 
 class _EngineError(Exception):

@@ -121,12 +121,12 @@ class Answer:
     def of(cls, body: dict[str, Any], path: str) -> Answer:
         whole = body.get("stream") is not True
         usage = whole or bool((body.get("stream_options") or {}).get("include_usage"))
+        chat = path == CHAT
         limit = body.get("max_tokens")
-        if path == CHAT:
+        if chat:
             limit = body.get("max_completion_tokens") or limit
         keep = body.get("return_token_ids") is True
-        logprobs = path != CHAT and body.get("logprobs") is not None
-        chat = path == CHAT
+        logprobs = not chat and body.get("logprobs") is not None
         return cls(chat=chat, keep_ids=keep, usage_asked=usage, limit=limit, whole=whole, logprobs=logprobs)
 
     def __post_init__(self) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 from aiohttp import web
 
 from ucmctl.proxy.resume import Answer
+from ucmctl.proxy.state import error_response
 
 
 def streamed(body: dict[str, Any]) -> dict[str, Any]:
@@ -43,7 +44,7 @@ class Body:
         self._events.append(data)
 
     async def write_eof(self) -> None:
-        """The answer is whole: the request path sends `body()`."""
+        """The answer is whole: the request path sends `response()`."""
 
     def fail(self, message: str) -> None:
         """The answer broke and does not go on: the client gets this error, no part of it."""
@@ -52,6 +53,12 @@ class Body:
     def body(self) -> dict[str, Any]:
         """The answer as `vllm serve` sends a whole one."""
         return assemble(b"".join(self._events), self.answer)
+
+    def response(self, rid: str) -> web.Response:
+        """What the client gets: the answer, or the error that says why it broke."""
+        if self.failed is not None:
+            return error_response(502, self.failed, rid)
+        return web.json_response(self.body(), headers={"X-Request-Id": rid})
 
 
 @dataclass
