@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import json
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 import aiohttp
@@ -40,7 +41,7 @@ async def serve_generate(request: web.Request, state: ProxyState, path: str) -> 
     tokens = rewrite.prompt_tokens(body, path)
     prefix = rewrite.prefix_key(body, path, cfg.affinity_tokens) if state.policy.needs_prefix else None
     headers = {**state.upstream_headers, "X-Request-Id": rid}
-    blocks: tuple[int, ...] = ()
+    blocks: Sequence[int] = ()
     if state.policy.needs_blocks or state.index is not None:
         tokens, blocks = await _blocks(state, body, path, tokens, headers)
     refused = resume.refusal(body, path) if cfg.migrations else "migrations are off"
@@ -67,7 +68,7 @@ async def serve_generate(request: web.Request, state: ProxyState, path: str) -> 
 
 async def _blocks(
     state: ProxyState, body: dict[str, Any], path: str, tokens: int, headers: dict[str, str]
-) -> tuple[int, tuple[int, ...]]:
+) -> tuple[int, Sequence[int]]:
     """The prompt's length and its full blocks' keys: of its exact token ids where the prompt is
     text an instance tokenized, else of the prompt as sent (the length as estimated)."""
     block_size = state.config.block_size

@@ -27,17 +27,33 @@ import numpy as np
 from ucmctl.proxy.pool import Instance
 from ucmctl.proxy.rewrite import CHARS_PER_TOKEN, prompt_of
 
+try:  # the keys and the index in C (csrc/kv_index.cpp): a 32k-token prompt's decision in ~0.1 ms, not ~2
+    import ucmctl.proxy._kv as _native
+except ImportError:  # a source tree not built: the same in Python (numpy), below
+    _native = None
+else:
+    Sequence.register(_native.Keys)  # a prompt's keys kept in C: a sequence of ints
+
 ENTRIES = 262_144  # blocks remembered (a few tens of MiB at most)
 Holder = tuple[int, int]  # an instance's uid and epoch
 
 
-# The keys are 64-bit integers: a polynomial hash of each block's mixed units (token ids, or a
-# text prompt's bytes), chained over the blocks before it, then mixed again. Computed over the
-# whole prompt at once with numpy's wrapping uint64 arithmetic: the chain
-#     p[i] = p[i-1] * S + b[i]   (p[-1] the model's seed, S = R ** units a block)
+# The keys are 64-bit integers: a polynomial hash of each block's units (token ids, or a text
+# prompt's bytes), each mixed on its own (y ^ y >> 31, y = u * M: a bijection, one multiply),
+# chained over the blocks before it, then mixed again (splitmix64's finaliser). Computed over the
+# whole prompt at once with numpy's wrapping uint64 arithmetic (csrc/kv_index.cpp the same in C):
+#     b[i] = sum_j unit(u[i, j]) * R**j,  p[i] = p[i-1] * S + b[i]
+# (p[-1] the model's seed, S = R ** units a block), which
 # unrolls to p[i] = S**(i+1) * (seed + S**-1 * cumsum(b[k] * S**-k)), S odd and so invertible mod
 # 2**64. Not a cryptographic digest: two prompts that meet on one key only share a routing guess.
 _R = 0x9E3779B97F4A7C15  # odd
+_M = 0xBF58476D1CE4E5B9  # odd
+
+
+def _unit(x: np.ndarray) -> np.ndarray:
+    """A unit mixed on its own, element-wise (uint64, wrapping)."""
+    y = x * np.uint64(_M)
+    return y ^ (y >> np.uint64(31))
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
@@ -66,7 +82,7 @@ def _sums(units: np.ndarray, per_block: int, seed: int) -> np.ndarray:
     n = len(units) // per_block
     r, s, inv = _powers(per_block, _capacity(n))
     with np.errstate(over="ignore"):
-        mixed = _mix(units[: n * per_block].astype(np.uint64)).reshape(n, per_block)
+        mixed = _unit(units[: n * per_block].astype(np.uint64)).reshape(n, per_block)
         b = (mixed * r).sum(axis=1, dtype=np.uint64)
         return s[:n] * (np.uint64(seed) + inv[1] * np.cumsum(b * inv[:n], dtype=np.uint64))
 
@@ -89,9 +105,11 @@ def extend(after: int, token_ids: Sequence[int], block_size: int) -> tuple[list[
         return sums.tolist(), _mix(sums).tolist()
 
 
-def _text_chain(data: bytes, per_block: int, seed: int) -> tuple[int, ...]:
+def _text_chain(data: bytes, per_block: int, seed: int) -> Sequence[int]:
     """A text prompt's blocks of bytes, hashed 8 bytes at a time (little-endian words) where a
     block is whole words, as with every even block size."""
+    if _native is not None:
+        return _native.bytes_keys(data, per_block, seed)  # type: ignore[no-any-return]
     if per_block % 8:
         return _chain(np.frombuffer(data, dtype=np.uint8), per_block, seed)
     words = len(data) // per_block * per_block // 8
@@ -109,7 +127,7 @@ def seed(model: str) -> int:
     return int.from_bytes(hashlib.blake2b(model.encode(), digest_size=8).digest(), "little")
 
 
-def block_keys(body: dict[str, Any], path: str, block_size: int) -> tuple[int, ...]:
+def block_keys(body: dict[str, Any], path: str, block_size: int) -> Sequence[int]:
     """The keys of the prompt's full blocks, each chained over the ones before and the model."""
     prompt = prompt_of(body, path)
     if isinstance(prompt, str):
@@ -118,9 +136,13 @@ def block_keys(body: dict[str, Any], path: str, block_size: int) -> tuple[int, .
     return ids_keys(prompt, str(body.get("model", "")), block_size)
 
 
-def ids_keys(token_ids: Sequence[int], model: str, block_size: int) -> tuple[int, ...]:
+def ids_keys(token_ids: Sequence[int], model: str, block_size: int) -> Sequence[int]:
     """The keys of the full blocks of a prompt's token ids, as `block_keys` names a token-id
     prompt's (and the KV-cache events' blocks meet them)."""
+    if _native is not None:  # None: items that are not ints (the conversion below decides)
+        keys = _native.ids_keys(token_ids, block_size, seed(model))
+        if keys is not None:
+            return keys  # type: ignore[no-any-return]
     try:  # token ids as 8-byte integers, checked and converted in C
         ids = array.array("q", token_ids)
     except (OverflowError, TypeError):  # not ids a model has: no blocks to know of
@@ -128,7 +150,14 @@ def ids_keys(token_ids: Sequence[int], model: str, block_size: int) -> tuple[int
     return _chain(np.frombuffer(ids, dtype=np.int64), block_size, seed(model))
 
 
+def new_index(entries: int = ENTRIES) -> KvIndex:
+    """The index, in C where it is built."""
+    return KvIndex(entries) if _native is None else NativeKvIndex(entries)
+
+
 class KvIndex:
+    """The index in Python: the reference of NativeKvIndex, and the index where that is not built."""
+
     def __init__(self, entries: int = ENTRIES) -> None:
         # block key -> (the instances that hold it, whether the store has it)
         self._blocks: OrderedDict[int, tuple[frozenset[Holder], bool]] = OrderedDict()
@@ -185,3 +214,27 @@ class KvIndex:
             entry = self._blocks.get(key)
             if entry is not None:
                 self._blocks[key] = (frozenset(h for h in entry[0] if h[0] != inst.uid), entry[1])
+
+
+class NativeKvIndex(KvIndex):
+    """The index in C (csrc/kv_index.cpp): KvIndex's answers, a 32k-token prompt's walk in tens
+    of microseconds."""
+
+    def __init__(self, entries: int = ENTRIES) -> None:
+        self._index = _native.Index(entries)
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def leading(self, keys: Sequence[int], insts: Sequence[Instance]) -> tuple[list[int], int]:
+        """How many leading blocks each of `insts` holds in its own cache, and how many the store
+        holds."""
+        return self._index.leading(keys, [(i.uid, i.epoch) for i in insts])  # type: ignore[no-any-return]
+
+    def took(self, keys: Sequence[int], inst: Instance, *, saved: bool) -> None:
+        """`inst` computed or loaded these blocks (and, `saved`, the store has them now)."""
+        self._index.took(keys, (inst.uid, inst.epoch), saved)
+
+    def lost(self, keys: Sequence[int], inst: Instance) -> None:
+        """`inst` no longer holds these blocks in its own cache (it evicted them)."""
+        self._index.lost(keys, inst.uid)

@@ -3,6 +3,7 @@ a client's request as the legs need it, and the OpenAI-style error answer."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,7 +13,7 @@ from aiohttp import web
 from ucmctl.proxy.config import ProxyConfig
 from ucmctl.proxy.handoff import Handoff, Store, make_handoff
 from ucmctl.proxy.kv_feed import Feed
-from ucmctl.proxy.kv_index import KvIndex
+from ucmctl.proxy.kv_index import KvIndex, new_index
 from ucmctl.proxy.metrics import Metrics
 from ucmctl.proxy.pool import Instance, Pool
 from ucmctl.proxy.routing import POLICIES, Ask, Policy, canonical, make_policy
@@ -41,7 +42,7 @@ class ProxyState:
     def create(cls, config: ProxyConfig) -> ProxyState:
         """The state for `config`, every configured instance in routing."""
         needs_blocks = POLICIES[canonical(config.routing) or config.routing].needs_blocks
-        index = KvIndex() if needs_blocks or config.direct_below else None
+        index = new_index() if needs_blocks or config.direct_below else None
         policy = make_policy(config.routing, config.block_size, index, store=config.kv_store)
         state = cls(config, pool=Pool(config.dynamic_roles), policy=policy, index=index)
         for role, urls in (
@@ -149,7 +150,7 @@ class Request:
     headers: dict[str, str]
     prefix: bytes | None = None  # the affinity key, where the policy reads one
     session: str | None = None  # the conversation
-    blocks: tuple[int, ...] = ()  # the prompt's blocks, where the policy reads them
+    blocks: Sequence[int] = ()  # the prompt's blocks, where the policy reads them
 
     def ask(self, role: str, config: ProxyConfig, *, first_leg: bool) -> Ask:
         """The leg of `role`; the prompt's prefix key goes with the leg that computes the prompt."""

@@ -3,16 +3,34 @@ leading counts, an instance that came back holds nothing, and a bound."""
 
 from __future__ import annotations
 
-from ucmctl.proxy.kv_index import KvIndex, block_keys
+from collections.abc import Callable
+
+import pytest
+
+from ucmctl.proxy import kv_index
+from ucmctl.proxy.kv_index import KvIndex, NativeKvIndex, block_keys
 from ucmctl.proxy.pool import Instance
 from ucmctl.proxy.rewrite import CHARS_PER_TOKEN, COMPLETIONS
+
+BUILT = kv_index._native is not None
+# the index in Python (the reference) and in C (csrc/kv_index.cpp, where it is built)
+INDEXES = [KvIndex, pytest.param(NativeKvIndex, marks=pytest.mark.skipif(not BUILT, reason="not built"))]
+# the keys in C where built, and the numpy code that stands in where not
+KEYS_IN = ["c", "numpy"] if BUILT else ["numpy"]
+
+
+@pytest.fixture(params=KEYS_IN)
+def keys_in(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    if request.param == "numpy":
+        monkeypatch.setattr(kv_index, "_native", None)
+    return str(request.param)
 
 
 def body(prompt: object, model: str = "m") -> dict[str, object]:
     return {"model": model, "prompt": prompt}
 
 
-def test_keys_name_whole_prefixes_of_full_blocks() -> None:
+def test_keys_name_whole_prefixes_of_full_blocks(keys_in: str) -> None:
     a = block_keys(body(list(range(40))), COMPLETIONS, 16)
     b = block_keys(body([*range(32), 99, 98]), COMPLETIONS, 16)
     assert len(a) == 2 and len(b) == 2  # full blocks only: 40 tokens are 2 blocks of 16
@@ -38,16 +56,20 @@ def _chained(units: list[int], per_block: int, model: str) -> list[int]:
         x = (x * 0x94D049BB133111EB) & M64
         return x ^ (x >> 31)
 
+    def unit(x: int) -> int:
+        y = (x * 0xBF58476D1CE4E5B9) & M64
+        return y ^ (y >> 31)
+
     p, keys = k.seed(model), []
     for start in range(0, len(units) - per_block + 1, per_block):
         block = units[start : start + per_block]
-        b = sum(mix(u & M64) * pow(k._R, j, 1 << 64) for j, u in enumerate(block))
+        b = sum(unit(u & M64) * pow(k._R, j, 1 << 64) for j, u in enumerate(block))
         p = (p * pow(k._R, per_block, 1 << 64) + b) & M64
         keys.append(mix(p))
     return keys
 
 
-def test_the_whole_prompt_at_once_gives_the_chain_block_by_block() -> None:
+def test_the_whole_prompt_at_once_gives_the_chain_block_by_block(keys_in: str) -> None:
     """The vectorized keys equal the chain's definition, computed one block at a time: token ids
     (negative and large ones too) and text, prompts of 0 to 70 blocks, every model apart."""
     import random
@@ -64,11 +86,15 @@ def test_the_whole_prompt_at_once_gives_the_chain_block_by_block() -> None:
         by_bytes = block_keys(body(text, "m2"), COMPLETIONS, 5)
         assert list(by_words) == _chained(words, 16 * CHARS_PER_TOKEN // 8, "m2")
         assert list(by_bytes) == _chained(list(raw), 5 * CHARS_PER_TOKEN, "m2")
-    assert block_keys(body([2**63]), COMPLETIONS, 1) == () and block_keys(body([1.5]), COMPLETIONS, 1) == ()
+    # not ids a model has: no blocks, even where they come after the last whole block
+    for bad in ([2**63], [1.5], [1, 2, 2**64], [1, 2, 3.0], [1, 2, -(2**63) - 1], [1, 2, "3"]):
+        assert block_keys(body(bad), COMPLETIONS, 2) == (), bad
+    assert list(block_keys(body([1, 2, True, 4]), COMPLETIONS, 2)) == _chained([1, 2, 1, 4], 2, "m")
 
 
-def test_leading_counts_and_what_the_store_has() -> None:
-    index, a, b = KvIndex(), Instance("http://a:1", "mixed"), Instance("http://b:1", "mixed")
+@pytest.mark.parametrize("make", INDEXES)
+def test_leading_counts_and_what_the_store_has(make: Callable[..., KvIndex]) -> None:
+    index, a, b = make(), Instance("http://a:1", "mixed"), Instance("http://b:1", "mixed")
     keys = block_keys(body(list(range(64))), COMPLETIONS, 16)
     index.took(keys[:3], a, saved=True)
     index.took(keys, b, saved=False)  # loaded into b's own cache: the store gains nothing
@@ -79,8 +105,9 @@ def test_leading_counts_and_what_the_store_has() -> None:
     assert index.held(keys, again) == 0
 
 
-def test_the_index_is_bounded() -> None:
-    index, a = KvIndex(entries=10), Instance("http://a:1", "mixed")
+@pytest.mark.parametrize("make", INDEXES)
+def test_the_index_is_bounded(make: Callable[..., KvIndex]) -> None:
+    index, a = make(entries=10), Instance("http://a:1", "mixed")
     for n in range(30):
         index.took(block_keys(body([n] * 32), COMPLETIONS, 16), a, saved=True)
     assert len(index) == 10
@@ -88,7 +115,7 @@ def test_the_index_is_bounded() -> None:
     assert index.held(newest, a) == 2 and index.stored(block_keys(body([0] * 32), COMPLETIONS, 16)) == 0
 
 
-def _walk(index: KvIndex, keys: tuple[int, ...], has: object) -> int:
+def _walk(index: KvIndex, keys: list[int], has: object) -> int:
     """Leading blocks whose entry satisfies `has`, walked alone."""
     n = 0
     while n < len(keys) and has(index._blocks.get(keys[n], (frozenset(), False))):  # type: ignore[operator]
@@ -103,7 +130,7 @@ def test_one_walk_for_every_candidate_counts_as_one_walk_each() -> None:
 
     rng = random.Random(7)
     insts = [Instance(f"http://h{i}:1", "mixed") for i in range(4)]
-    keys = block_keys(body(list(range(16 * 12))), COMPLETIONS, 16)
+    keys = list(block_keys(body(list(range(16 * 12))), COMPLETIONS, 16))
     for _ in range(200):
         index = KvIndex()
         for inst in insts:

@@ -18,7 +18,7 @@ class Ask:
     tokens: int = 0  # the prompt's tokens (exact for token ids, estimated for text)
     prefix: bytes | None = None  # the digest of the prompt's leading block, where affinity asks it
     session: str | None = None  # the conversation: the `X-Session-Id` header or the body's `user`
-    blocks: tuple[int, ...] = ()  # the prompt's full blocks' keys, where the policy needs them
+    blocks: Sequence[int] = ()  # the prompt's full blocks' keys, where the policy needs them
 
 
 class Policy:

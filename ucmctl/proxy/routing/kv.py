@@ -22,9 +22,10 @@ import math
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from ucmctl.core.routing_names import SUMMARIES
-from ucmctl.proxy.kv_index import KvIndex
+from ucmctl.proxy.kv_index import KvIndex, new_index
 from ucmctl.proxy.pool import Instance, load_of
 from ucmctl.proxy.routing.base import Ask, Policy
 from ucmctl.proxy.routing.least_loaded import LeastLoaded
@@ -48,8 +49,7 @@ class Speed:
         self.samples += 1
 
 
-@dataclass(frozen=True)
-class Guess:
+class Guess(NamedTuple):  # a tuple: made for every candidate of every leg, 5x cheaper than a dataclass
     """What the policy expected of a leg on the instance it chose."""
 
     inst: Instance
@@ -77,7 +77,7 @@ class Kv(Policy):
     needs_blocks = True
 
     def __init__(self, block_size: int = 16, index: KvIndex | None = None, *, store: bool = True) -> None:
-        self.index = KvIndex() if index is None else index  # the proxy's: its request path fills it
+        self.index = new_index() if index is None else index  # the proxy's: its request path fills it
         self.block_size = block_size
         # False, an ablation: what only the store holds counts as computed (the store term's worth)
         self.store = store
