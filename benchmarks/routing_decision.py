@@ -10,7 +10,8 @@ one instance, in the store). Each decision is timed as the proxy makes it: right
 request's body was parsed (its ids fresh in the cache, as they are there; the parse not timed).
 Each round times 50 decisions one by one, C then Python, after 5 not counted (the other
 implementation's round before it left the caches and the heap as the proxy never has them); the
-figures are over every counted decision of every round (p50, p90, p99). Also: the index's update after a leg
+figures are over every counted decision of every round (p50, p90, p99). Then the C rounds again
+back to back ("alone"), as the proxy runs them: no Python round between. Also: the index's update after a leg
 (the proxy makes it twice a request: sent, answered) and, what every policy pays before any of
 it, parsing the request's JSON body. Target (#47): a routing decision for a 32k-token prompt
 within 200 us p99.
@@ -119,6 +120,7 @@ def main() -> None:
                 rows["decision"].setdefault(name, []).extend(s.decisions_us(raw))
                 rows["update"].setdefault(name, []).extend(times_us(s.update, 10))
         rows["parse"].setdefault("c", []).extend(times_us(lambda: json.loads(raw), 10))
+    alone = [t for _ in range(args.rounds) for t in c.decisions_us(raw)]  # no Python's round between
     blocks = len(c.keys)
     print(f"{args.tokens} token ids, {blocks} blocks of {args.block_size}, 4 candidates, "
           f"index of {len(c.policy.index)} blocks; {args.rounds} rounds")  # fmt: skip
@@ -128,8 +130,12 @@ def main() -> None:
         c50, p50 = statistics.median(cs), statistics.median(ps)
         print(f"{label}: C p50 {c50:.0f}, p90 {pct(cs, 0.9):.0f}, p99 {pct(cs, 0.99):.0f} us; "
               f"Python p50 {p50:.0f}, p99 {pct(ps, 0.99):.0f} us; C/Python p50 {c50 / p50:.3f}x")  # fmt: skip
-    p99 = pct(rows["decision"]["c"], 0.99)
-    print(f"target (decision p99 <= 200 us): {'met' if p99 <= 200 else 'not met'} ({p99:.0f} us)")
+    print(f"routing decision, C alone (its rounds back to back): p50 {statistics.median(alone):.0f}, "
+          f"p90 {pct(alone, 0.9):.0f}, p99 {pct(alone, 0.99):.0f} us")  # fmt: skip
+    p99, p99_alone = pct(rows["decision"]["c"], 0.99), pct(alone, 0.99)
+    verdict = "met" if max(p99, p99_alone) <= 200 else "met alone" if p99_alone <= 200 else "not met"
+    print(f"target (decision p99 <= 200 us): {verdict} (beside Python's rounds {p99:.0f} us, "
+          f"alone {p99_alone:.0f} us)")  # fmt: skip
     entries = args.others * blocks // 2
     bound = NativeKvIndex(entries)  # given twice as many blocks as it keeps
     for n in range(args.others):
