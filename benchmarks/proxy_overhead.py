@@ -1,6 +1,7 @@
 """What the proxy costs: the same streamed load sent directly to a sim instance and through the proxy.
 
     python benchmarks/proxy_overhead.py [--requests 100] [--concurrency 128] [--tokens 256] [--rounds 3]
+                                        [--routing kv] [--prompt-tokens 64]
 
 Starts zero-cost simulator instances (one prefill, one decode) and two proxies on free loopback
 ports: `pd` (prefill leg on one sim, decode relayed from the other) and `mixed` (one sim does all).
@@ -11,8 +12,10 @@ TTFT p50/p99 and the proxied/direct throughput ratio, and checks them against th
 (added TTFT p50 < 2 ms at 1 stream, ratio >= 0.8 at 128 streams). A third proxy, `mixed` with
 `--migrations 0` ("plain"), relays the same answers without asking the engine for token ids and
 reading them off the stream: the proxy's CPU per streamed token of `mixed` against it is what
-being able to move a cut answer costs when nothing fails (target: <= 2% more, issue #48). All
-traffic stays on 127.0.0.1.
+being able to move a cut answer costs when nothing fails (target: <= 2% more, issue #48).
+`--routing NAME` runs the `pd` and `mixed` proxies with that policy (the proxy's default,
+least-loaded, otherwise; `kv` names each prompt's blocks and walks its index for every request:
+issue #47's cost targets are its added TTFT and throughput). All traffic stays on 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -89,13 +92,16 @@ class Result:
     seconds: float
 
 
+PROMPT_TOKENS = [64]  # set from --prompt-tokens
+
+
 async def one_stream(
     session: aiohttp.ClientSession, url: str, tokens: int, rng: random.Random
 ) -> tuple[float, int]:
     """Send one streamed completion; return its TTFT and the number of tokens received."""
     body = {
         "model": "sim-model",
-        "prompt": [rng.randrange(1, 8000) for _ in range(64)],
+        "prompt": [rng.randrange(1, 8000) for _ in range(PROMPT_TOKENS[0])],
         "max_tokens": tokens,
         "ignore_eos": True,
         "stream": True,
@@ -173,6 +179,7 @@ async def bench(args: argparse.Namespace) -> dict[str, object]:
     ports = {name: free_port() for name in ("prefill", "decode", "pd", "mixed", "plain")}
     url = {name: f"http://{HOST}:{port}" for name, port in ports.items()}
     proxy = [py, "-m", "ucmctl.proxy", "--host", HOST, "--port"]
+    routing = ["--routing", args.routing] if args.routing else []
     with processes() as procs:
         for name in ("prefill", "decode"):
             sim = [
@@ -189,8 +196,8 @@ async def bench(args: argparse.Namespace) -> dict[str, object]:
             ]
             start(procs, [*sim, "--profile", "zero", "--max-num-seqs", "512"])
         start(procs, [*proxy, str(ports["pd"]), "--mode", "pd", "--prefiller", url["prefill"],
-                      "--decoder", url["decode"]])  # fmt: skip
-        start(procs, [*proxy, str(ports["mixed"]), "--mode", "mixed", "--instance", url["decode"]])
+                      "--decoder", url["decode"], *routing])  # fmt: skip
+        start(procs, [*proxy, str(ports["mixed"]), "--mode", "mixed", "--instance", url["decode"], *routing])
         start(procs, [*proxy, str(ports["plain"]), "--mode", "mixed", "--instance", url["decode"],
                       "--migrations", "0"])  # fmt: skip
         names = ("prefill", "decode", "pd", "mixed", "plain")
@@ -231,6 +238,8 @@ async def bench(args: argparse.Namespace) -> dict[str, object]:
         "tokens": args.tokens,
         "concurrency": args.concurrency,
         "rounds": args.rounds,
+        "routing": args.routing,
+        "prompt_tokens": args.prompt_tokens,
     }
     for name in ("direct", "pd", "mixed", "plain"):
         us = {proc: statistics.median(c[proc] for c in cpu[name]) for proc in cpu[name][0]}
@@ -299,8 +308,11 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=128, help="concurrent streams of the throughput load")
     ap.add_argument("--tokens", type=int, default=256, help="output tokens per request")
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds; figures are medians")
+    ap.add_argument("--routing", help="the pd and mixed proxies' routing policy (default: the proxy's)")
+    ap.add_argument("--prompt-tokens", type=int, default=64, help="token ids a prompt (random)")
     ap.add_argument("--json", help="also write the report here")
     args = ap.parse_args()
+    PROMPT_TOKENS[0] = args.prompt_tokens
     try:
         import uvloop  # the client's own cost is the same on both sides; a lighter loop just adds less noise
 
@@ -308,7 +320,9 @@ def main() -> None:
     except ImportError:
         pass
     report = asyncio.run(bench(args))
-    print(f"{args.tokens} output tokens/request, zero-cost sims, {args.rounds} rounds (medians)")
+    policy = args.routing or "the proxy's default"
+    print(f"{args.prompt_tokens} prompt and {args.tokens} output tokens/request, zero-cost sims, "
+          f"pd and mixed routing {policy}, {args.rounds} rounds (medians)")  # fmt: skip
     ok = True
     for name, label in (("direct", "direct     "), ("pd", "proxy pd   "), ("mixed", "proxy mixed"),
                         ("plain", "mixed plain")):  # fmt: skip

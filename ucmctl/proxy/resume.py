@@ -77,6 +77,9 @@ def refusal(body: dict[str, Any], path: str) -> str | None:
     prompt = body.get("prompt")
     if path == COMPLETIONS and isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
         return "several prompts"
+    if body.get("stream_options") and not body.get("stream"):
+        # the engine refuses it (vLLM: only with stream=True): the proxy must not stream it
+        return "stream_options without stream"
     return None
 
 

@@ -184,6 +184,8 @@ class SimServer:
         try:
             body = await _json_body(request)
             self._check_model(body)
+            if body.get("stream_options") and not body.get("stream"):  # vLLM 0.32's check
+                raise BadRequest("Stream options can only be defined when `stream=True`.", "stream_options")
             prompt = self._prompt(body, chat)
             namespace = self._salted(body)
             max_tokens = self._max_tokens(body, len(prompt))

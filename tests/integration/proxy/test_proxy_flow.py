@@ -144,6 +144,13 @@ def test_upstream_refusal_is_relayed(pd: PD) -> None:
     status, _, raw = post(pd.proxy.url + "/v1/completions", completion(40000))  # past max_model_len
     assert status == 400
     assert "maximum context length" in json.loads(raw)["error"]["message"]
+    # stream_options on an answer asked for whole: the engine's 400 (the proxy, which streams
+    # the whole answers it can move, must not answer what the engine refuses)
+    usage = {**completion(4), "stream_options": {"include_usage": True}}
+    for url in (pd.proxy.url, pd.decode[0].url):
+        status, _, raw = post(url + "/v1/completions", usage)
+        assert status == 400, url
+        assert json.loads(raw)["error"]["message"] == "Stream options can only be defined when `stream=True`."
 
 
 def test_models_health_metrics_reset(pd: PD) -> None:

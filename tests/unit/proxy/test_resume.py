@@ -54,6 +54,7 @@ def events(raw: bytes) -> list[Any]:
         ({"prompt": "x", "stop": ["\n\n"]}, COMPLETIONS, "stop strings"),
         ({"messages": [], "logprobs": True}, CHAT, "logprobs"),
         ({"prompt": ["a", "b"]}, COMPLETIONS, "several prompts"),
+        ({"prompt": "x", "stream_options": {"include_usage": True}}, COMPLETIONS, "stream_options without"),
     ],
 )
 def test_an_answer_that_cannot_go_on_faithfully_says_why(body: dict[str, Any], path: str, why: str) -> None:
@@ -65,6 +66,8 @@ def test_plain_answers_can_go_on() -> None:
     assert refusal(plain, COMPLETIONS) is None
     tools_off = {"messages": [], "tools": [{"type": "function"}], "tool_choice": "none"}
     assert refusal(tools_off, CHAT) is None
+    usage = {"include_usage": True}
+    assert refusal({"prompt": "x", "stream": True, "stream_options": usage}, COMPLETIONS) is None
     raw, leg = with_token_ids({"prompt": "x", "stream": True})
     assert json.loads(raw) == leg == {"prompt": "x", "stream": True, "return_token_ids": True}
 
