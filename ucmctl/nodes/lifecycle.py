@@ -29,16 +29,20 @@ from ucmctl.plan.model import Process, process_marker
 # for as long as it is stuck. A read that does not end in 3 s counts the process as a member
 # (it is alive, in the group ucmctl started) instead of hanging the whole check.
 _MEMBERS = r"""
+# The live (non-zombie) processes of group $1: pid, pgid, state.
+group() {
+  ps -e -o pid=,pgid=,stat= | awk -v g="$1" '$2 == g && $3 !~ /^Z/'
+}
 members() {
-  for p in $(ps -e -o pid=,pgid=,stat= | awk -v g="$1" '$2 == g && $3 !~ /^Z/ {print $1}'); do
+  for p in $(group "$1" | awk '{print $1}'); do
     timeout -s KILL 3 grep -qzxF -e "$2" /proc/$p/environ 2>/dev/null
     case $? in 0|124|137) echo "$p" ;; esac
   done | wc -l
 }
 # The members of group $1 that outlived SIGKILL, with their state and where in the kernel they wait.
 stuck() {
-  ps -e -o pid=,pgid=,stat=,wchan:40= |
-    awk -v g="$1" '$2 == g && $3 !~ /^Z/ {printf " pid %s (%s, in %s)", $1, $3, $4}'
+  for p in $(group "$1" | awk '{print $1}'); do ps -o pid=,stat=,wchan:40= -p "$p"; done |
+    awk '{printf " pid %s (%s, in %s)", $1, $2, $3}'
 }
 """
 
@@ -278,8 +282,7 @@ def signal(ex: Executor, process: Process, sig: str, *, spare_leader: bool = Fal
         raise ValueError(f"signal {sig!r} is not one of {SIGNALS}")
     pidfile, mark = shlex.quote(process.pidfile), shlex.quote(marker(process))
     if spare_leader:
-        send = f"""pids=$(ps -e -o pid=,pgid=,stat= |
-  awk -v g="$g" '$2 == g && $1 != g && $3 !~ /^Z/ {{print $1}}')
+        send = f"""pids=$(group "$g" | awk -v g="$g" '$1 != g {{print $1}}')
 [ -n "$pids" ] || {{ echo absent; exit 0; }}
 kill -{sig} $pids 2>/dev/null; echo signalled"""
     else:

@@ -80,3 +80,23 @@ def test_only_the_signals_of_a_fault(tmp_path: Path) -> None:
     ex, p = _process(tmp_path, "exec sleep 30\n")
     with pytest.raises(ValueError):
         lifecycle.signal(ex, p, "STOP; rm -rf ~")
+
+
+def test_sparing_the_leader_signals_every_other_member(tmp_path: Path) -> None:
+    """What a supervised server's fault sends: the group's members but its leader (the
+    supervisor), which lives on and sees its child die."""
+    ex, p = _process(tmp_path, f"sleep 30 &\necho $! > {tmp_path / 'child'}\nwait\nsleep 30\n")
+    lifecycle.start(ex, p)
+    try:
+        deadline = time.monotonic() + 5
+        while not (tmp_path / "child").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        child, leader = int((tmp_path / "child").read_text()), int(Path(p.pidfile).read_text())
+        assert lifecycle.signal(ex, p, "KILL", spare_leader=True) is True
+        deadline = time.monotonic() + 5
+        while Path(f"/proc/{child}").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not Path(f"/proc/{child}").exists()  # the child is gone (reaped by its leader)
+        assert lifecycle.alive(ex, p) is not None and Path(f"/proc/{leader}").exists()
+    finally:
+        lifecycle.stop(ex, p, grace=1)

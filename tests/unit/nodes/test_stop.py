@@ -3,6 +3,7 @@ then, for a process that ignores TERM, KILL once `grace` seconds have passed by 
 
 from __future__ import annotations
 
+import shlex
 import time
 from pathlib import Path
 
@@ -70,3 +71,18 @@ def test_a_process_whose_environment_cannot_be_read_is_still_stopped_in_time(tmp
     assert stopped.was_running and not stopped.killed, stopped  # counted alive, then gone on TERM
     assert 3.0 <= took < 12.0, took  # one read given up after 3 s, not the command's timeout
     assert lifecycle.alive(ex, p) is None
+
+
+def test_the_shell_functions_name_a_groups_live_members(tmp_path: Path) -> None:
+    """`members` counts the group's processes that carry the marker, `stuck` names each with its
+    state and kernel wait (what `down` says of a process that outlived KILL), and neither reads
+    another group."""
+    ex, p = _started(tmp_path, "echo up\nsleep 60 &\nexec sleep 61\n")
+    group = Path(p.pidfile).read_text().strip()
+    said = f'echo "$(members {group} "$1")"; echo "$(stuck {group})"; echo "$(stuck 999999999)"'
+    done = ex.run(f"set -- {shlex.quote(lifecycle.marker(p))}\n{lifecycle._MEMBERS}{said}", timeout=30)
+    counted, named, other = done.stdout.split("\n")[:3]
+    assert counted.strip() == "2", done  # the launch script's shell became `sleep 61`, and its child
+    assert len(named.split(" pid ")) == 3 and all("(S" in part for part in named.split(" pid ")[1:]), named
+    assert other == ""
+    lifecycle.stop(ex, p, grace=5)
