@@ -133,6 +133,7 @@ private:
 
 NB_MODULE(_sse, m) {
     m.doc() = "The proxy's per-read work on an answer's token ids (see ucmctl.proxy.resume).";
+    m.attr("RECENT") = kRecent;  // the Python code keeps as many
     nb::class_<Feed>(m, "Feed")
         .def(nb::init<bool>(), nb::arg("keep_ids"))
         .def("feed", &Feed::feed, nb::arg("chunk"))

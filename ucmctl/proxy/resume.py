@@ -24,9 +24,11 @@ from typing import Any
 from ucmctl.proxy.rewrite import CHAT, COMPLETIONS
 
 try:  # the common read in C (csrc/sse_ids.cpp): a token's work costs the proxy ~0.3 us, not ~2 us
+    from ucmctl.proxy._sse import RECENT
     from ucmctl.proxy._sse import Feed as _NativeFeed
 except ImportError:  # a source tree not built: the same reads in Python
     _NativeFeed = None
+    RECENT = 4  # the last reads kept (the finish and the usage are read off them)
 
 # a chunk's token ids, as vLLM writes them (never the first field of an object)
 _IDS = re.compile(rb',"(prompt_token_ids|token_ids)":(null|\[[0-9, ]*\])')
@@ -107,7 +109,7 @@ class Answer:
     prompt_ids: list[int] | None = None
     _ids: list[int] = field(default_factory=list)  # the answer's token ids read so far
     _unread: list[bytes] = field(default_factory=list)  # and those still as the stream wrote them
-    _recent: deque[bytes] = field(default_factory=lambda: deque(maxlen=4))  # the last events' bytes
+    _recent: deque[bytes] = field(default_factory=lambda: deque(maxlen=RECENT))  # the last events' bytes
     # the common read (whole events with ids, the head known, no logprobs) done in C, which then
     # keeps the last reads and the ids it read (None: Python does it all)
     _native: Any = None
