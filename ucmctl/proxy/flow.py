@@ -34,7 +34,7 @@ async def serve_generate(request: web.Request, state: ProxyState, path: str) -> 
     raw = await request.read()
     rid = request.headers.get("X-Request-Id") or uuid.uuid4().hex
     try:
-        body = rewrite.parse_body(raw, path)
+        body, texts = rewrite.parse_body(raw, path)
     except rewrite.BadRequest as exc:
         metrics.errors["bad_request"] += 1
         return error_response(400, str(exc), rid)
@@ -50,8 +50,8 @@ async def serve_generate(request: web.Request, state: ProxyState, path: str) -> 
         answer = resume.Answer.of(body, path)
         if answer.whole:  # and stream: the client gets the answer whole, assembled here
             body = whole.streamed(body)
-        raw, body = resume.with_token_ids(body)
-    req = Request(raw, body, path, tokens, headers, prefix, session_of(request, body), blocks)
+        raw, body = resume.with_token_ids(body, texts)
+    req = Request(raw, body, path, tokens, headers, prefix, session_of(request, body), blocks, texts)
     try:
         inst, resp, first = await _answer(state, req)
     except LegFailed as exc:
@@ -112,7 +112,7 @@ async def _answer(
                 kv_params, prefill_ended = await _prefill(state, req)
                 prefilled = True
             payload, ask = (
-                rewrite.decode_payload(req.raw, req.body, kv_params),
+                rewrite.decode_payload(req.raw, req.body, kv_params, req.texts),
                 req.ask("decode", cfg, first_leg=False),
             )
         else:
@@ -164,7 +164,7 @@ async def _prefill(state: ProxyState, req: Request) -> tuple[dict[str, Any] | No
     and when the prefiller's answer had come (the event loop's clock)."""
     loop = asyncio.get_running_loop()
     t = loop.time()
-    payload, transfer = state.handoff.prefill_leg(req.body)
+    payload, transfer = state.handoff.prefill_leg(req.body, req.texts)
     ask = req.ask("prefill", state.config, first_leg=True)
     inst, resp = await _open(state, ask, req, payload)
     answered = False

@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 import aiohttp
 
 from ucmctl.proxy import rewrite
+from ucmctl.proxy.jsontext import Texts
 from ucmctl.proxy.metrics import Metrics
 from ucmctl.proxy.pool import Instance
 from ucmctl.proxy.upstream import UPSTREAM_ERRORS, LegFailed, why
@@ -34,9 +35,9 @@ class Handoff:
     once: ClassVar[bool] = False  # the decode leg goes to one instance only (its transfer is consumed)
     prefill_again: ClassVar[bool] = False  # a retried decode leg needs a new prefill leg
 
-    def prefill_leg(self, body: dict[str, Any]) -> tuple[bytes, str | None]:
+    def prefill_leg(self, body: dict[str, Any], texts: Texts | None = None) -> tuple[bytes, str | None]:
         """The prefill leg's payload and the transfer it names (None where none is named)."""
-        return rewrite.prefill_payload(body, p2p=None), None
+        return rewrite.prefill_payload(body, texts, p2p=None), None
 
     async def decode_params(
         self, session: aiohttp.ClientSession, inst: Instance, answer: bytes, transfer: str | None
@@ -53,8 +54,8 @@ class Ascend(Handoff):
     name = "ascend"
     once = prefill_again = True
 
-    def prefill_leg(self, body: dict[str, Any]) -> tuple[bytes, str | None]:
-        return rewrite.prefill_payload(body, p2p="ascend"), None
+    def prefill_leg(self, body: dict[str, Any], texts: Texts | None = None) -> tuple[bytes, str | None]:
+        return rewrite.prefill_payload(body, texts, p2p="ascend"), None
 
 
 ENGINE_TTL_S = 1.0  # a restarted prefiller registers a new engine id; it is healthy much later
@@ -70,9 +71,9 @@ class Mooncake(Handoff):
         self._metrics = metrics
         self._connect_timeout = connect_timeout
 
-    def prefill_leg(self, body: dict[str, Any]) -> tuple[bytes, str | None]:
+    def prefill_leg(self, body: dict[str, Any], texts: Texts | None = None) -> tuple[bytes, str | None]:
         transfer = f"xfer-{uuid.uuid4().hex}"
-        return rewrite.prefill_payload(body, p2p="mooncake", transfer_id=transfer), transfer
+        return rewrite.prefill_payload(body, texts, p2p="mooncake", transfer_id=transfer), transfer
 
     async def decode_params(
         self, session: aiohttp.ClientSession, inst: Instance, answer: bytes, transfer: str | None

@@ -21,6 +21,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from ucmctl.proxy import jsontext
+from ucmctl.proxy.jsontext import Texts
 from ucmctl.proxy.rewrite import CHAT, COMPLETIONS
 
 try:  # the common read in C (csrc/sse_ids.cpp): a token's work costs the proxy ~0.3 us, not ~2 us
@@ -85,10 +87,10 @@ def refusal(body: dict[str, Any], path: str) -> str | None:
     return None
 
 
-def with_token_ids(body: dict[str, Any]) -> tuple[bytes, dict[str, Any]]:
+def with_token_ids(body: dict[str, Any], texts: Texts | None = None) -> tuple[bytes, dict[str, Any]]:
     """The client's request asking the engine for token ids: the legs' payload and body."""
     leg = {**body, "return_token_ids": True}
-    return json.dumps(leg, separators=(",", ":")).encode(), leg
+    return jsontext.dumps(leg, texts or {}), leg
 
 
 @dataclass

@@ -6,6 +6,8 @@ import hashlib
 import json
 from typing import Any
 
+from ucmctl.proxy import jsontext
+
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
 CHARS_PER_TOKEN = 4  # a cheap estimate of text prompts' length; token-id prompts are counted exactly
@@ -25,12 +27,13 @@ class BadRequest(Exception):
     """The client's request cannot be served as sent; the message is the reason given back."""
 
 
-def parse_body(raw: bytes, path: str) -> dict[str, Any]:
-    """The request's JSON object, checked for what the proxy needs, or BadRequest with the reason."""
+def parse_body(raw: bytes, path: str) -> tuple[dict[str, Any], jsontext.Texts]:
+    """The request's JSON object, checked for what the proxy needs, and the text of its long
+    values as sent (the legs' payloads reuse it); or BadRequest with the reason."""
     if not raw:
         raise BadRequest("the request has no body; send a JSON object")
     try:
-        body = json.loads(raw)
+        body, texts = jsontext.parse(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise BadRequest(f"the body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
@@ -52,7 +55,7 @@ def parse_body(raw: bytes, path: str) -> dict[str, Any]:
             raise BadRequest(f"'{name}' must be a positive integer")
     if "stream" in body and not isinstance(body["stream"], bool):
         raise BadRequest("'stream' must be true or false")
-    return body
+    return body, texts
 
 
 def _valid_prompt(prompt: Any) -> bool:
@@ -108,7 +111,13 @@ def prefix_key(body: dict[str, Any], path: str, tokens: int) -> bytes:
     return hashlib.blake2b(model + b"\0" + head, digest_size=16).digest()
 
 
-def prefill_payload(body: dict[str, Any], *, p2p: str | None, transfer_id: str | None = None) -> bytes:
+def prefill_payload(
+    body: dict[str, Any],
+    texts: jsontext.Texts | None = None,
+    *,
+    p2p: str | None,
+    transfer_id: str | None = None,
+) -> bytes:
     """The prefill leg: the client's request cut to one token, not streamed, with P2P params if asked.
 
     `p2p` is the router protocol: "mooncake" (vLLM's MooncakeConnector: the request's
@@ -134,7 +143,7 @@ def prefill_payload(body: dict[str, Any], *, p2p: str | None, transfer_id: str |
         leg["kv_transfer_params"] = dict(ASCEND_PREFILL_PARAMS)
     else:
         leg.pop("kv_transfer_params", None)
-    return json.dumps(leg, separators=(",", ":")).encode()
+    return jsontext.dumps(leg, texts or {})
 
 
 def kv_params_of(prefill_response: bytes) -> dict[str, Any] | None:
@@ -176,8 +185,10 @@ def engine_of(query_answer: bytes) -> str:
     return engine
 
 
-def decode_payload(raw: bytes, body: dict[str, Any], kv_params: dict[str, Any] | None) -> bytes:
+def decode_payload(
+    raw: bytes, body: dict[str, Any], kv_params: dict[str, Any] | None, texts: jsontext.Texts | None = None
+) -> bytes:
     """The decode leg: the client's bytes untouched, unless the prefiller's KV params must ride along."""
     if kv_params is None:
         return raw
-    return json.dumps({**body, "kv_transfer_params": kv_params}, separators=(",", ":")).encode()
+    return jsontext.dumps({**body, "kv_transfer_params": kv_params}, texts or {})

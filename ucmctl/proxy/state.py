@@ -12,6 +12,7 @@ from aiohttp import web
 
 from ucmctl.proxy.config import ProxyConfig
 from ucmctl.proxy.handoff import Handoff, Store, make_handoff
+from ucmctl.proxy.jsontext import Texts
 from ucmctl.proxy.kv_feed import Feed
 from ucmctl.proxy.kv_index import KvIndex, new_index
 from ucmctl.proxy.metrics import Metrics
@@ -151,6 +152,7 @@ class Request:
     prefix: bytes | None = None  # the affinity key, where the policy reads one
     session: str | None = None  # the conversation
     blocks: Sequence[int] = ()  # the prompt's blocks, where the policy reads them
+    texts: Texts = field(default_factory=dict)  # the body's long values as sent (jsontext)
 
     def ask(self, role: str, config: ProxyConfig, *, first_leg: bool) -> Ask:
         """The leg of `role`; the prompt's prefix key goes with the leg that computes the prompt."""

@@ -50,7 +50,7 @@ def test_bad_requests_name_the_reason(raw: bytes, path: str, reason: str) -> Non
 
 def test_valid_prompts() -> None:
     for prompt in ("text", ["a", "b"], [1, 2, 3], [[1, 2], [3]]):
-        assert parse_body(json.dumps({"prompt": prompt}).encode(), COMPLETIONS)["prompt"] == prompt
+        assert parse_body(json.dumps({"prompt": prompt}).encode(), COMPLETIONS)[0]["prompt"] == prompt
 
 
 def test_prompt_tokens_exact_for_ids_estimated_for_text() -> None:
