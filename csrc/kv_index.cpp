@@ -244,10 +244,13 @@ public:
     }
 
     // `me` computed or loaded these blocks (and, `saved`, the store has them now): each becomes
-    // the most recently used; an earlier epoch of the same instance is no longer a holder.
+    // the most recently used, last to first (the bound takes a prompt's tail before its head);
+    // an earlier epoch of the same instance is no longer a holder.
     void took(nb::handle keys, Holder me, bool saved) {
         std::vector<uint64_t> converted;
-        for (uint64_t key : keys_of(keys, converted)) {
+        const std::vector<uint64_t>& ks = keys_of(keys, converted);
+        for (auto it = ks.rbegin(); it != ks.rend(); ++it) {
+            const uint64_t key = *it;
             uint32_t at = find(key);
             if (at == kNil) {
                 // at most 3/4 full (a prompt's blocks above the bound stay until the end of it)

@@ -10,7 +10,7 @@ in its cache; when a prefill (or a mixed instance) computed it, the connector sa
 the store. Both are approximate: the index does not see an instance evict a block, nor the store
 refuse a save; an instance that comes back into routing (it may have restarted) holds nothing of
 what it held before (its `epoch`), and one added again at the same URL is another instance. The
-index is bounded: the least recently used blocks go first.
+index is bounded: the least recently used blocks go first, a prompt's last blocks before its first.
 """
 
 from __future__ import annotations
@@ -198,9 +198,11 @@ class KvIndex:
         return held, stored
 
     def took(self, keys: Sequence[int], inst: Instance, *, saved: bool) -> None:
-        """`inst` computed or loaded these blocks (and, `saved`, the store has them now)."""
+        """`inst` computed or loaded these blocks (and, `saved`, the store has them now). They
+        are touched last to first, so that the bound takes a prompt's tail before its head (as
+        vLLM frees a request's blocks): what stays of a prompt is a prefix, which a walk finds."""
         me = (inst.uid, inst.epoch)
-        for key in keys:
+        for key in reversed(keys):
             holders, stored = self._blocks.pop(key, (frozenset(), False))
             # a holder from an earlier epoch of the same instance is gone
             kept = frozenset(h for h in holders if h[0] != inst.uid)

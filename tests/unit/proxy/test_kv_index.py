@@ -115,6 +115,17 @@ def test_the_index_is_bounded(make: Callable[..., KvIndex]) -> None:
     assert index.held(newest, a) == 2 and index.stored(block_keys(body([0] * 32), COMPLETIONS, 16)) == 0
 
 
+@pytest.mark.parametrize("make", INDEXES)
+def test_the_bound_takes_a_prompts_tail_before_its_head(make: Callable[..., KvIndex]) -> None:
+    """What stays of a prompt the bound cut is a prefix (a walk finds it), not its tail (which no
+    walk reaches once its first block is gone)."""
+    index, a, b = make(entries=6), Instance("http://a:1", "mixed"), Instance("http://b:1", "mixed")
+    first = block_keys(body(list(range(64))), COMPLETIONS, 16)  # 4 blocks
+    index.took(first, a, saved=True)
+    index.took(block_keys(body(list(range(100, 164))), COMPLETIONS, 16), b, saved=True)  # 4 more
+    assert len(index) == 6 and index.held(first, a) == 2 and index.stored(first) == 2
+
+
 def _walk(index: KvIndex, keys: list[int], has: object) -> int:
     """Leading blocks whose entry satisfies `has`, walked alone."""
     n = 0

@@ -16,7 +16,9 @@ def sse(data: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
 
 
-def cmpl_chunk(text: str, ids: list[int], prompt: list[int] | None = None, finish: str | None = None) -> bytes:  # noqa: E501
+def cmpl_chunk(
+    text: str, ids: list[int], prompt: list[int] | None = None, finish: str | None = None
+) -> bytes:
     """A completion chunk as vLLM 0.32 writes it with return_token_ids."""
     choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish, "stop_reason": None,
               "prompt_token_ids": prompt, "token_ids": ids}  # fmt: skip
