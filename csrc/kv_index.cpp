@@ -145,21 +145,16 @@ nb::object ids_keys(nb::handle ids, size_t block_size, uint64_t seed) {
     const auto n = static_cast<size_t>(PySequence_Fast_GET_SIZE(seq.ptr()));
     PyObject** items = PySequence_Fast_ITEMS(seq.ptr());
     bool ok = true, beyond = false;  // not ints: None; an int beyond 8 bytes: no keys
-    for (size_t i = n / (block_size ? block_size : 1) * block_size; i < n; ++i) {  // after the blocks
-        uint64_t v = 0;
-        if (!PyLong_Check(items[i]))
-            ok = false;
-        else if (!id_of(items[i], v))
-            beyond = true;
-    }
-    Keys keys = chain(n, block_size, seed, [&](size_t i) {
+    auto read = [&](size_t i) {
         uint64_t v = 0;
         if (!PyLong_Check(items[i]))
             ok = false;
         else if (!id_of(items[i], v))
             beyond = true;
         return v;
-    });
+    };
+    for (size_t i = n / (block_size ? block_size : 1) * block_size; i < n; ++i) read(i);  // after the blocks
+    Keys keys = chain(n, block_size, seed, read);
     if (!ok) return nb::none();
     return nb::cast(beyond ? Keys() : std::move(keys));
 }
