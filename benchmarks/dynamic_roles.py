@@ -10,9 +10,11 @@ Four `ucmctl sim serve` instances with the calibrated profile of the real CPU vL
 block 16, one UCM store (`Cache|Posix`) for all four; for each row a proxy (`ucmctl proxy --mode
 pd`, least-loaded) and two `ucmctl bench` runs against it in a row: phase A, --prompts prompts of
 --input-a tokens answered with --output-a at --rate-a requests/s; phase B, --input-b tokens
-answered with --output-b at --rate-b (fresh prompts each, a seed per row). The figure is goodput
-(requests/s that met every SLO of --slo, over both phases' wall time) against the best fixed
-split's.
+answered with --output-b at --rate-b: every row the same prompts at the same times (one seed a
+phase), none finding another row's blocks (each `bench` run salts its prompts: vLLM's
+`cache_salt`). A last row, for reference, is no split at all: the four in mixed mode, every
+request whole on one. The figure is goodput (requests/s that met every SLO of --slo, over both
+phases' wall time) against the best fixed split's.
 """
 
 from __future__ import annotations
@@ -38,12 +40,16 @@ ROWS = (
     ("2P2D", 2, "fixed"),
     ("3P1D", 3, "fixed"),
     ("dynamic (2P2D declared)", 2, "dynamic"),
+    ("mixed (all four, no roles)", 0, "mixed"),  # a reference, not a split: every request whole
 )
 
 
 def start_pd_proxy(
     prefill: list[str], decode: list[str], roles: str, log: Path
 ) -> tuple[subprocess.Popen[bytes], str]:
+    if roles == "mixed":
+        return start_proxy(["--mode", "mixed", "--health-interval", "0.5",
+                            *(x for u in decode for x in ("--instance", u))], log)  # fmt: skip
     argv = ["--mode", "pd", "--roles", roles, "--health-interval", "0.5"]
     argv += [x for u in prefill for x in ("--prefiller", u)] + [x for u in decode for x in ("--decoder", u)]
     return start_proxy(argv, log)
@@ -60,7 +66,7 @@ def phase(url: str, model: Path, out: Path, seed: int, input_len: int, output_le
     m = cell["measure"]
     keys = {"good": "good_completed", "done": "completed", "failed": "failed", "duration": "duration",
             "ttft_p50": "median_ttft_ms", "tpot_p50": "median_tpot_ms"}  # fmt: skip
-    return {k: m[key] for k, key in keys.items()}
+    return {**{k: m[key] for k, key in keys.items()}, "paths": m.get("paths")}
 
 
 def main() -> None:
@@ -73,6 +79,7 @@ def main() -> None:
     ap.add_argument("--output-b", type=int, default=256)
     ap.add_argument("--rate-b", type=float, default=4.0)
     ap.add_argument("--slo", default="ttft:3000 tpot:150", help="goodput's SLOs, ms")
+    ap.add_argument("--rows", default="", help="only the rows whose names start with these (comma-separated)")
     args = ap.parse_args()
     print("load average at start: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()), flush=True)
     (REPO / "build").mkdir(exist_ok=True)
@@ -89,19 +96,21 @@ def main() -> None:
             stack.enter_context(sim_server(tmp, *flags, model=str(model), timeout=60)).url for _ in range(4)
         ]
         for seed, (name, prefills, roles) in enumerate(ROWS, start=1):
+            if args.rows and not name.startswith(tuple(args.rows.split(","))):
+                continue
             proc, url = start_pd_proxy(urls[:prefills], urls[prefills:], roles, tmp / f"proxy-{seed}.log")
             try:
                 a = phase(
                     url,
                     model,
                     tmp / f"{seed}-a.json",
-                    2 * seed,
+                    1,
                     args.input_a,
                     args.output_a,
                     args.rate_a,
                     args,
                 )
-                b = phase(url, model, tmp / f"{seed}-b.json", 2 * seed + 1, args.input_b, args.output_b,
+                b = phase(url, model, tmp / f"{seed}-b.json", 2, args.input_b, args.output_b,
                           args.rate_b, args)  # fmt: skip
             finally:
                 proc.kill()
@@ -116,7 +125,8 @@ def goodput(phases: list[dict]) -> float:
 
 
 def report(results: dict[str, list[dict]], args: argparse.Namespace) -> None:
-    best = max(goodput(v) for k, v in results.items() if not k.startswith("dynamic"))
+    fixed = [goodput(v) for k, v in results.items() if k[1:3] in ("P1", "P2", "P3")]
+    best = max(fixed, default=float("nan"))
     print()
     print(
         f"phase A: {args.prompts} prompts of {args.input_a} tokens, {args.output_a} out, {args.rate_a}/s; "

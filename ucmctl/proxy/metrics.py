@@ -126,7 +126,8 @@ class Metrics:
             (names.PROXY_FIRST_TOKEN_RETRIES, "Answers sent again on another instance because the upstream "
              "failed before its first token.", "leg", self.first_token_retries),
             (names.PROXY_PATHS, "PD requests by the path they took: disaggregated (a prefill leg, then "
-             "decode), direct (few tokens to compute: the decode instance prefilled them itself) or "
+             "decode), direct (one instance prefilled and decoded it: few tokens to compute on the "
+             "decode instance, or, with roles per request, an instance computing no prompt) or "
              "direct_saturated (every prefill instance was busy).", "path", self.paths),
         ):  # fmt: skip
             family(name, "counter", help_)

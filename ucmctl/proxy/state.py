@@ -114,6 +114,8 @@ class ProxyState:
         leg queued behind the one it computes. (None, None) where the decode instance is chosen
         after the prefill, as without."""
         cfg = self.config
+        if cfg.dynamic_roles and not self.handoff.once:
+            return self._whole_first(req)
         if not cfg.direct_below or self.index is None or self.handoff.once or not req.blocks:
             return None, None
         decode = self.pick(req.ask("decode", cfg, first_leg=False))
@@ -126,6 +128,15 @@ class ProxyState:
         if req.tokens - cached < cfg.direct_below:
             return decode, "direct"
         return decode, "direct_saturated" if self._prefill_saturated(decode) else None
+
+    def _whole_first(self, req: Request) -> tuple[Instance | None, str | None]:
+        """Roles per request: the whole request goes to the instance of either side the policy
+        picks for its prompt ("direct"), which computes the prompt and the answer: no second leg,
+        no second queue, no load of what it has just computed. Measured (benchmarks/
+        dynamic_roles.py): legs sent apart made each decode leg wait behind another prompt, and
+        preferring an instance computing no prompt put each prompt beside the answer just begun there."""
+        first = self.pick(req.ask("prefill", self.config, first_leg=True))
+        return (first, "direct") if first is not None else (None, None)
 
     def _prefill_saturated(self, decode: Instance) -> bool:
         """Every prefill instance in routing (but `decode`) has SATURATED_LEGS legs or more not

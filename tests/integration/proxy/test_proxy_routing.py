@@ -5,9 +5,12 @@ that holds it (its local prefix cache hits) and says what it knows at /routing."
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
 from pathlib import Path
+
+import aiohttp
 
 from .procs import Proc, completion, get, metric, pd_flags, post, proxy, sim
 
@@ -110,14 +113,42 @@ def test_a_request_mostly_cached_goes_to_a_decode_instance_alone(launch: Launch,
     assert sum(delta(d0, served(decode))) == 3
 
 
-def test_dynamic_roles_let_decode_instances_take_prefill_legs(launch: Launch, tmp_path: Path) -> None:
-    prefill, decode = [sim(tmp_path)], [sim(tmp_path), sim(tmp_path)]
+def test_dynamic_roles_give_each_request_whole_to_one_instance_a_free_one_first(
+    launch: Launch, tmp_path: Path
+) -> None:
+    # each prompt token 2 ms to compute: a prompt of 400 keeps its instance busy for 0.8 s
+    prefill = [sim(tmp_path, "--prefill-us-per-token", "2000")]
+    decode = [sim(tmp_path, "--prefill-us-per-token", "2000") for _ in range(2)]
     px = proxy(tmp_path, *pd_flags(prefill, decode), "--roles", "dynamic")
     launch(*prefill, *decode, px)
     everyone = [*prefill, *decode]
+    url = px.url + "/v1/completions"
+
+    def paths() -> tuple[int, int]:
+        return tuple(  # type: ignore[return-value]
+            int(metric(px.url, "ucmctl_proxy_requests_by_path_total", absent=0.0, path=p))
+            for p in ("disaggregated", "direct")
+        )
+
     before = served(everyone)
-    for n in range(6):  # idle instances: the legs of each side turn over all three
-        assert post(px.url + "/v1/completions", completion(2, prompt=[n + 1] * 400))[0] == 200
+    for n in range(6):  # one at a time: each finds every instance free and goes whole to one
+        assert post(url, completion(2, prompt=[n + 1] * 400))[0] == 200
     took = delta(before, served(everyone))
-    assert sum(took) == 12  # a prefill leg and a decode leg each
-    assert took[0] < 6 and took[1] + took[2] > 6, took  # decode instances prefilled some
+    assert took == [2, 2, 2] and paths() == (0, 6), (took, paths())  # one leg each, spread over all
+
+    async def four_at_once() -> list[int]:
+        async with aiohttp.ClientSession() as s:
+
+            async def one(n: int) -> int:
+                async with s.post(url, json=completion(2, prompt=[n + 50] * 400)) as r:
+                    await r.read()
+                    return r.status
+
+            return list(await asyncio.gather(*(one(n) for n in range(4))))
+
+    before = served(everyone)
+    assert asyncio.run(four_at_once()) == [200] * 4
+    # three went whole, one to each free instance; the fourth found all three computing a prompt
+    # and went whole too, to wait behind one of them (no prefill leg of its own anywhere)
+    took = delta(before, served(everyone))
+    assert paths() == (0, 10) and sorted(took) == [1, 1, 2], (paths(), took)

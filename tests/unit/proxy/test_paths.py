@@ -67,3 +67,23 @@ def test_no_direct_path_without_direct_below() -> None:
         for _ in range(3):
             p.acquire(640)
     assert s.decode_first(request([5] * 100)) == (None, None)
+
+
+def test_roles_per_request_send_each_request_whole_where_its_prompt_waits_least() -> None:
+    config = make_config(
+        host="127.0.0.1", port=7000, mode="pd", roles="dynamic",
+        prefillers=["http://127.0.0.1:8001", "http://127.0.0.1:8002"],
+        decoders=["http://127.0.0.1:8101", "http://127.0.0.1:8102"],
+    )  # fmt: skip
+    s = ProxyState.create(config)  # least-loaded: prompt tokens in flight
+    everyone = s.pool.all()  # two declared prefill, two decode: all four take either leg
+    for inst in everyone:
+        if inst is not everyone[2]:
+            inst.acquire(640)  # a prompt in flight on three of them (computing or answering)
+    fresh = request(PROMPT)
+    assert s.decode_first(fresh) == (everyone[2], "direct")  # a declared decode instance takes it whole
+    everyone[2].acquire(640)
+    everyone[2].acquire(640)
+    chosen, path = s.decode_first(fresh)
+    assert path == "direct" and chosen in (everyone[0], everyone[1], everyone[3]), chosen
+    assert state(0).decode_first(fresh) == (None, None)  # fixed roles: a prefill leg, then decode

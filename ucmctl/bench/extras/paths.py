@@ -17,8 +17,8 @@ def lines(view: PhaseView) -> Iterator[Note]:
     if took:
         yield Note(
             f"{view.name}: paths (proxy): {took.get('disaggregated', 0)} prefill then decode, "
-            f"{took.get('direct', 0) + took.get('direct_saturated', 0)} straight to decode (it "
-            f"prefilled them{_busy(took)})"
+            f"{took.get('direct', 0) + took.get('direct_saturated', 0)} whole on one instance (it "
+            f"prefilled them itself{_busy(took)})"
         )
 
 

@@ -127,14 +127,17 @@ def test_hit_rates_by_role_a_cached_preseed_and_unread_instances(workload: str) 
 def test_the_paths_requests_took_are_said_when_some_went_straight_to_decode() -> None:
     v = view(paths={"disaggregated": 80, "direct": 20})
     assert said("paths", v) == [
-        Note("measure 64: paths (proxy): 80 prefill then decode, 20 straight to decode (it prefilled them)")
+        Note(
+            "measure 64: paths (proxy): 80 prefill then decode, 20 whole on one instance (it prefilled "
+            "them itself)"
+        )
     ]
     assert said("paths", view()) == []
     busy = view(paths={"disaggregated": 80, "direct": 20, "direct_saturated": 5})
     assert said("paths", busy) == [
         Note(
-            "measure 64: paths (proxy): 80 prefill then decode, 25 straight to decode (it prefilled them; "
-            "5 of them as every prefill instance was busy)"
+            "measure 64: paths (proxy): 80 prefill then decode, 25 whole on one instance (it prefilled "
+            "them itself; 5 of them as every prefill instance was busy)"
         )
     ]
 
