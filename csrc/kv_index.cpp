@@ -366,7 +366,7 @@ private:
 
     bool holds(const Slot& s, Holder h) const {
         if (h.first < 0 || h.second < 0 || h.first > UINT32_MAX || h.second > UINT32_MAX) return false;
-        const std::pair<uint32_t, uint32_t> c = compact(h);
+        const std::pair<uint32_t, uint32_t> c{static_cast<uint32_t>(h.first), static_cast<uint32_t>(h.second)};
         for (size_t k = 0; k < s.count; ++k)
             if (s.inline_[k] == c) return true;
         if (!s.spilled) return false;
