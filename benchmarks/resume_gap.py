@@ -22,7 +22,11 @@ tokens the instance streaming it is cut off, and the proxy continues the answer 
   recomputes the prompt and the tokens so far.
 
 Each trial also reads the proxy's own gap (`ucmctl_proxy_migration_gap_seconds`: its last bytes
-of the old leg to the continuation's first), which leaves out the client's side.
+of the old leg to the continuation's first), which leaves out the client's side; the continuing
+server's own account of the continuation (vLLM's TTFT, queue and prefill time, external hits:
+its /metrics before and after); and for a kill, how long the killed server's process took to be
+gone (SIGKILL to reaped): its connections close only as it exits, after the kernel has freed its
+memory, so until then the proxy sees an answer gone silent, not a failure.
 
 Every answer is checked against the same request answered without the cut (greedy: the same
 tokens). Targets (on the kill): resume gap p50 <= 2x the store hit's TTFT p50, and <= 0.5x the
@@ -66,6 +70,44 @@ class Trial:
     cut_at: int  # tokens the client had when the cut was asked for
     store_ttft_s: float | None = None
     seam_s: float = 0.0  # the proxy's own gap: its last bytes of the old leg to the continuation's first
+    lead_s: float = 0.0  # the client's last token before the cut was asked for, to the ask
+    exit_s: float | None = None  # a kill: SIGKILL sent to the killed server's process reaped
+    cont: dict[str, float] | None = None  # the continuing server's own account of the continuation
+    hit: dict[str, float] | None = None  # the same of the store hit
+
+
+# vLLM's own account of a request (histogram sums, counters), read before and after it
+SERVER = {
+    "ttft": "vllm:time_to_first_token_seconds_sum",
+    "queue": "vllm:request_queue_time_seconds_sum",
+    "prefill": "vllm:request_prefill_time_seconds_sum",
+    "external": "vllm:external_prefix_cache_hits_total",
+    "prompt": "vllm:prompt_tokens_total",
+}
+
+
+async def server_sums(s: aiohttp.ClientSession, url: str) -> dict[str, float]:
+    async with s.get(url + "/metrics") as r:
+        text = await r.text()
+    sums = dict.fromkeys(SERVER, 0.0)
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        for k, metric in SERVER.items():
+            if name == metric:
+                sums[k] += float(line.rsplit(" ", 1)[1])
+    return sums
+
+
+def since(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {k: after[k] - before[k] for k in SERVER}
+
+
+def said(d: dict[str, float] | None) -> str:
+    if d is None:
+        return "-"
+    ms = {k: f"{d[k] * 1e3:.0f}" for k in ("ttft", "queue", "prefill")}
+    return (f"ttft {ms['ttft']} ms (queue {ms['queue']}, prefill {ms['prefill']}), "
+            f"{d['external']:.0f} of {d['prompt']:.0f} tokens external")  # fmt: skip
 
 
 def start_servers(stack: ExitStack, tmp: Path, model: Path, ucm: Path | None, n: int) -> list[VllmServer]:
@@ -128,7 +170,7 @@ async def trial(s: aiohttp.ClientSession, proxy: str, role: str, prompt: list[in
     # drained instance may send one or two more before the proxy cuts it)
     after = next(i for i, t in enumerate(times) if t > asked[0])
     gap = max(times[i] - times[i - 1] for i in range(after, min(after + 8, len(times))))
-    return Trial(gap, ids, prompt_ids, asked[1]), victim
+    return Trial(gap, ids, prompt_ids, asked[1], lead_s=asked[0] - times[after - 1]), victim
 
 
 async def proxy_gaps(s: aiohttp.ClientSession, proxy: str) -> float:
@@ -176,11 +218,16 @@ async def run(proxy: str, role: str, servers: dict[str, VllmServer], prompts: li
     decodes = list(servers)
     out = []
     async with aiohttp.ClientSession(timeout=timeout) as s:
+        exits: list[float] = []
 
         async def kill(url: str) -> None:
             proc = servers[url].proc
             assert proc is not None
+            t0 = time.perf_counter()
             os.killpg(proc.pid, signal.SIGKILL)
+            # its sockets close as it exits, after its memory is torn down: when the proxy can know
+            await asyncio.to_thread(proc.wait)
+            exits.append(time.perf_counter() - t0)
 
         async def drain(url: str) -> None:
             await post(s, proxy + "/instances/drain", {"url": url, "role": role, "move_after": 0})
@@ -198,8 +245,12 @@ async def run(proxy: str, role: str, servers: dict[str, VllmServer], prompts: li
             for url in decodes:
                 await post(s, url + "/reset_prefix_cache", {})
             gaps = await proxy_gaps(s, proxy)
+            sums = {url: await server_sums(s, url) for url in decodes}
             t, victim = await trial(s, proxy, role, prompt, args.cut_after, cut)
             t.seam_s = await proxy_gaps(s, proxy) - gaps
+            t.exit_s = exits.pop() if exits else None
+            (survivor,) = [url for url in decodes if url != victim]
+            t.cont = since(sums[survivor], await server_sums(s, survivor))
             assert t.ids == reference["choices"][0]["token_ids"], "the moved answer differs"
             if how == "kill":
                 await asyncio.to_thread(restart, servers[victim])
@@ -208,13 +259,20 @@ async def run(proxy: str, role: str, servers: dict[str, VllmServer], prompts: li
                     # a store hit of the continuation's length, on the server started again:
                     # warmed first, its DRAM tier does not hold the prompt (the shared tier does)
                     await ttft(s, victim, [11 + len(out)] * 300)
+                    before = await server_sums(s, victim)
                     t.store_ttft_s = await ttft(s, victim, t.prompt_ids + t.ids[: t.cut_at])
+                    await asyncio.sleep(0.5)  # its queue and prefill times are counted when it ends
+                    t.hit = since(before, await server_sums(s, victim))
             else:
                 await post(s, proxy + "/instances/resume", {"url": victim, "role": role})
             out.append(t)
             print(f"  gap {t.gap_s * 1e3:7.1f} ms after {t.cut_at} tokens "
                   f"(the proxy's {t.seam_s * 1e3:5.1f} ms)"
-                  + (f"; store hit TTFT {t.store_ttft_s * 1e3:7.1f} ms" if t.store_ttft_s else ""),
+                  + (f"; store hit TTFT {t.store_ttft_s * 1e3:7.1f} ms" if t.store_ttft_s else "")
+                  + f"\n    last token to the cut {t.lead_s * 1e3:.0f} ms"
+                  + (f"; SIGKILL to the process gone {t.exit_s * 1e3:.0f} ms" if t.exit_s is not None else "")
+                  + f"\n    continuation, by its server: {said(t.cont)}"
+                  + f"\n    store hit, by its server: {said(t.hit)}",
                   flush=True)  # fmt: skip
     return out
 
@@ -266,6 +324,15 @@ def main() -> int:
     print(f"resume gap p50 (kill): {gap * 1e3:.0f} ms with the store, {plain * 1e3:.0f} ms without; "
           f"store hit TTFT p50 {hit * 1e3:.0f} ms; resume gap p50 (drain, with the store) "
           f"{drained * 1e3:.0f} ms")  # fmt: skip
+    # the kill's own part: the killed API server closes its connections only as it exits, after
+    # the kernel has freed its memory; what follows is the proxy's, the store's and the engine's
+    kills = [t for t in results["store, kill"] if t.exit_s is not None]
+    gone = statistics.median(t.gap_s - t.lead_s - (t.exit_s or 0.0) for t in kills)
+    seam = statistics.median(t.seam_s - (t.exit_s or 0.0) for t in kills)
+    exit_s = statistics.median(t.exit_s or 0.0 for t in kills)
+    print(f"of the kill's gap: SIGKILL to the process gone p50 {exit_s * 1e3:.0f} ms; after it, the client's "
+          f"gap p50 {gone * 1e3:.0f} ms ({gone / hit:.2f}x the store hit TTFT), the proxy's p50 "
+          f"{seam * 1e3:.0f} ms ({seam / hit:.2f}x)")  # fmt: skip
     met_hit, met_plain = gap <= 2 * hit, gap <= 0.5 * plain
     said = {True: "met", False: "NOT MET"}
     print(
