@@ -73,7 +73,10 @@ def proxy(
         True, "--tokenize/--no-tokenize", help="kv, --direct-below: text prompts' ids from /tokenize (exact)"
     ),
     roles: str = typer.Option(
-        "fixed", "--roles", help="fixed, or dynamic: any instance takes a prefill or a decode leg (pd, store)"
+        "fixed",
+        "--roles",
+        help="fixed, or dynamic: each request whole to the instance of either side that the policy picks for "
+        "its prompt (pd, store)",
     ),
     prefill_load: str = typer.Option("tokens", "--prefill-load", help="a prefill's load: tokens or requests"),
     decode_load: str = typer.Option("requests", "--decode-load", help="a decode's load: requests or tokens"),

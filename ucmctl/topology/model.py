@@ -353,8 +353,8 @@ class Proxy(Strict):
     )
     roles: Literal["fixed", "dynamic"] = Field(
         "fixed",
-        description="centralized: dynamic lets any API server take a prefill or a decode leg, chosen per "
-        "request from the queues; fixed keeps each to its side",
+        description="centralized: dynamic sends each request whole to the API server of either side the "
+        "routing policy picks for its prompt, which prefills and decodes it; fixed keeps each to its side",
     )
     migrations: int = Field(
         3,
