@@ -82,9 +82,12 @@ def storage_rig(tmp: Path, dump_s: float = BOUND_S) -> Iterator[Rig]:
     """Three test hosts, the volume from h3 mounted on h1 and h2, the deployment up on them
     (its saves bounded at `dump_s`); down and gone afterwards. Callers check
     `gluster.available()` first."""
-    with cluster_or_skip(3) as hosts, gluster.gluster_volume(
-        hosts, "faults", server="h3", clients=["h1", "h2"], brick_in_memory="1g"
-    ) as vol:
+    with (
+        cluster_or_skip(3) as hosts,
+        gluster.gluster_volume(
+            hosts, "faults", server="h3", clients=["h1", "h2"], brick_in_memory="1g"
+        ) as vol,
+    ):
         # A client gives up on a server that does not answer after this long (default 42 s).
         vol.gluster("volume", "set", vol.name, "network.ping-timeout", "5")
         vol.wait_writable(within=BOUND_S / 4)  # a new volume settles before it is measured

@@ -195,6 +195,7 @@ def test_of_two_proxy_replicas_the_dead_ones_gauges_are_read_and_the_living_ones
 
         runners, urls = [], []
         for k in (0, 1):
+
             async def metrics(_request: web.Request, k: int = k) -> web.Response:
                 return web.Response(text=texts[k])
 

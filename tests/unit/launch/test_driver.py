@@ -33,6 +33,7 @@ def recorded(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
     for module in (lifecycle, containers):
         short = module.__name__.rsplit(".", 1)[1]
         for name in OPERATIONS:
+
             def fake(ex: Any, p: Process, *args: Any, _m: str = short, _n: str = name, **kw: Any) -> str:
                 calls.append((_m, _n, ex, p.name, args, kw))
                 return f"{_m}.{_n}"

@@ -55,7 +55,11 @@ def test_where_the_index_is_read_every_server_publishes_its_kv_events_and_the_pr
             port = s.ports["http"] + 1000
             assert s.ports["kv_events"] == port, s.ports
             config = json.loads(s.argv[s.argv.index("--kv-events-config") + 1])
-            assert config == {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{port}"}
+            assert config == {
+                "enable_kv_cache_events": True,
+                "publisher": "zmq",
+                "endpoint": f"tcp://*:{port}",
+            }
             published.append(f"{s.url}=tcp://{s.url.split('//')[1].rsplit(':', 1)[0]}:{port}")
         assert feeds == published and len(feeds) == 4
         assert p.argv[-2:] == ["--served-model", "/models/QwQ-32B"] and p.argv == p.proxy.argv()  # type: ignore[union-attr]
@@ -104,8 +108,9 @@ def test_replicas_on_one_node_take_consecutive_ports_and_spread_ones_a_port_each
     assert plan.proxy_urls() == [p.url for p in proxies] and plan.proxy_words().startswith("proxies http://")
     from ucmctl.monitor.prometheus import targets
 
-    scraped = [(t["labels"]["process"], t["targets"]) for t in targets(plan)
-               if t["labels"]["role"] == "proxy"]
+    scraped = [
+        (t["labels"]["process"], t["targets"]) for t in targets(plan) if t["labels"]["role"] == "proxy"
+    ]
     assert scraped == [(p.name, [f"192.168.10.1:{p.ports['http']}"]) for p in proxies]  # each replica
     text = BASE.replace("\nproxy:\n  node: a\n", "\nproxy:\n  nodes: [a, b]\n", 1)
     spread = build_plan(parse_topology(text))

@@ -46,10 +46,14 @@ def test_a_test_files_sleeps_are_summed_per_line_fixed_apart_from_polls() -> Non
         sleep(0.1)  # a poll
     here = os.path.relpath(__file__, ROOT)
     assert {(path, line) for path, line in a.sites} == {
-        (here, _line("sleep(1.5)")), (here, _line("sleep(0.25)")), (here, _line("sleep(0.1)"))
+        (here, _line("sleep(1.5)")),
+        (here, _line("sleep(0.25)")),
+        (here, _line("sleep(0.1)")),
     }
     assert sorted((s.polling, s.calls, round(s.seconds, 6)) for s in a.sites.values()) == [
-        (False, 1, 0.25), (False, 1, 1.5), (True, 3, 0.3)
+        (False, 1, 0.25),
+        (False, 1, 1.5),
+        (True, 3, 0.3),
     ]
     assert round(a.total(polling=False), 6) == 1.75 and round(a.total(polling=True), 6) == 0.3
     table = a.table()
@@ -88,14 +92,16 @@ def test_an_asyncio_sleep_counts_until_it_returns_or_is_cancelled() -> None:
 def test_the_session_prints_its_table(tmp_path: Path) -> None:
     """As a plugin (-p): a session of one test that sleeps once and polls twice."""
     (tmp_path / "tests").mkdir()
-    (tmp_path / "tests" / "test_naps.py").write_text(textwrap.dedent("""
+    (tmp_path / "tests" / "test_naps.py").write_text(
+        textwrap.dedent("""
         import time
 
         def test_naps():
             time.sleep(0.02)
             for _ in range(2):
                 time.sleep(0.005)
-    """))
+    """)
+    )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "tests.support.sleep_audit", "-p", "no:cacheprovider",
