@@ -1,9 +1,9 @@
 """Roles per request measured: a load whose mix shifts (long prompts with short answers, then
 short prompts with long answers) through four simulator instances, split 1P3D, 2P2D and 3P1D
-with fixed roles, and with `--roles dynamic` (any instance takes either leg, chosen per request
-from the queues), one run.
+with fixed roles, and with `--roles dynamic` (each request whole on the instance of either side
+picked for its prompt), one run.
 
-    python benchmarks/dynamic_roles.py [--prompts 40] [--rate-a 2] [--rate-b 4]
+    python benchmarks/dynamic_roles.py [--prompts 40] [--rate-a 2] [--rate-b 4] [--seed 1]
                                        [--slo "ttft:3000 tpot:150"]
 
 Four `ucmctl sim serve` instances with the calibrated profile of the real CPU vLLM (`medium-cpu`),
@@ -79,6 +79,7 @@ def main() -> None:
     ap.add_argument("--output-b", type=int, default=256)
     ap.add_argument("--rate-b", type=float, default=4.0)
     ap.add_argument("--slo", default="ttft:3000 tpot:150", help="goodput's SLOs, ms")
+    ap.add_argument("--seed", type=int, default=1, help="the load's: phase A's seed 2N-1, phase B's 2N")
     ap.add_argument("--rows", default="", help="only the rows whose names start with these (comma-separated)")
     args = ap.parse_args()
     print("load average at start: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()), flush=True)
@@ -104,13 +105,13 @@ def main() -> None:
                     url,
                     model,
                     tmp / f"{seed}-a.json",
-                    1,
+                    2 * args.seed - 1,
                     args.input_a,
                     args.output_a,
                     args.rate_a,
                     args,
                 )
-                b = phase(url, model, tmp / f"{seed}-b.json", 2, args.input_b, args.output_b,
+                b = phase(url, model, tmp / f"{seed}-b.json", 2 * args.seed, args.input_b, args.output_b,
                           args.rate_b, args)  # fmt: skip
             finally:
                 proc.kill()

@@ -134,7 +134,8 @@ class ProxyState:
         picks for its prompt ("direct"), which computes the prompt and the answer: no second leg,
         no second queue, no load of what it has just computed. Measured (benchmarks/
         dynamic_roles.py): legs sent apart made each decode leg wait behind another prompt, and
-        preferring an instance computing no prompt put each prompt beside the answer just begun there."""
+        preferring an instance computing no prompt put each prompt beside the answer just begun
+        there."""
         first = self.pick(req.ask("prefill", self.config, first_leg=True))
         return (first, "direct") if first is not None else (None, None)
 
