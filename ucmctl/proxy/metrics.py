@@ -127,7 +127,7 @@ class Metrics:
              "failed before its first token.", "leg", self.first_token_retries),
             (names.PROXY_PATHS, "PD requests by the path they took: disaggregated (a prefill leg, then "
              "decode), direct (one instance prefilled and decoded it: few tokens to compute on the "
-             "decode instance, or, with roles per request, an instance computing no prompt) or "
+             "decode instance, or every request with roles per request) or "
              "direct_saturated (every prefill instance was busy).", "path", self.paths),
         ):  # fmt: skip
             family(name, "counter", help_)

@@ -112,7 +112,8 @@ class ProxyState:
         prompt now takes one (at most one prefill at a time among its streams): "direct", fewer
         tokens to compute than `direct_below`; "direct_saturated", every prefill instance has a
         leg queued behind the one it computes. (None, None) where the decode instance is chosen
-        after the prefill, as without."""
+        after the prefill, as without. With roles per request, every request ("direct"):
+        `_whole_first`."""
         cfg = self.config
         if cfg.dynamic_roles and not self.handoff.once:
             return self._whole_first(req)

@@ -113,7 +113,7 @@ def test_a_request_mostly_cached_goes_to_a_decode_instance_alone(launch: Launch,
     assert sum(delta(d0, served(decode))) == 3
 
 
-def test_dynamic_roles_give_each_request_whole_to_one_instance_a_free_one_first(
+def test_dynamic_roles_give_each_request_whole_to_the_least_loaded_instance_of_either_side(
     launch: Launch, tmp_path: Path
 ) -> None:
     # each prompt token 2 ms to compute: a prompt of 400 keeps its instance busy for 0.8 s
@@ -131,7 +131,7 @@ def test_dynamic_roles_give_each_request_whole_to_one_instance_a_free_one_first(
         )
 
     before = served(everyone)
-    for n in range(6):  # one at a time: each finds every instance free and goes whole to one
+    for n in range(6):  # one at a time: each finds every instance idle and goes whole to one (in turn)
         assert post(url, completion(2, prompt=[n + 1] * 400))[0] == 200
     took = delta(before, served(everyone))
     assert took == [2, 2, 2] and paths() == (0, 6), (took, paths())  # one leg each, spread over all

@@ -69,7 +69,7 @@ def test_no_direct_path_without_direct_below() -> None:
     assert s.decode_first(request([5] * 100)) == (None, None)
 
 
-def test_roles_per_request_send_each_request_whole_where_its_prompt_waits_least() -> None:
+def test_roles_per_request_send_each_request_whole_where_the_policy_puts_its_prompt() -> None:
     config = make_config(
         host="127.0.0.1", port=7000, mode="pd", roles="dynamic",
         prefillers=["http://127.0.0.1:8001", "http://127.0.0.1:8002"],
