@@ -126,7 +126,8 @@ def goodput(phases: list[dict]) -> float:
 
 
 def report(results: dict[str, list[dict]], args: argparse.Namespace) -> None:
-    fixed = [goodput(v) for k, v in results.items() if k[1:3] in ("P1", "P2", "P3")]
+    splits = {name for name, _, roles in ROWS if roles == "fixed"}
+    fixed = [goodput(v) for k, v in results.items() if k in splits]
     best = max(fixed, default=float("nan"))
     print()
     print(

@@ -57,6 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.support.proxy_rig import model_and_store, start_proxy
 from tests.support.vllm_server import VllmServer, start_together
+from ucmctl.core.exposition import samples
 
 REPO = Path(__file__).resolve().parents[1]
 OUTPUT = 120
@@ -89,12 +90,11 @@ SERVER = {
 async def server_sums(s: aiohttp.ClientSession, url: str) -> dict[str, float]:
     async with s.get(url + "/metrics") as r:
         text = await r.text()
+    key_of = {metric: k for k, metric in SERVER.items()}
     sums = dict.fromkeys(SERVER, 0.0)
-    for line in text.splitlines():
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        for k, metric in SERVER.items():
-            if name == metric:
-                sums[k] += float(line.rsplit(" ", 1)[1])
+    for sample in samples(text, tuple(key_of)):
+        if sample.name in key_of:
+            sums[key_of[sample.name]] += sample.value
     return sums
 
 

@@ -144,10 +144,13 @@ def decode_lost_and_back(
     assert save.exists(), run.stderr[-3000:]
     (cell,) = json.loads(save.read_text())["cells"]
     f = cell["measure"]["fault"]
-    said = f"{json.dumps(f)}\n{run.stdout}\n{ucmctl('logs', 'e2e-bare', 'proxy', '-n', '200').stdout}"
-    assert f["injected"] and f["was_running"], said
-    assert f["failed"] == cell["measure"]["failed"] == 0, said
-    assert f["migrated"] == f["cut_mid_stream"] <= f["streaming_on_it"] and f["not_migrated"] == 0, said
+
+    def said() -> str:  # only where an assertion fails: the proxy's log is read over SSH
+        return f"{json.dumps(f)}\n{run.stdout}\n{ucmctl('logs', 'e2e-bare', 'proxy', '-n', '200').stdout}"
+
+    assert f["injected"] and f["was_running"], said()
+    assert f["failed"] == cell["measure"]["failed"] == 0, said()
+    assert f["migrated"] == f["cut_mid_stream"] <= f["streaming_on_it"] and f["not_migrated"] == 0, said()
     assert run.returncode == 0, run.stderr[-3000:]
     # decode-0 kept serving: every request sent after the kill was answered, and it served them
     # (seed 0 at 1/s sends 4 requests in the 10 s after)
