@@ -1,5 +1,8 @@
 """Fit a simulator Profile to a real vLLM server: prefill cost by prompt length, decode step by
-batch size and context. Every measurement is a real request; the fit is least squares."""
+batch size and context. Every measurement is a real request; the fit is least squares.
+
+A busy machine only ever adds time to a request, never takes it away, so a prompt length's cost
+is the fastest of its repeats: one run slowed by a neighbour does not move the fit."""
 
 from __future__ import annotations
 
@@ -77,7 +80,10 @@ async def measure(
 
 
 def fit(points: dict[str, list[tuple[float, float]]], kv_bytes_per_token: int, source: str) -> Profile:
-    n, t = (np.array(v) for v in zip(*points["prefill"], strict=True))
+    fastest: dict[float, float] = {}
+    for tokens, took in points["prefill"]:
+        fastest[tokens] = min(took, fastest.get(tokens, took))
+    n, t = (np.array(v) for v in zip(*fastest.items(), strict=True))
     design = np.stack([np.ones_like(n), n, n * n], axis=1)
     (base, a, b), *_ = np.linalg.lstsq(design, t, rcond=None)
     bs, ms = (np.array(v) for v in zip(*points["decode"], strict=True))
