@@ -44,6 +44,7 @@ _FINISHED = b'"finish_reason":"'
 _NO_TEXT = (b'"text":""', b'"delta":{}', b'"content":""')
 _DONE = b"data: [DONE]"
 _PROMPT_IDS_KEY = b'"prompt_token_ids":'
+_PROMPT_IDS_AT = b',"prompt_token_ids":['  # where the first event's prompt ids begin
 
 # Guided decoding cannot be resumed from a token in the middle of its grammar (Dynamo turned its
 # migration off for it after corrupted outputs).
@@ -108,7 +109,10 @@ class Answer:
     silent: int = 0  # the last tokens, whose text has not come yet (a character's first bytes)
     skip: int = 0  # of a continuation's first tokens, those the client had (the silent ones)
     head: dict[str, Any] = field(default_factory=dict)  # id, created, model of the first chunk
-    prompt_ids: list[int] | None = None
+    # the prompt's ids as the engine wrote them (digits and commas), read as numbers only where a
+    # continuation or a whole answer needs them: a long prompt's first event costs a cut, not a parse
+    _prompt_raw: bytes | None = None
+    _prompt_ids: list[int] | None = None
     _ids: list[int] = field(default_factory=list)  # the answer's token ids read so far
     _unread: list[bytes] = field(default_factory=list)  # and those still as the stream wrote them
     _recent: deque[bytes] = field(default_factory=lambda: deque(maxlen=RECENT))  # the last events' bytes
@@ -202,6 +206,13 @@ class Answer:
                 self.usage_sent = True
 
     @property
+    def prompt_ids(self) -> list[int] | None:
+        """The prompt's token ids as the engine read them (its first event), None before it."""
+        if self._prompt_ids is None and self._prompt_raw is not None:
+            self._prompt_ids = _numbers(self._prompt_raw)
+        return self._prompt_ids
+
+    @property
     def ids(self) -> list[int]:
         """The answer's token ids so far."""
         if self._native is not None and (took := self._native.take_ids()):
@@ -209,7 +220,7 @@ class Answer:
         if self._unread:
             text = b",".join(self._unread)
             self._unread.clear()
-            self._ids.extend(int(t) for t in text.split(b",") if t.strip())
+            self._ids.extend(_numbers(text))
         return self._ids
 
     def _trailing_silent(self) -> int:
@@ -230,6 +241,11 @@ class Answer:
         from an error event on, nothing (the answer goes on elsewhere)."""
         if (passed := self._passing(ev)) is not None:
             return passed
+        whole_ev = ev
+        if (at := ev.find(_PROMPT_IDS_AT)) >= 0:  # the first event's: kept as written, cut out
+            end = ev.index(b"]", at)
+            self._prompt_raw, self._prompt_ids = ev[at + len(_PROMPT_IDS_AT) : end], None
+            ev = ev[:at] + ev[end + 1 :]
         if not self.head or self.logprobs:  # (a chunk with logprobs is read whole)
             data = json.loads(ev[6:])
             if not self.head:
@@ -238,18 +254,15 @@ class Answer:
                 self._offsets(c.get("logprobs"), shift=False)
         for m in _IDS.finditer(ev):
             if m[2] != b"null":
-                ids = [int(t) for t in m[2][1:-1].split(b",") if t.strip()]
                 if m[1] == b"token_ids":
-                    self.ids.extend(ids)
+                    self.ids.extend(_numbers(m[2][1:-1]))
                 else:
-                    self.prompt_ids = ids
+                    self._prompt_raw, self._prompt_ids = m[2][1:-1], None
         if _FINISHED in ev:
             self.finished = True
         if b'"usage":{' in ev:
             self.usage_sent = True
-        if not self.keep_ids:
-            ev = _IDS.sub(b"", ev)
-        return ev + b"\n\n"
+        return (_IDS.sub(b"", ev) if not self.keep_ids else whole_ev) + b"\n\n"
 
     def _passing(self, ev: bytes) -> bytes | None:
         """What goes to the client of an event that carries no tokens: nothing from an error event
@@ -286,7 +299,7 @@ class Answer:
     def resumable(self) -> bool:
         """The stream broke where a continuation can take it up: ids known, not finished."""
         self.settle()
-        return self.prompt_ids is not None and not self.finished and not self.done
+        return self._prompt_raw is not None and not self.finished and not self.done
 
     def complete(self) -> bool:
         """Every token of the answer came (its end may not have)."""
@@ -374,7 +387,8 @@ class Answer:
 
     def usage(self) -> dict[str, int]:
         """The whole answer's usage: the prompt once, every leg's tokens."""
-        prompt = len(self.prompt_ids or ())
+        raw = self._prompt_raw
+        prompt = raw.count(b",") + 1 if raw and raw.strip() else 0
         done = len(self.ids)
         return {"prompt_tokens": prompt, "total_tokens": prompt + done, "completion_tokens": done}
 
@@ -397,6 +411,11 @@ class Answer:
     def _chunk(self, choices: list[dict[str, Any]], usage: dict[str, int] | None) -> bytes:
         obj = "chat.completion.chunk" if self.chat else "text_completion"
         return _sse({**self.head, "object": obj, "choices": choices, "usage": usage})
+
+
+def _numbers(listed: bytes) -> list[int]:
+    """The ids of a JSON list's inside as vLLM writes it (`1,2,3` or `1, 2, 3`; empty: none)."""
+    return [int(t) for t in listed.split(b",") if t.strip()]
 
 
 def _is_error(ev: bytes) -> bool:

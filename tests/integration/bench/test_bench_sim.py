@@ -165,7 +165,9 @@ def test_save_then_compare_catches_a_real_slowdown(tmp_path: Path) -> None:
     assert doc["schema_version"] == 2 and doc["provenance"]["ucmctl_version"]
     assert doc["cells"][0]["workload"] == "prefix" and doc["cells"][0]["label"] == "256"
     assert doc["completed"] == 4 and doc["mean_tpot_ms"] == doc["cells"][0]["measure"]["mean_tpot_ms"]
-    assert doc["mean_tpot_ms"] == pytest.approx(2.0, abs=1.5)
+    # every step sleeps 2 ms (the slow run's 8): a busy machine adds to it, a late first token takes
+    # a little off
+    assert 1.5 <= doc["mean_tpot_ms"] < 5
     code, text = invoke("compare", str(runs["fast"]), str(runs["slow"]), "--max-regression", "tpot_mean=20%")
     assert code == ExitStatus.REGRESSION and "regression" in text
     code, text = invoke(

@@ -225,3 +225,25 @@ def test_a_character_cut_in_the_middle_is_generated_again_not_its_prompt() -> No
     shown = [(e["choices"][0]["text"], e["choices"][0]["token_ids"]) for e in got]
     assert shown == [("€", [108]), (" b", [12])]
     assert a.ids == [11, 161, 227, 108, 12] and a.skip == 0 and a.silent == 0
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_the_first_events_prompt_ids_are_read_as_written_whatever_their_spacing(keep: bool) -> None:
+    # vLLM writes compact lists; a JSON writer with spaces (as Python's json.dumps default) too
+    first = cmpl_chunk("Hi", [42], prompt=[5, 6, 7]).replace(b"[5,6,7]", b"[5, 6,  7]")
+    a = Answer.of({"prompt": [5, 6, 7], "stream": True, "return_token_ids": keep}, COMPLETIONS)
+    out = a.feed(first)
+    assert a.prompt_ids == [5, 6, 7] and a.ids == [42] and a.resumable()
+    assert a.usage() == {"prompt_tokens": 3, "total_tokens": 4, "completion_tokens": 1}
+    if keep:
+        assert out == first  # as the engine wrote it, ids and all
+    else:
+        (got,) = events(out)
+        assert "prompt_token_ids" not in got["choices"][0] and "token_ids" not in got["choices"][0]
+        assert got["choices"][0]["text"] == "Hi" and got["id"] == "cmpl-1"
+
+
+def test_an_empty_prompt_ids_list_is_no_prompt_token() -> None:
+    a = Answer.of({"messages": [], "stream": True}, CHAT)
+    a.feed(chat_first([]))
+    assert a.prompt_ids == [] and a.usage()["prompt_tokens"] == 0 and a.resumable()
