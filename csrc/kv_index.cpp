@@ -159,6 +159,16 @@ nb::object ids_keys(nb::handle ids, size_t block_size, uint64_t seed) {
     return nb::cast(beyond ? Keys() : std::move(keys));
 }
 
+// Whether `obj` is a list of ints (not bools): a prompt of token ids as a request's JSON gives it.
+// One type check an item (Python's `all(type(t) is int ...)` costs ~40 ns an item: 1.3 ms for 32k).
+bool all_ints(nb::handle obj) {
+    if (!PyList_CheckExact(obj.ptr())) return false;
+    const Py_ssize_t n = PyList_GET_SIZE(obj.ptr());
+    for (Py_ssize_t i = 0; i < n; ++i)
+        if (!PyLong_CheckExact(PyList_GET_ITEM(obj.ptr(), i))) return false;
+    return true;
+}
+
 // The keys of a text prompt's whole blocks of `per_block` bytes: 8-byte little-endian words
 // where a block is whole words, else single bytes.
 Keys bytes_keys(nb::bytes data, size_t per_block, uint64_t seed) {
@@ -444,6 +454,7 @@ NB_MODULE(_kv, m) {
         .def("__hash__", &Keys::hash)
         .def("__repr__", [](const Keys& k) { return "Keys(" + std::to_string(k.size()) + " blocks)"; });
     m.def("ids_keys", &ids_keys, nb::arg("ids"), nb::arg("block_size"), nb::arg("seed"));
+    m.def("all_ints", &all_ints, nb::arg("obj"));
     m.def("bytes_keys", &bytes_keys, nb::arg("data"), nb::arg("per_block"), nb::arg("seed"));
     nb::class_<Index>(m, "Index")
         .def(nb::init<size_t>(), nb::arg("entries"))

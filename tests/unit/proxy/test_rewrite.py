@@ -53,6 +53,21 @@ def test_valid_prompts() -> None:
         assert parse_body(json.dumps({"prompt": prompt}).encode(), COMPLETIONS)[0]["prompt"] == prompt
 
 
+@pytest.mark.parametrize(
+    "prompt",
+    [[1, True], [1, 2.0], [1, None], [1, "2"], [[1, 2], [3, False]], [[1], []], [1, [2]], [{"a": 1}], []],
+)
+def test_ids_that_are_not_all_ints_are_refused(prompt: list[object]) -> None:
+    with pytest.raises(BadRequest, match="list of token ids"):
+        parse_body(json.dumps({"prompt": prompt}).encode(), COMPLETIONS)
+
+
+@pytest.mark.parametrize("last", [True, 2.5, None, "x"])
+def test_a_long_prompt_of_ids_is_checked_to_its_last(last: object) -> None:
+    with pytest.raises(BadRequest, match="list of token ids"):
+        parse_body(json.dumps({"prompt": [7] * 5000 + [last]}).encode(), COMPLETIONS)
+
+
 def test_prompt_tokens_exact_for_ids_estimated_for_text() -> None:
     assert prompt_tokens({"prompt": list(range(300))}, COMPLETIONS) == 300
     assert prompt_tokens({"prompt": [[1, 2], [3]]}, COMPLETIONS) == 3
