@@ -17,6 +17,11 @@ import re
 from json.decoder import scanstring  # type: ignore[attr-defined]
 from typing import Any
 
+try:  # a long array of ints (a prompt of token ids) read in C (csrc/kv_index.cpp): ~4x json's scanner
+    from ucmctl.proxy._kv import int_list as _int_list
+except ImportError:  # a source tree not built: json's scanner reads it
+    _int_list = None
+
 LONG = 2048  # characters: a value's text kept from this length on (a shorter one is cheap to write)
 
 # a top-level key -> the value parsed and its text as sent
@@ -62,7 +67,8 @@ def _walk(text: str) -> tuple[dict[str, Any], Texts]:
         if text[at : at + 1] != ":":
             raise ValueError("':' expected")
         start = _skip(text, at + 1)
-        value, end = _DECODER.raw_decode(text, start)
+        ints = _int_list(text, start) if _int_list is not None and text.startswith("[", start) else None
+        value, end = ints if ints is not None else _DECODER.raw_decode(text, start)
         body[key] = value  # a repeated key: its last value, as json.loads
         if end - start >= LONG:
             texts[key] = (value, text[start:end])

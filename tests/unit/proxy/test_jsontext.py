@@ -17,7 +17,13 @@ from ucmctl.proxy import jsontext
 SCALARS = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text()
 VALUES = st.recursive(SCALARS, lambda x: st.lists(x) | st.dictionaries(st.text(), x), max_leaves=9)
 
-LONG = st.lists(st.integers(0, 200_000), min_size=500, max_size=900) | st.text(min_size=2100, max_size=2500)
+IDS = st.lists(st.integers(0, 200_000), min_size=500, max_size=900)
+# a long list of ints that is not only ints of 8 bytes (read by json's scanner, not the C reader)
+ODD_IDS = st.tuples(IDS, st.integers(0, 899), SCALARS | st.integers(-(2**70), 2**70)).map(
+    lambda t: [*t[0][: t[1]], t[2], *t[0][t[1] :]]
+)
+ANY_IDS = st.lists(st.integers(), min_size=500, max_size=900)
+LONG = IDS | ODD_IDS | ANY_IDS | st.text(min_size=2100, max_size=2500)
 BODIES = st.dictionaries(st.text(max_size=8), VALUES | LONG, max_size=6)
 SPACING = st.sampled_from([(",", ":"), (", ", ": "), (" ,\n", " :\t")])
 
@@ -70,7 +76,10 @@ PAD = b'{"p":"' + b"x" * 3000 + b'"'  # long enough to be walked, not left to js
     "raw",
     [PAD, PAD + b",}", PAD + b',"a" 1}', PAD + b"} x", PAD + b',"a":[1,2}', PAD + b",'a':1}",
      PAD + b',"\x01":1}', PAD + b',"a":"\x01"}', b"\xff" + PAD + b"}", PAD[:9] + b"\xff" + PAD[9:] + b"}",
-     b"{", b""],
+     b"{", b"",
+     # long lists of ints that are not JSON: what the C reader gives back to json's scanner
+     *(b'{"p":[' + b"1," * 2000 + end for end in (b"]}", b"01]}", b"-]}", b"1 2]}", b"1", b"1.]}", b"1]")),
+     ],
 )  # fmt: skip
 def test_what_is_not_json_fails_as_json_loads_fails(raw: bytes) -> None:
     with pytest.raises(ValueError) as expected:
