@@ -293,7 +293,7 @@ async def _relay(
     if answer is not None and answer.whole:
         out = whole.Body(answer)
     else:
-        out = web.StreamResponse(status=resp.status)
+        out = _Relayed(status=resp.status)
         out.headers["Content-Type"] = resp.headers.get("Content-Type", "application/json")
         out.headers["X-Request-Id"] = rid
         if stream:
@@ -320,6 +320,14 @@ async def _relay(
         return _sent(out, rid)
     metrics.latency.observe(loop.time() - t0)
     return _sent(out, rid)
+
+
+class _Relayed(web.StreamResponse):
+    """A relayed answer: its headers go out with its first bytes, in one write, not in a write of
+    their own before them (the first bytes are at hand when it starts: one write and one read of
+    the client's less before its first token)."""
+
+    _send_headers_immediately = False  # aiohttp's switch (its `Response` sets it so too)
 
 
 def _sent(out: web.StreamResponse | whole.Body, rid: str) -> web.StreamResponse:
