@@ -242,8 +242,9 @@ class Answer:
         if (passed := self._passing(ev)) is not None:
             return passed
         whole_ev = ev
-        if (at := ev.find(_PROMPT_IDS_AT)) >= 0:  # the first event's: kept as written, cut out
-            end = ev.index(b"]", at)
+        at = ev.find(_PROMPT_IDS_AT)
+        end = ev.find(b"]", at) if at >= 0 else -1
+        if end > 0:  # the first event's: kept as written, cut out (a list of ids has no other "]")
             self._prompt_raw, self._prompt_ids = ev[at + len(_PROMPT_IDS_AT) : end], None
             ev = ev[:at] + ev[end + 1 :]
         if not self.head or self.logprobs:  # (a chunk with logprobs is read whole)
