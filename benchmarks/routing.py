@@ -40,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import urllib.request
+from collections import OrderedDict
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -177,6 +178,48 @@ def run_policy(
     }
 
 
+def pinned_oracle(args: argparse.Namespace) -> float:
+    """The local hit rate of an oracle on the multi-turn load: each conversation pinned to one
+    instance (user u to instance u mod N), each instance a prefix cache of --hbm-tokens that
+    evicts the least recently used block, the requests taken one at a time in the order bench
+    sends them. Counted as the instances count (prompt tokens of whole blocks found, at most the
+    blocks before the prompt's last token); an answer's KV is cached but for its last token (never
+    computed), as bench's ideal hit rate counts it."""
+    capacity = args.hbm_tokens // args.block
+    caches: list[OrderedDict[int, None]] = [OrderedDict() for _ in range(args.instances)]
+    history: list[list[tuple[str, int, int, int]]] = [[] for _ in range(args.users)]
+    system = [("s", 0, 0, i) for i in range(args.system_tokens)]
+    hit = asked = 0
+
+    def keys(tokens: list[tuple[str, int, int, int]]) -> list[int]:
+        out, key = [], 0
+        for b in range(len(tokens) // args.block):
+            key = hash((key, tuple(tokens[b * args.block : (b + 1) * args.block])))
+            out.append(key)
+        return out
+
+    for r in range(args.rounds):
+        for u in range(args.users):
+            cache = caches[u % args.instances]
+            question = [("q", u, r, i) for i in range(args.question_tokens)]
+            prompt = system + history[u] + question
+            asked += len(prompt)
+            found = 0
+            for key in keys(prompt)[: (len(prompt) - 1) // args.block]:
+                if key not in cache:
+                    break
+                found += 1
+            hit += found * args.block
+            answer = [("a", u, r, i) for i in range(args.output_len)]
+            for key in keys(prompt + answer[:-1]):
+                cache[key] = None
+                cache.move_to_end(key)
+                if len(cache) > capacity:
+                    cache.popitem(last=False)
+            history[u] = history[u] + question + answer
+    return hit / asked
+
+
 def start_sims(stack: ExitStack, tmp: Path, model: Path, ucm: Path, args: argparse.Namespace) -> list[str]:
     """The simulators, each publishing its KV-cache events (as vLLM with the plan's flag); their URLs."""
     gib = args.hbm_tokens * KV_BYTES_PER_TOKEN / 2**30
@@ -289,6 +332,12 @@ def report(results: dict[str, dict], args: argparse.Namespace) -> None:
             f"{r['ttft_p90_worst_round'] / ll['ttft_p90_worst_round']:.2f}x | "
             f"{100 * r['local_hit']:.1f}% | {100 * r['external_hit']:.1f}% |"
         )
+    if args.workload == "multi-turn" and args.engine == "sim":
+        oracle = pinned_oracle(args)
+        print()
+        print(f"oracle (conversations pinned, LRU per instance): local hit {100 * oracle:.1f}%; each row's "
+              "local hit against it:")  # fmt: skip
+        print("; ".join(f"{row} {r['local_hit'] / oracle:.2f}x" for row, r in results.items()))
     print()
     what = "rounds 2-R" if args.workload == "multi-turn" else "all"
     print(f"| policy | TTFT p50 of each round, ms | {what}: TTFT p50 ms | vs rr | vs ll |")
