@@ -15,15 +15,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import statistics
 from typing import Any
 
 from benchmarks.block_keys import median_us
-from ucmctl.proxy.resume import Answer
+from ucmctl.proxy.resume import _IDS, Answer
 from ucmctl.proxy.rewrite import CHAT, COMPLETIONS
-
-_IDS = re.compile(rb',"(prompt_token_ids|token_ids)":(null|\[[0-9, ]*\])')
 
 
 def before(ev: bytes, path: str) -> tuple[bytes, list[int], list[int], str]:

@@ -102,7 +102,7 @@ def since(before: dict[str, float], after: dict[str, float]) -> dict[str, float]
     return {k: after[k] - before[k] for k in SERVER}
 
 
-def said(d: dict[str, float] | None) -> str:
+def account(d: dict[str, float] | None) -> str:
     if d is None:
         return "-"
     ms = {k: f"{d[k] * 1e3:.0f}" for k in ("ttft", "queue", "prefill")}
@@ -271,8 +271,8 @@ async def run(proxy: str, role: str, servers: dict[str, VllmServer], prompts: li
                   + (f"; store hit TTFT {t.store_ttft_s * 1e3:7.1f} ms" if t.store_ttft_s else "")
                   + f"\n    last token to the cut {t.lead_s * 1e3:.0f} ms"
                   + (f"; SIGKILL to the process gone {t.exit_s * 1e3:.0f} ms" if t.exit_s is not None else "")
-                  + f"\n    continuation, by its server: {said(t.cont)}"
-                  + f"\n    store hit, by its server: {said(t.hit)}",
+                  + f"\n    continuation, by its server: {account(t.cont)}"
+                  + f"\n    store hit, by its server: {account(t.hit)}",
                   flush=True)  # fmt: skip
     return out
 

@@ -204,14 +204,15 @@ def pinned_oracle(args: argparse.Namespace) -> float:
             question = [("q", u, r, i) for i in range(args.question_tokens)]
             prompt = system + history[u] + question
             asked += len(prompt)
+            answer = [("a", u, r, i) for i in range(args.output_len)]
+            chain = keys(prompt + answer[:-1])  # the prompt's blocks first
             found = 0
-            for key in keys(prompt)[: (len(prompt) - 1) // args.block]:
+            for key in chain[: (len(prompt) - 1) // args.block]:
                 if key not in cache:
                     break
                 found += 1
             hit += found * args.block
-            answer = [("a", u, r, i) for i in range(args.output_len)]
-            for key in keys(prompt + answer[:-1]):
+            for key in chain:
                 cache[key] = None
                 cache.move_to_end(key)
                 if len(cache) > capacity:

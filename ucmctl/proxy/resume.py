@@ -253,12 +253,9 @@ class Answer:
                 self._read_head(data)
             for c in data.get("choices") or ():
                 self._offsets(c.get("logprobs"), shift=False)
-        for m in _IDS.finditer(ev):
-            if m[2] != b"null":
-                if m[1] == b"token_ids":
-                    self.ids.extend(_numbers(m[2][1:-1]))
-                else:
-                    self._prompt_raw, self._prompt_ids = m[2][1:-1], None
+        for m in _IDS.finditer(ev):  # (the prompt's ids were cut out above: only `null` is left of them)
+            if m[1] == b"token_ids" and m[2] != b"null":
+                self.ids.extend(_numbers(m[2][1:-1]))
         if _FINISHED in ev:
             self.finished = True
         if b'"usage":{' in ev:
