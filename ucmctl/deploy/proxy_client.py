@@ -63,11 +63,11 @@ class Proxy:
         self._ask("/instances/resume", {"url": str(server.url), "role": server.role})
 
     def wait_routed(self, server: Process, timeout: float) -> bool:
-        """Whether the proxy routes to `server` (its health loop found it healthy, not draining)
-        within `timeout` s."""
+        """Whether the proxy routes to `server` (its health loop found it healthy, not draining,
+        not stalled) within `timeout` s."""
         deadline = time.monotonic() + timeout
         while True:
-            if any(i["url"] == server.url and i["healthy"] and not i["draining"] for i in self._listed()):
+            if any(i["url"] == server.url and _routed(i) for i in self._listed()):
                 return True
             if time.monotonic() >= deadline:
                 return False
@@ -92,8 +92,13 @@ class Proxy:
         return sum(
             1
             for i in self._listed()
-            if i["role"] == role and i["healthy"] and not i["draining"] and i["url"] not in besides
+            if i["role"] == role and _routed(i) and i["url"] not in besides
         )
+
+
+def _routed(listed: dict[str, object]) -> bool:
+    """Whether the proxy routes to an instance it lists: healthy, neither drained nor stalled."""
+    return bool(listed["healthy"]) and not listed["draining"] and not listed.get("stalled")
 
 
 class Proxies:
@@ -158,6 +163,9 @@ def routing_line(proxy: Process) -> str | None:
     moves = proxy.proxy.migrations
     if moves != 3:  # the default goes without saying
         line += f", a cut answer moves {moves}x at most" if moves else ", cut answers end (migrations 0)"
+    stall = proxy.proxy.stall_timeout
+    if stall != 30.0:
+        line += f", a server silent {stall:g} s is out" if stall else ", no stall watch"
     if "index" in got:
         line += f"; index: {got['index']}, {got.get('blocks', 0)} blocks{_events_read(got)}"
         for leg in ("prefill", "load"):

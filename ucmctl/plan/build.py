@@ -400,6 +400,7 @@ def _proxy(
         roles=proxy.roles,
         served_model=t.model.served_name or t.model.path,
         migrations=proxy.migrations,
+        stall_timeout=proxy.stall_timeout,
     )
     argv = spec.argv()
     base = f"http://{reach_address(node)}:{port}"

@@ -23,7 +23,8 @@ from ucmctl.plan.model import (
 )
 from ucmctl.plan.render import render
 from ucmctl.topology.container import Container, Mount
-from ucmctl.topology.model import Mode, Node, Restart, Storage, Topology, Transport
+from ucmctl.topology.fields import Restart
+from ucmctl.topology.model import Mode, Node, Storage, Topology, Transport
 
 LOCAL_ADDRESS = "127.0.0.1"
 

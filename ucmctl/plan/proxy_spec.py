@@ -35,6 +35,7 @@ class ProxySpec(BaseModel):
     roles: Literal["fixed", "dynamic"] = "fixed"  # dynamic: any server takes either leg (centralized)
     served_model: str | None = None  # the model name requests carry (the KV events' block keys)
     migrations: int = 3  # moves of one streamed answer cut mid-stream (the proxy's own default: 3)
+    stall_timeout: float = 30.0  # s without a token from a streaming server: its answers move (default 30)
 
     def argv(self) -> list[str]:
         """The command line that runs this proxy."""
@@ -62,6 +63,8 @@ class ProxySpec(BaseModel):
             argv += ["--roles", "dynamic"]
         if self.migrations != 3:
             argv += ["--migrations", str(self.migrations)]
+        if self.stall_timeout != 30.0:
+            argv += ["--stall-timeout", f"{self.stall_timeout:g}"]
         feeds = [f"{u.url}={u.kv_events}" for u in self.upstreams if u.kv_events]
         for feed in feeds:
             argv += ["--kv-events", feed]

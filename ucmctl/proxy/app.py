@@ -21,6 +21,7 @@ from ucmctl.proxy.flow import serve_generate
 from ucmctl.proxy.health import check, health_loop, record_failure, record_success
 from ucmctl.proxy.pool import Instance
 from ucmctl.proxy.routing import Ask
+from ucmctl.proxy.stall import stall_loop
 from ucmctl.proxy.state import ProxyState, error_response
 from ucmctl.proxy.upstream import UPSTREAM_ERRORS
 
@@ -73,6 +74,9 @@ async def _session_ctx(app: web.Application) -> AsyncIterator[None]:
         )
     )
     tasks = [task]
+    if cfg.stall_timeout:
+        watch = stall_loop(state.session, state.pool, timeout=cfg.stall_timeout, model=cfg.served_model)
+        tasks.append(asyncio.create_task(watch))
     if state.feeds:
         from ucmctl.proxy.kv_feed import run_feeds  # imports ZMQ: only where events are read
 
@@ -306,6 +310,7 @@ def _describe(insts: list[Instance]) -> list[dict[str, object]]:
             "role": i.role,
             "healthy": i.healthy,
             "draining": i.draining,
+            "stalled": i.stalled,
             "requests_in_flight": i.requests,
             "requests_streaming": i.streaming,
             "tokens_in_flight": i.tokens,

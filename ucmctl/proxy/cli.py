@@ -92,6 +92,12 @@ def proxy(
     read_timeout: float = typer.Option(
         600.0, "--read-timeout", help="seconds an instance may stay silent (0: no limit)"
     ),
+    stall_timeout: float = typer.Option(
+        30.0,
+        "--stall-timeout",
+        help="seconds an instance streaming answers may send no token before it is out of routing and "
+        "its answers go on elsewhere (0: off, only --read-timeout)",
+    ),
     max_connections: int = typer.Option(1024, "--max-connections", help="upstream connection pool size"),
 ) -> None:
     """Front prefill/decode (or mixed) instances: route each request, stream answers, survive failures.

@@ -62,6 +62,9 @@ class ProxyConfig:
     retry_backoff: float = 0.02
     connect_timeout: float = 5.0
     read_timeout: float = 600.0
+    # an instance streaming answers none of which brought a byte for this long is stalled: out of
+    # routing, its answers cut and gone on elsewhere (proxy/stall); 0: only the read timeout
+    stall_timeout: float = 30.0
     max_connections: int = 1024
     max_body_mb: int = 64
     api_key: str | None = field(default=None, repr=False)
@@ -271,7 +274,7 @@ def _check_tuning(tuning: dict[str, object]) -> None:
     for name in ("health_interval", "health_timeout", "connect_timeout"):
         if name in tuning:
             _positive("--" + name.replace("_", "-"), float(tuning[name]))  # type: ignore[arg-type]
-    for name in ("retries", "retry_backoff", "read_timeout", "direct_below", "migrations"):
+    for name in ("retries", "retry_backoff", "read_timeout", "stall_timeout", "direct_below", "migrations"):
         if name in tuning:
             _positive("--" + name.replace("_", "-"), float(tuning[name]), allow_zero=True)  # type: ignore[arg-type]
     for name in ("prefill_load", "decode_load", "mixed_load"):

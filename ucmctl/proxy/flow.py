@@ -122,6 +122,7 @@ async def _answer(
         leg_started = asyncio.get_running_loop().time()
         prefer = decode if not attempt else None  # the decode instance chosen already, if any
         inst, resp = await _open(state, ask, req, payload, pd and handoff.once, avoid, prefer)
+        inst.first_waits.add(resp)  # a stall of the instance cuts it (proxy/stall)
         try:
             first = await resp.content.readany()
         except UPSTREAM_ERRORS as exc:
@@ -139,6 +140,8 @@ async def _answer(
             resp.close()
             inst.release(req.tokens, answered=False)
             raise
+        finally:
+            inst.first_waits.discard(resp)
         inst.answered(req.tokens)
         if resp.status == 200:
             took = asyncio.get_running_loop().time() - leg_started
@@ -304,6 +307,8 @@ async def _relay(
             metrics.ttft.observe(loop.time() - t0)
     if answer is not None:
         leg.hold(answer)
+    if counting:
+        leg.watch(loop.time())
     try:
         await out.prepare(request)
         broke = await _pump(out, leg, answer, counting=counting)
@@ -339,6 +344,10 @@ class _EngineError(Exception):
     """The engine streamed an error event: the answer cannot go on there."""
 
 
+class Stalled(Exception):
+    """The instance sent no token for the stall timeout: its answers were cut there."""
+
+
 async def _pump(
     out: web.StreamResponse | whole.Body,
     leg: Leg,
@@ -368,6 +377,7 @@ async def _pump(
                 chunk = await content.readany()
             except UPSTREAM_ERRORS as exc:
                 return exc
+            leg.inst.output_at = loop.time()  # it steps (proxy/stall watches this)
     finally:
         leg.inst.output_chunks_total += chunks
     if answer is not None:
@@ -391,7 +401,9 @@ async def _continue(
     continuation's now), or end the client's stream with an error that says why not (False)."""
     cfg, metrics = state.config, state.metrics
     dead = leg.inst
-    cause = "drain" if leg.moved else "failure"
+    cause = leg.moved or "failure"
+    if cause == "stall":  # cut here: its instance stopped sending (proxy/stall)
+        broke = Stalled(f"no token for {cfg.stall_timeout:g} s")
     if not leg.moved:
         metrics.errors["upstream_mid_stream"] += 1
         record_failure(dead, cfg.unhealthy_after)
@@ -417,7 +429,7 @@ async def _continue(
         message = exc.message if isinstance(exc, LegFailed) else "a prefill instance refused it"
         await _upstream_broke(request, dead, broke, out, leg.clean, f"its continuation failed: {message}")
         return False
-    leg.swap(inst, resp, len(ids), first)
+    leg.swap(inst, resp, len(ids), first, asyncio.get_running_loop().time())
     if resp.status != 200:  # the instance refused it: context too long, model gone, ...
         metrics.migrations["failed", cause] += 1
         text = (first.decode(errors="replace") + await _short_body(resp))[:300].strip()
@@ -456,7 +468,7 @@ async def _upstream_broke(
     body's end, so no client can take the cut answer for a complete one."""
     # the exception's own words (aiohttp's payload errors run to hundreds of characters) go to the
     # proxy's log; the client is told what happened
-    kind = type(exc).__name__
+    kind = type(exc).__name__ + (f": {exc}" if isinstance(exc, Stalled) else "")
     message = (
         f"{inst.role} instance {inst.url} failed mid-stream ({kind}): the answer is incomplete ({why_not})"
     )

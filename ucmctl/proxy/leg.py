@@ -22,7 +22,9 @@ class Leg:
     wrote_at: float = 0.0  # when its last bytes went to the client (the event loop's clock)
     clean: bool = True  # what went to the client so far ends between two events
     answer: resume.Answer | None = None  # where it can go on elsewhere: its instance lists it
-    moved: bool = False  # cut on purpose: its instance is drained for a restart
+    # cut on purpose: "drain" (its instance is drained for a restart), "stall" (it stopped sending)
+    moved: str | None = None
+    watched: bool = False  # a stream: its instance's silence is watched (proxy/stall)
 
     def __post_init__(self) -> None:
         self.inst.streaming += 1
@@ -32,12 +34,25 @@ class Leg:
         self.answer = answer
         self.inst.answers.add(self)
 
+    def watch(self, now: float) -> None:
+        """Its upstream streams (its first bytes came at `now`, the event loop's clock): a silence
+        of its instance longer than the stall timeout cuts it (proxy/stall)."""
+        self.watched = True
+        self.inst.streams.add(self)
+        self.inst.output_at = now
+
     def move(self, limit: int) -> None:
         """Cut it here on purpose (its instance is drained) where it can go on elsewhere (it has
         moved fewer than `limit` times): the relay goes on on another instance."""
         if self.answer is not None and self.answer.migrations < limit and self.answer.resumable():
-            self.moved = True
-            self.resp.close()  # the relay's read fails at once; the instance stops the request
+            self.cut("drain")
+
+    def cut(self, why: str) -> None:
+        """Cut it here on purpose (`why`: drain, stall): the relay's read fails at once and the
+        answer goes on elsewhere where it can, or ends with an error that says why not; the
+        instance stops the request."""
+        self.moved = why
+        self.resp.close()
 
     def end(self) -> None:
         """The answer is over: this drops the upstream connection on any early exit (the instance
@@ -46,12 +61,17 @@ class Leg:
         self.inst.streaming -= 1
         self.inst.release(self.tokens)
         self.inst.answers.discard(self)
+        self.inst.streams.discard(self)
 
-    def swap(self, inst: Instance, resp: aiohttp.ClientResponse, tokens: int, first: bytes) -> None:
-        """A continuation takes over the answer from here."""
+    def swap(
+        self, inst: Instance, resp: aiohttp.ClientResponse, tokens: int, first: bytes, now: float
+    ) -> None:
+        """A continuation takes over the answer from here (its first bytes came at `now`)."""
         self.end()
         self.inst, self.resp, self.tokens, self.first = inst, resp, tokens, first
-        self.moved = False
+        self.moved = None
         inst.streaming += 1
         if self.answer is not None:
             inst.answers.add(self)
+        if self.watched:
+            self.watch(now)

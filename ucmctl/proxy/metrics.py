@@ -95,8 +95,9 @@ class Metrics:
         self.paths: Counter[str] = (
             Counter()
         )  # pd: disaggregated (prefill, then decode) or direct (decode alone)
-        # answers cut mid-stream, by (outcome, cause): cause "failure" (the upstream broke) or
-        # "drain" (moved off an instance drained for a restart)
+        # answers cut mid-stream, by (outcome, cause): cause "failure" (the upstream broke),
+        # "drain" (moved off an instance drained for a restart) or "stall" (its instance stopped
+        # sending tokens: proxy/stall)
         self.migrations: Counter[tuple[str, str]] = Counter()
         self.ttft = Histogram(LATENCY_BUCKETS)
         self.latency = Histogram(LATENCY_BUCKETS)
@@ -139,7 +140,8 @@ class Metrics:
             "(they went on on another instance), failed (no instance took the continuation), "
             "not_continued (it cannot go on faithfully, or moved too often), cancelled (its client "
             "went away while it moved: the continuation is stopped); and by cause: failure "
-            "(the upstream broke) or drain (moved off an instance drained for a restart).",
+            "(the upstream broke), drain (moved off an instance drained for a restart) or stall "
+            "(its instance sent no token for the stall timeout).",
         )
         out.extend(f'{names.PROXY_MIGRATIONS}{{outcome="{o}",cause="{c}"}} {n}'
                    for (o, c), n in sorted(self.migrations.items()))  # fmt: skip
@@ -183,6 +185,10 @@ PER_INSTANCE: tuple[tuple[str, str, str, Callable[[Instance], int]], ...] = (
      lambda i: int(i.healthy)),
     (names.PROXY_INSTANCE_DRAINING, "gauge", "1 while it is drained (out of routing on purpose).",
      lambda i: int(i.draining)),
+    (names.PROXY_INSTANCE_STALLED, "gauge", "1 while it is out of routing for a stall: it streamed no "
+     "token for the stall timeout, and has not answered a one-token probe since.", lambda i: int(i.stalled)),
+    (names.PROXY_INSTANCE_STALLS, "counter", "Times it stalled (its streams were cut then).",
+     lambda i: i.stalls_total),
     (names.PROXY_INSTANCE_IN_FLIGHT, "gauge", "Requests in flight.", lambda i: i.requests),
     (names.PROXY_INSTANCE_STREAMING, "gauge", "Requests in flight whose first token went to the client.",
      lambda i: i.streaming),

@@ -22,6 +22,7 @@ class Instance:
     healthy: bool = True
     removed: bool = False
     draining: bool = False  # out of routing on purpose (a restart): its requests in flight finish
+    stalled: bool = False  # out of routing: it streamed no token for the stall timeout (proxy/stall)
     requests: int = 0  # in flight
     tokens: int = 0  # prompt tokens in flight
     waiting: int = 0  # of those, the prompt tokens of legs that have not answered yet: work queued
@@ -30,10 +31,16 @@ class Instance:
     consecutive_failures: int = 0
     requests_total: int = 0
     failures_total: int = 0
+    stalls_total: int = 0
     output_chunks_total: int = 0
     epoch: int = 0  # times it came back into routing: what it cached before may be gone
     # the answers streaming from it that can go on elsewhere (flow's legs: `move()` each)
     answers: set[Any] = field(default_factory=set, repr=False)
+    # every answer it streams (flow's legs), and when the last bytes of any came (time.monotonic())
+    streams: set[Any] = field(default_factory=set, repr=False)
+    output_at: float = 0.0
+    # the upstream responses of requests waiting for its first bytes (a stall cuts them)
+    first_waits: set[Any] = field(default_factory=set, repr=False)
     uid: int = field(default_factory=itertools.count().__next__)  # one per instance added, ever
     _urls: dict[str, URL] = field(default_factory=dict, repr=False)
 
@@ -43,6 +50,11 @@ class Instance:
         if url is None:
             url = self._urls[path] = URL(self.url + path)
         return url
+
+    @property
+    def routable(self) -> bool:
+        """In routing now: healthy, not drained, not stalled."""
+        return self.healthy and not self.draining and not self.stalled
 
     def cache_lost(self) -> None:
         """Its own cache is gone (it restarted, or cleared it): what it held before is not
@@ -110,19 +122,18 @@ class Pool:
 
     def healthy(self, role: str) -> int:
         """How many instances of `role` are in routing now."""
-        return sum(1 for i in self.by_role[role] if i.healthy and not i.draining)
+        return sum(1 for i in self.by_role[role] if i.routable)
 
     def find(self, url: str, role: str | None = None) -> list[Instance]:
         """The instances at `url` (of `role`)."""
         return [i for r in ([role] if role else ROLES) for i in self.by_role.get(r, []) if i.url == url]
 
     def candidates(self, role: str, exclude: Iterable[Instance] = ()) -> list[Instance]:
-        """The instances of `role` a request may go to now (healthy, not draining), but `exclude`."""
+        """The instances of `role` a request may go to now (healthy, not draining, not stalled),
+        but `exclude`."""
         skip = set(exclude) if exclude else ()
         sides = ("prefill", "decode") if self.dynamic and role in ("prefill", "decode") else (role,)
-        return [
-            i for side in sides for i in self.by_role[side] if i.healthy and not i.draining and i not in skip
-        ]
+        return [i for side in sides for i in self.by_role[side] if i.routable and i not in skip]
 
 
 def load_of(inst: Instance, by: LoadKind) -> tuple[int, int]:

@@ -63,7 +63,7 @@ class Tokenizer:
         self._turn = 0
 
     def _instance(self) -> Instance | None:
-        cands = [i for i in self.pool.all() if i.healthy and not i.draining]
+        cands = [i for i in self.pool.all() if i.routable]
         if not cands:
             return None
         self._turn += 1

@@ -59,6 +59,7 @@ FIELDS: tuple[Newer, ...] = (
     Newer("topology", "proxy.kv_events", True),  # the servers' KV-cache events, where the index is read
     # answers moved off a failed instance: a run with no fault is the same run with it or without
     Newer("topology", "proxy.migrations", 3),
+    Newer("topology", "proxy.stall_timeout", 30.0),  # hung servers' answers moved: same as migrations
     Newer("topology", "proxy.nodes", None),  # one proxy on `node`
     Newer("topology", "proxy.replicas", None),
     *(Newer("topology", f"{role}.kv_events_port", None) for role in SERVER_ROLES),

@@ -11,20 +11,20 @@ server runs all `dp` ranks itself (the PD-mixed layout).
 from __future__ import annotations
 
 import hashlib
-import ipaddress
 import json
 import re
 from enum import Enum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
+from pydantic import Field, PrivateAttr, field_validator
 
-from ucmctl.core import routing_names
 from ucmctl.core.names import NAME_RE, SERVER_ROLES, ServerRole
 from ucmctl.core.platforms import Platform
 from ucmctl.core.ucm_config import DEFAULT_DUMP_TIMEOUT_S, DEFAULT_LOAD_TIMEOUT_S
 from ucmctl.engines import DEFAULT_ENGINE, ENGINES
 from ucmctl.topology.container import Container, Env
+from ucmctl.topology.fields import Port, Restart, Strict, bind_address
+from ucmctl.topology.proxy import Proxy
 
 # Used with fullmatch: `$` alone would also match before a trailing newline.
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -39,22 +39,6 @@ def _host_text(v: str) -> str:
     return v
 
 
-def _bind_address(v: str) -> str:
-    """An IP address literal. `bind` exists for when the node's own name resolution would pick the
-    wrong address (a hostname often resolves to 127.0.1.1 on the node itself), so it takes none."""
-    try:
-        ipaddress.ip_address(v)
-    except ValueError:
-        raise ValueError(
-            "must be an IP address of the node, or 0.0.0.0 (or ::) to listen on every interface"
-        ) from None
-    return v
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
 class Mode(str, Enum):
     centralized = "centralized"  # P writes KV to the shared store, D reads it as a prefix hit
     p2p = "p2p"  # Mooncake moves KV P->D; UCM gives P a prefix cache
@@ -64,10 +48,6 @@ class Mode(str, Enum):
 # The engines' registry, as an enum (vllm; sim, ucmctl's simulator: same command line, no
 # accelerator needed). mypy cannot list the members of an enum made from a variable.
 Engine = Enum("Engine", [(name, name) for name in ENGINES], type=str)  # type: ignore[misc]
-# the proxy's routing policies, and the names `load` and `prefix` they had first
-Routing = Enum(  # type: ignore[misc]
-    "Routing", [(name, name) for name in (*routing_names.POLICIES, *routing_names.ALIASES)], type=str
-)
 
 
 class Transport(str, Enum):
@@ -80,7 +60,6 @@ class DpMode(str, Enum):
     internal = "internal"  # one API server runs every DP rank
 
 
-Port = Annotated[int, Field(ge=1, le=65535)]
 PositiveCount = Annotated[int, Field(ge=1, le=64)]
 FlagValue = str | int | float | bool | dict[str, Any] | list[Any]
 
@@ -129,7 +108,7 @@ class Node(Strict):
     @field_validator("bind")
     @classmethod
     def _bind(cls, v: str | None) -> str | None:
-        return None if v is None else _bind_address(v)
+        return None if v is None else bind_address(v)
 
 
 # Slurm's time formats (sbatch --time): minutes, minutes:seconds, hours:minutes:seconds,
@@ -285,104 +264,6 @@ class Mooncake(Strict):
     eviction_high_watermark_ratio: float = Field(0.9, gt=0, le=1)
     eviction_ratio: float = Field(0.1, gt=0, le=1)
     default_kv_lease_ttl: int = Field(11000, ge=1, description="ms")
-
-
-class Restart(Strict):
-    """What happens when a process of the side ends on its own with a failure."""
-
-    policy: Literal["never", "on-failure"] = Field(
-        default="never",
-        description="never (default), or on-failure: started again, at most max_restarts times",
-    )
-    max_restarts: int = Field(default=3, ge=1, le=100, description="restarts at most, then it stays down")
-    backoff_s: float = Field(
-        default=5.0,
-        ge=0,
-        le=600,
-        description="seconds before a restart (ucmctl's supervisor and systemd; runtimes use their own)",
-    )
-
-    @classmethod
-    def parse(cls, value: Any) -> Any:
-        """`restart: on-failure` is `restart: {policy: on-failure}`."""
-        return {"policy": value} if isinstance(value, str) else value
-
-    @property
-    def on(self) -> bool:
-        return self.policy == "on-failure"
-
-
-class Proxy(Strict):
-    node: str | None = Field(None, description="node that runs the proxy (and its replicas)")
-    nodes: list[str] | None = Field(
-        None, description="instead of node: the nodes its replicas are spread over, one on each in turn"
-    )
-    port: Port = Field(
-        7802, description="port clients connect to; replicas sharing a node listen on port, port+1, ..."
-    )
-    replicas: int | None = Field(
-        None,
-        ge=1,
-        le=64,
-        description="proxies that share nothing (each learns the instances' state itself), for clients "
-        "that know several endpoints: one may die without the deployment losing its front door "
-        "(default: 1, or one on each of nodes)",
-    )
-    host: str | None = Field(
-        None, description="address to listen on (default: the node's bind address); 0.0.0.0 for every one"
-    )
-    routing: Routing = Field(
-        Routing("load"),
-        description="which instance takes a request: round-robin, least-loaded (load), affinity (prefix: "
-        "same leading block, same instance), session (one conversation, one instance), kv (least "
-        "expected time to first token from where the prompt's KV is)",
-    )
-    direct_below: int = Field(
-        0,
-        ge=0,
-        description="centralized, selective disaggregation: a request goes to the chosen decode instance "
-        "alone, which prefills it (only one computing no other prompt), when fewer of its tokens than this "
-        "are not cached there (its own cache, then the store), or when every prefill instance is busy (a "
-        "leg queued behind the one it computes); 0: always a prefill leg first",
-    )
-    kv_events: bool = Field(
-        True,
-        description="routing kv or direct_below: every server publishes its KV-cache events and the proxy "
-        "reads what each one's cache holds from them (servers of one engine each); false: the proxy's "
-        "routing history alone",
-    )
-    roles: Literal["fixed", "dynamic"] = Field(
-        "fixed",
-        description="centralized: dynamic sends each request whole to the API server of either side the "
-        "routing policy picks for its prompt, which prefills and decodes it; fixed keeps each to its side",
-    )
-    migrations: int = Field(
-        3,
-        ge=0,
-        le=100,
-        description="times one streamed answer may move to another instance when its instance fails "
-        "mid-answer (it goes on from the prompt and the tokens so far, their KV from the store); 0: the "
-        "answer ends with an error instead",
-    )
-    restart: Restart = Field(default_factory=Restart, description="never, or on-failure (see the sides)")
-
-    @field_validator("restart", mode="before")
-    @classmethod
-    def _restart(cls, v: Any) -> Any:
-        return Restart.parse(v)
-
-    @field_validator("host")
-    @classmethod
-    def _host(cls, v: str | None) -> str | None:
-        return None if v is None else _bind_address(v)
-
-    def places(self) -> list[tuple[str, str, int]]:
-        """Each replica's process name, node and port, in order (the nodes taken in turn): one
-        proxy is `proxy`, replicas are `proxy-0`, `proxy-1`, ..."""
-        nodes = self.nodes or ([self.node] if self.node else [])
-        count = (self.replicas or len(nodes)) if nodes else 0
-        names = ["proxy"] if count == 1 else [f"proxy-{i}" for i in range(count)]
-        return [(names[i], nodes[i % len(nodes)], self.port + i // len(nodes)) for i in range(count)]
 
 
 class PeerParallel(Strict):

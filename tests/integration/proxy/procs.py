@@ -59,6 +59,11 @@ class Proc:
             os.killpg(self.popen.pid, signal.SIGKILL)
             self.popen.wait()
 
+    def send(self, sig: int) -> None:
+        """Signal the process group, not waiting for anything (SIGSTOP, SIGCONT)."""
+        assert self.popen is not None and self.popen.poll() is None
+        os.killpg(self.popen.pid, sig)
+
     def wait_ready(self, path: str = "/health", timeout: float = 30.0) -> None:
         """Until `path` answers 200 (the process is up and serving)."""
         deadline = time.monotonic() + timeout

@@ -135,6 +135,16 @@ async def _running(url: str) -> float:
     )
 
 
+async def _sixty_tokens_in(url: str) -> float:
+    """Once the instance at `url` streams two answers or more (on a loaded machine the prefill
+    legs may take longer than 60 steps), ~60 tokens of each later: how many it streams then."""
+    deadline = asyncio.get_running_loop().time() + 20
+    while await _running(url) < 2 and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(int(STEP_MS) * 60 / 1000)
+    return await _running(url)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["pd", "mixed", "p2p"])
 def test_a_killed_instance_costs_no_answer(launch: Launch, tmp_path: Path, mode: str) -> None:
@@ -169,12 +179,7 @@ def test_a_killed_instance_costs_no_answer(launch: Launch, tmp_path: Path, mode:
     on_victim: list[float] = []
 
     async def kill_a() -> None:
-        # its streams began (on a loaded machine the prefill legs may take longer than 60 steps)
-        deadline = asyncio.get_running_loop().time() + 20
-        while await _running(a.url) < 2 and asyncio.get_running_loop().time() < deadline:
-            await asyncio.sleep(0.05)
-        await asyncio.sleep(int(STEP_MS) * 60 / 1000)  # ~60 tokens of each
-        on_victim.append(await _running(a.url))
+        on_victim.append(await _sixty_tokens_in(a.url))
         a.kill()
 
     got = asyncio.run(_run(px.url, reqs, kill_a))

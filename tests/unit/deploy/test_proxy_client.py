@@ -92,6 +92,11 @@ def test_another_policy_is_one_word_and_a_silent_proxy_says_nothing(answering: t
         routing_line(proxy_process(url, migrations=5))
         == "proxy routing: least-loaded, a cut answer moves 5x at most"
     )
+    assert (
+        routing_line(proxy_process(url, stall_timeout=5))
+        == "proxy routing: least-loaded, a server silent 5 s is out"
+    )
+    assert routing_line(proxy_process(url, stall_timeout=0)) == "proxy routing: least-loaded, no stall watch"
     assert routing_line(proxy_process("http://127.0.0.1:9")) is None  # nothing listens there
 
 

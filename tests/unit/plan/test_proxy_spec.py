@@ -95,6 +95,18 @@ def test_migrations_reach_the_proxys_command_line_and_a_bad_count_is_one_line() 
         assert "proxy.migrations" in str(caught.value), str(caught.value)
 
 
+def test_the_stall_timeout_reaches_the_proxys_command_line_and_a_bad_one_is_one_line() -> None:
+    p = proxy_of(plan_with("stall_timeout: 2.5"))
+    assert p.proxy is not None and p.proxy.stall_timeout == 2.5
+    assert p.argv[-2:] == ["--stall-timeout", "2.5"] and p.argv == p.proxy.argv()
+    assert proxy_of(plan_with("stall_timeout: 0")).argv[-2:] == ["--stall-timeout", "0"]  # off
+    assert "--stall-timeout" not in proxy_of(plan_with("stall_timeout: 30")).argv  # the proxy's default
+    for bad in ("-1", "3601", "soon"):
+        with pytest.raises(UcmctlError) as caught:
+            plan_with(f"stall_timeout: {bad}")
+        assert "proxy.stall_timeout" in str(caught.value), str(caught.value)
+
+
 def test_replicas_on_one_node_take_consecutive_ports_and_spread_ones_a_port_each() -> None:
     plan = plan_with("replicas: 3")
     proxies = [p for p in plan.processes if p.role == "proxy"]

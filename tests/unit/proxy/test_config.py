@@ -69,6 +69,7 @@ def test_url_normalized(url: str, expected: str) -> None:
         ({"mode": "mixed", "instances": [P], "port": 70000}, "--port 70000 is out of range"),
         ({"mode": "mixed", "instances": [P], "health_interval": 0}, "--health-interval is 0"),
         ({"mode": "mixed", "instances": [P], "retries": -1}, "--retries is -1"),
+        ({"mode": "mixed", "instances": [P], "stall_timeout": -1}, "--stall-timeout is -1"),
         ({"mode": "mixed", "instances": [P], "unhealthy_after": 0}, "--unhealthy-after is 0"),
         ({**KV, "kv_events": [P + "tcp://h:5557"]}, "has no '='"),
         ({**KV, "kv_events": ["http://h:9=tcp://h:5557"]}, "--kv-events http://h:9 is not an instance"),

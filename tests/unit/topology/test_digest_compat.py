@@ -7,7 +7,7 @@ from typing import Any
 
 from ucmctl.topology.container import Container
 from ucmctl.topology.digest_compat import ALWAYS, BARE, FIELDS, NEVER, without_newer
-from ucmctl.topology.model import Restart
+from ucmctl.topology.fields import Restart
 
 
 def test_the_tables_defaults_are_the_models_defaults() -> None:

@@ -3,7 +3,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ucmctl.topology.model import Model, Mooncake, Node, PeerParallel, Proxy, Side, Storage, Topology
+from ucmctl.topology.model import Model, Mooncake, Node, PeerParallel, Side, Storage, Topology
+from ucmctl.topology.proxy import Proxy
 from ucmctl.topology.schema_doc import json_schema, markdown
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "topology.md"

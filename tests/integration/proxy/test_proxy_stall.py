@@ -1,0 +1,65 @@
+"""A server that stops sending tokens without dying (#48): SIGSTOP stands in for an engine hung on
+its device or a node cut off without a reset (its sockets stay open and nothing comes, so no read
+fails). The proxy's stall watch takes it out of routing and moves its answers on; let go again
+(SIGCONT), it comes back into routing once it answers a one-token completion."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.integration.sim.test_sim_server import shared_store
+
+from .procs import metric, pd_flags, proxy, sim, wait_for
+from .test_proxy_migration import STEP_MS, Launch, _check_same, _requests, _run, _sixty_tokens_in
+
+STALL_S = 1.0
+
+
+@pytest.mark.slow
+def test_a_hung_instance_costs_no_answer_and_comes_back(launch: Launch, tmp_path: Path) -> None:
+    """1P2D, 8 streams of 300 tokens (4.5 s each), decode-0 stopped after ~60 tokens of its
+    streams: every answer comes whole and equal to the same request answered without the fault,
+    the streams it had moved on (cause: stall) within the stall timeout and a continuation, not
+    the read timeout; it is out of routing while stopped, and back once let go."""
+    _, flags = shared_store(tmp_path)
+    gen = [*flags, "--decode-step-ms", STEP_MS]
+    ref = sim(tmp_path)  # the reference: the same requests on an instance of its own, no fault
+    p, a, b = sim(tmp_path, *flags), sim(tmp_path, *gen), sim(tmp_path, *gen)
+    watch = ["--health-interval", "0.5", "--stall-timeout", f"{STALL_S:g}"]
+    px = proxy(tmp_path, *pd_flags([p], [a, b]), *watch)
+    launch(ref, p, a, b, px)
+    reqs = _requests(8)
+    want = asyncio.run(_run(ref.url, reqs))
+    on_victim: list[float] = []
+
+    async def hang_a() -> None:
+        on_victim.append(await _sixty_tokens_in(a.url))
+        a.send(signal.SIGSTOP)
+
+    started = time.monotonic()
+    got = asyncio.run(_run(px.url, reqs, hang_a))
+    took = time.monotonic() - started
+    _check_same(got, want, reqs)
+    moved = metric(px.url, "ucmctl_proxy_migrations_total", absent=0, outcome="resumed", cause="stall")
+    assert on_victim[0] >= 2 and moved == on_victim[0], (on_victim, moved)
+    assert metric(px.url, "ucmctl_proxy_migrations_total", absent=0, outcome="not_continued") == 0
+    assert metric(px.url, "ucmctl_proxy_instance_stalls_total", instance=a.url) == 1
+    assert metric(px.url, "ucmctl_proxy_instance_stalled", instance=a.url) == 1
+    assert metric(px.url, "ucmctl_proxy_instance_stalled", instance=b.url) == 0
+    # 300 tokens of 15 ms, a stall of 1 s, a continuation: far below the 600 s read timeout
+    assert took < 30, took
+    # each continuation loaded its context from the store: at least 3 full blocks of each
+    assert metric(b.url, "vllm:external_prefix_cache_hits_total") >= moved * 3 * 16
+    wait_for(lambda: metric(px.url, "ucmctl_proxy_instance_requests_in_flight") == 0, 5, "counts settle")
+
+    a.send(signal.SIGCONT)
+    back = lambda: metric(px.url, "ucmctl_proxy_instance_stalled", instance=a.url) == 0  # noqa: E731
+    wait_for(back, 15, "a back in routing")
+    sent = metric(px.url, "ucmctl_proxy_instance_requests_total", instance=a.url)
+    asyncio.run(_run(px.url, _requests(4)))
+    assert metric(px.url, "ucmctl_proxy_instance_requests_total", instance=a.url) > sent  # routed to again
