@@ -3,7 +3,7 @@
 at a set fraction of the deployment's capacity measured first.
 
     python benchmarks/lost_instance.py [--prompts 160] [--load 0.5] [--at 10] [--prefill 2]
-                                       [--proxy-replicas 1]
+                                       [--proxy-replicas 1] [--stall-timeout 2]
 
 The deployment: two prefill (`--prefill 1`: one, a 1P2D) and two decode servers of the
 simulator on this machine (decode 25 ms a step, 60 output tokens a request: 1.5 s each, at
@@ -17,6 +17,10 @@ supervisor). Runs:
 - kill: `--fault kill:decode-0@AT` (SIGKILL to the server; the supervisor restarts it);
 - stop: `--fault stop:decode-1@AT` (SIGTERM: the simulator ends with 143 on it, a failure,
   so its supervisor starts it again too);
+- hang: `--fault hang:decode-0@AT` (SIGSTOP: the server alive, its connections open, sending
+  nothing, as one hung on its device; SIGCONT at the phase's end): the proxy finds it by its
+  silence (`proxy: {stall_timeout: --stall-timeout}`) and moves its answers; its resume gap is
+  printed against the kill's (what finding a failure by silence costs over a closed socket);
 - rolling: `ucmctl restart --rolling` of all four servers, begun 3 s into the measure phase;
 - scale: `ucmctl scale --decode 3` 3 s into the measure phase, then `--decode 2` again;
 - proxy: `--fault kill:proxy@AT` (what a lost proxy costs: it has no peer to take over); with
@@ -28,8 +32,8 @@ other decode instance (moved) and the resume gap of those as their clients saw i
 attempts the proxy retried, when the loss was reported and the server back, its store hits
 since, and p50 / p99 TTFT and p50 E2EL of the requests sent in the window after the fault
 against the window before (and the reference's whole phase), as ratios; of the rolling restart,
-each server's restart and drain time. Targets (issues #26 and #48): a kill or a stop of a decode
-fails no request, every answer it was streaming moved; reported <= 10 s after, back in routing
+each server's restart and drain time. Targets (issues #26 and #48): a kill, a stop or a hang of a
+decode fails no request, every answer it was streaming moved; reported <= 10 s after, back in routing
 with store hits > 0; a rolling restart of every server and a scale 2 -> 3 -> 2 of decode at ~50%
 of capacity fail no request; of two proxy replicas, one killed fails no request sent after it
 (those it carried fail, counted).
@@ -58,7 +62,7 @@ def ucmctl(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
                           timeout=900, check=False)  # fmt: skip
 
 
-def topology(folder: Path, prefills: int, replicas: int) -> Path:
+def topology(folder: Path, prefills: int, replicas: int, stall_timeout: float) -> Path:
     work = folder / "work"
     decode = free_port()  # and the next two ports: the second decode's, a third one's (scale)
     path = folder / "lost.yaml"
@@ -74,7 +78,7 @@ storage: {{storage_backends: {json.dumps(str(work / "store"))}, cache_buffer_cap
 prefill: {{nodes: [me], servers_per_node: {prefills}, port: {free_port()}}}
 decode: {{nodes: [me], servers_per_node: 2, port: {decode}, flags: {{decode-step-ms: 25, max-num-seqs: 4}},
           restart: {{policy: on-failure, backoff_s: 1}}}}
-proxy: {{node: me, port: {free_port(replicas)}, replicas: {replicas},
+proxy: {{node: me, port: {free_port(replicas)}, replicas: {replicas}, stall_timeout: {stall_timeout:g},
         restart: {{policy: on-failure, backoff_s: 1}}}}
 """)
     return path
@@ -91,11 +95,12 @@ def main() -> int:
     ap.add_argument("--at", type=float, default=10.0, help="seconds into the measure phase")
     ap.add_argument("--prefill", type=int, default=2, choices=(1, 2), help="prefill servers (2P2D or 1P2D)")
     ap.add_argument("--proxy-replicas", type=int, default=1, choices=(1, 2, 3), help="proxies in front")
+    ap.add_argument("--stall-timeout", type=float, default=2.0, help="the proxy's: a silent server is out")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="ucmctl-lost-") as tmp:
         folder = Path(tmp)
         home = folder / "home"
-        up = ucmctl(home, "up", str(topology(folder, args.prefill, args.proxy_replicas)))
+        up = ucmctl(home, "up", str(topology(folder, args.prefill, args.proxy_replicas, args.stall_timeout)))
         victim = "proxy" if args.proxy_replicas == 1 else "proxy-1"
         if up.returncode != 0:
             print(up.stderr, file=sys.stderr)
@@ -116,6 +121,7 @@ def main() -> int:
                     ("reference", None),
                     ("kill", f"kill:decode-0@{args.at:g}s"),
                     ("stop", f"stop:decode-1@{args.at:g}s"),
+                    ("hang", f"hang:decode-0@{args.at:g}s"),
                     ("proxy", f"kill:{victim}@{args.at:g}s"),
                 ]
             ):
@@ -161,7 +167,7 @@ def main() -> int:
     print(f"\nreference: {ref['completed']} ok, {ref['failed']} failed; TTFT p50 {ref['median_ttft_ms']:.0f} "
           f"p99 {ref['p99_ttft_ms']:.0f} ms; E2EL p50 {ref['median_e2el_ms']:.0f} ms")  # fmt: skip
     met = True
-    for name in ("kill", "stop", "proxy"):
+    for name in ("kill", "stop", "hang", "proxy"):
         f = runs[name]["fault"]
         before, after = f["before"], f["after"]
         print(
@@ -177,8 +183,13 @@ def main() -> int:
             f"{ratio(after['p50_e2el_ms'], before['p50_e2el_ms'])}; after/reference TTFT p99 "
             f"{ratio(after['p99_ttft_ms'], ref['p99_ttft_ms'])}"
         )
-        if name in ("kill", "stop"):
+        if name in ("kill", "stop", "hang"):
             met &= f["failed"] == 0 and f["migrated"] == f["cut_mid_stream"] and f["not_migrated"] == 0
+        if name == "hang" and f.get("resume_gap_ms") and runs["kill"]["fault"].get("resume_gap_ms"):
+            hang, kill = f["resume_gap_ms"]["p50"], runs["kill"]["fault"]["resume_gap_ms"]["p50"]
+            stall = 1000 * args.stall_timeout
+            print(f"hang: resume gap p50 {hang:.0f} ms = the stall timeout {stall:.0f} ms + "
+                  f"{hang - stall:.0f} ms; the kill's {kill:.0f} ms ({ratio(hang, kill)})")  # fmt: skip
         if name == "proxy" and args.proxy_replicas > 1:  # the other replica took every later request
             met &= f["failed_sent_after"] == 0 and f["after"]["failed"] == 0
         if name == "kill":
@@ -191,8 +202,8 @@ def main() -> int:
               f"{ratio(r['median_e2el_ms'], ref['median_e2el_ms'])}")  # fmt: skip
         met &= r["failed"] == 0
     said = "met" if met else "MISSED"
-    targets = (f"at {args.load:g}x capacity: kill and stop: 0 failed, every cut answer moved; kill: reported "
-               "<= 10 s, back with store hits; rolling and scale 2-3-2: 0 failed"
+    targets = (f"at {args.load:g}x capacity: kill, stop, hang: 0 failed, every cut answer moved; kill: "
+               "reported <= 10 s, back with store hits; rolling and scale 2-3-2: 0 failed"
                + ("; a proxy replica killed: 0 failed of those sent after"
                   if args.proxy_replicas > 1 else ""))  # fmt: skip
     print(f"targets ({targets}): {said}")

@@ -1,5 +1,7 @@
-"""`bench --fault ACTION:PROCESS@TIME`: one process of the deployment killed (SIGKILL) or stopped
-(SIGTERM) at a time into the first measure phase, and what that cost, measured in the same phase.
+"""`bench --fault ACTION:PROCESS@TIME`: one process of the deployment killed (SIGKILL), stopped
+(SIGTERM) or hung (SIGSTOP: alive, its sockets open, sending nothing, as an engine hung on its
+device or a node cut off without a reset; SIGCONT when the phase ends) at a time into the first
+measure phase, and what that cost, measured in the same phase.
 
 What is reported: whether and when the signal went out; how many answers were streaming from
 the process then (the proxy's gauge, read just before); the phase's failed requests, and of
@@ -31,7 +33,7 @@ from ucmctl.core.errors import UcmctlError
 from ucmctl.core.exposition import samples
 from ucmctl.engines.base import Metrics
 
-ACTIONS = ("kill", "stop")  # SIGKILL, SIGTERM (ucmctl.deploy.fault sends them)
+ACTIONS = ("kill", "stop", "hang")  # SIGKILL, SIGTERM, SIGSTOP (ucmctl.deploy.fault sends them)
 WINDOW_S = 30.0  # the requests compared: sent this long before the fault, and after
 FAULT_SCRAPE_TIMEOUT_S = 5.0  # the proxy and the victim are read right at the fault: not long
 _SPEC = re.compile(
@@ -50,9 +52,9 @@ class FaultSpec:
 
 
 def parse_fault(text: str) -> FaultSpec:
-    """`kill:decode-0@30s` (or `stop:`, `@2m`, `@30`); a one-line error naming --fault."""
+    """`kill:decode-0@30s` (or `stop:`, `hang:`, `@2m`, `@30`); a one-line error naming --fault."""
     m = _SPEC.fullmatch(text.strip())
-    fix = "write ACTION:PROCESS@TIME, e.g. kill:decode-0@30s (ACTION: kill or stop; TIME in s or m)"
+    fix = "write ACTION:PROCESS@TIME, e.g. kill:decode-0@30s (ACTION: kill, stop or hang; TIME in s or m)"
     if m is None:
         raise UcmctlError.one(f"'{text}' is not a fault", key="--fault", fix=fix)
     if m["action"] not in ACTIONS:
@@ -83,7 +85,8 @@ class _Fired:
 
 class Fault:
     """Fires `spec` once, in the first measure phase, through `fire` (blocking: it goes to the
-    node), then `report`s what it cost. `proxy_urls` (the proxy, or each replica) are read for
+    node), then `report`s what it cost, once `release` (a hang's SIGCONT), where there is one,
+    let the process go on (`let_go`). `proxy_urls` (the proxy, or each replica) are read for
     their counters and gauges, added up; `victim_url` is the process's own API server URL (its
     gauges in the proxies), if it has one; `ALL` when the victim is a proxy (every answer it
     streams is its own): then `victim_proxy` is its URL, whose gauges alone are read, and whose
@@ -94,6 +97,7 @@ class Fault:
         spec: FaultSpec,
         fire: Callable[[], bool],
         *,
+        release: Callable[[], bool] | None = None,
         proxy_urls: Sequence[str] = (),
         victim_url: str | None = None,
         victim_proxy: str | None = None,
@@ -104,6 +108,7 @@ class Fault:
         self.spec = spec
         self._metrics = metrics
         self._fire = fire
+        self._release = release
         self._proxies = list(proxy_urls)
         self._victim = victim_url
         self._victim_proxy = victim_proxy
@@ -127,6 +132,14 @@ class Fault:
         fired = _Fired(time.perf_counter(), time.monotonic(), was_running, before, sending=sending)
         self._fired = fired
         fired.proxy_after = await self._proxy_samples(http)
+
+    def let_go(self) -> bool:
+        """Let a hung process go on (a hang's release, once; nothing for the other faults):
+        whether it was running then."""
+        if self._release is None or self._fired is None:
+            return False
+        release, self._release = self._release, None
+        return release()
 
     async def _proxy_samples(self, http: aiohttp.ClientSession) -> dict[str, float] | None:
         """The proxies' counters (the victim proxy's left out) and the victim's gauges, added
@@ -166,6 +179,8 @@ class Fault:
         if fired is None:
             out.update(injected=False, why=f"the phase ended {duration:.0f} s in, before {spec.at_s:g} s")
             return out
+        if self._release is not None:  # the phase is over: the hung process goes on
+            out["released"] = await asyncio.to_thread(self.let_go)
         first = min((r.start_time for r in results), default=fired.perf)
         out.update(injected=True, into_s=round(fired.perf - first, 2), was_running=fired.was_running)
         after = await self._proxy_samples(http) if fired.proxy is not None else None
@@ -326,6 +341,8 @@ def fault_lines(name: str, f: dict[str, Any]) -> list[str]:
         return [f"{name}: fault {f['spec']} not injected: {f.get('why', '')}"]
     was = "" if f.get("was_running") else f" ({f['process']} was not running)"
     lines = [f"{name}: fault {f['spec']} sent {f['into_s']:.1f} s in{was}"]
+    if "released" in f:
+        lines[0] += "; let go at the phase's end"
 
     def n(key: str) -> str:
         return "?" if f.get(key) is None else str(f[key])

@@ -12,7 +12,8 @@ from ucmctl.deploy.state import Record
 from ucmctl.launch import launcher_for
 from ucmctl.plan.model import Process
 
-SIGNALS = {"kill": "KILL", "stop": "TERM"}
+SIGNALS = {"kill": "KILL", "stop": "TERM", "hang": "STOP"}
+RELEASES = {"hang": "CONT"}  # what lets the process go on after the fault, where it needs one
 
 
 def process_named(record: Record, name: str, flag: str = "--fault") -> Process:
@@ -26,14 +27,21 @@ def process_named(record: Record, name: str, flag: str = "--fault") -> Process:
     )
 
 
+Send = Callable[[], bool]
+
+
 @contextmanager
-def signaller(record: Record, process: Process, action: str) -> Iterator[Callable[[], bool]]:
-    """A function that sends `action`'s signal to `process` and returns whether it was running;
-    its node is reached now (a node that cannot be is an error before the benchmark starts)."""
-    sig = SIGNALS[action]
+def signaller(record: Record, process: Process, action: str) -> Iterator[tuple[Send, Send | None]]:
+    """A function that sends `action`'s signal to `process` and returns whether it was running,
+    and one that lets it go on afterwards (a hang's SIGCONT; None for the others); its node is
+    reached now (a node that cannot be is an error before the benchmark starts)."""
+    sig, release = SIGNALS[action], RELEASES.get(action)
     launcher = launcher_for(record.plan, record.allocation, connect_timeout=10)
     try:
         launcher.alive(process)  # opens the connection the signal will take
-        yield lambda: launcher.signal(process, sig)
+        yield (
+            lambda: launcher.signal(process, sig),
+            None if release is None else lambda: launcher.signal(process, release),
+        )
     finally:
         launcher.close()

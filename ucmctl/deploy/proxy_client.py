@@ -89,11 +89,7 @@ class Proxy:
 
     def routed(self, role: str, besides: set[str]) -> int:
         """How many instances of `role` the proxy routes to, those at `besides` not counted."""
-        return sum(
-            1
-            for i in self._listed()
-            if i["role"] == role and _routed(i) and i["url"] not in besides
-        )
+        return sum(1 for i in self._listed() if i["role"] == role and _routed(i) and i["url"] not in besides)
 
 
 def _routed(listed: dict[str, object]) -> bool:

@@ -142,7 +142,7 @@ class Launcher:
         return self.driver(process).stop(self[process.node], process, grace=grace)
 
     def signal(self, process: Process, sig: str) -> bool:
-        """Send `sig` (KILL or TERM) to the process and return at once; whether it was running.
+        """Send `sig` (KILL, TERM, STOP, CONT) to the process and return at once; whether it was running.
         A supervised process's server gets it, not ucmctl's supervisor (which may restart it)."""
         return self.driver(process).signal(self[process.node], process, sig)
 

@@ -130,11 +130,11 @@ def stop(ex: Executor, process: Process, *, grace: float = 10) -> Stopped:
 
 
 def signal(ex: Executor, process: Process, sig: str) -> bool:
-    """`sig` (KILL or TERM) to the container's main process from the node, as a crash or an
-    outside stop would come (`podman kill` would count as the user stopping it, and docker then
-    skips its restart policy); whether it ran."""
-    if sig not in ("KILL", "TERM"):
-        raise ValueError(f"signal {sig!r} is not KILL or TERM")
+    """`sig` (KILL, TERM, STOP or CONT) to the container's main process from the node, as a
+    crash, an outside stop or a hang would come (`podman kill` would count as the user stopping
+    it, and docker then skips its restart policy); whether it ran."""
+    if sig not in ("KILL", "TERM", "STOP", "CONT"):
+        raise ValueError(f"signal {sig!r} is not KILL, TERM, STOP or CONT")
     now = state(ex, process)
     if now is None or not now.running or now.pid <= 1:
         return False

@@ -270,7 +270,7 @@ def supervised(ex: Executor, process: Process) -> Supervised | None:
     return Supervised(int(parts[0]), int(parts[1]), parts[3])  # parts[2]: the line's unix time
 
 
-SIGNALS = ("KILL", "TERM")  # what `bench --fault` sends: kill -9, or a polite stop
+SIGNALS = ("KILL", "TERM", "STOP", "CONT")  # what `bench --fault` sends: kill -9, a polite stop, a hang
 
 
 def signal(ex: Executor, process: Process, sig: str, *, spare_leader: bool = False) -> bool:

@@ -17,7 +17,7 @@ from aiohttp import web
 from ucmctl.proxy import resume, rewrite, whole
 from ucmctl.proxy.health import log, record_failure, record_success
 from ucmctl.proxy.kv_index import block_keys, ids_keys
-from ucmctl.proxy.leg import Leg
+from ucmctl.proxy.leg import Leg, Sending
 from ucmctl.proxy.pool import Instance
 from ucmctl.proxy.routing import Ask
 from ucmctl.proxy.state import ProxyState, Request, error_response, session_of
@@ -229,9 +229,10 @@ async def _open(
         inst.acquire(tokens)
         state.sent(inst, ask)
         try:
-            resp = await session.post(
+            post = session.post(
                 inst.endpoint(req.path), data=payload, headers=req.headers, timeout=state.timeout()
             )
+            resp = await Sending().to(inst, post)
         except aiohttp.ClientConnectorError as exc:  # nothing listens there: out of routing at once
             inst.release(tokens, answered=False)
             record_failure(inst, cfg.unhealthy_after, refused=True)
@@ -402,8 +403,9 @@ async def _continue(
     cfg, metrics = state.config, state.metrics
     dead = leg.inst
     cause = leg.moved or "failure"
-    if cause == "stall":  # cut here: its instance stopped sending (proxy/stall)
+    if cause == "stall":  # cut here: its instance stopped sending (proxy/stall), a failure too
         broke = Stalled(f"no token for {cfg.stall_timeout:g} s")
+        metrics.errors["upstream_mid_stream"] += 1
     if not leg.moved:
         metrics.errors["upstream_mid_stream"] += 1
         record_failure(dead, cfg.unhealthy_after)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable
 from dataclasses import dataclass
 
 import aiohttp
@@ -75,3 +77,40 @@ class Leg:
             inst.answers.add(self)
         if self.watched:
             self.watch(now)
+
+
+class Sending:
+    """A leg's request on its way to an instance, its answer's headers not come yet: a stall of
+    the instance (proxy/stall) ends the wait as a failed exchange, so the leg goes elsewhere."""
+
+    __slots__ = ("cut", "task")
+
+    def __init__(self) -> None:
+        self.task = asyncio.current_task()
+        self.cut = False
+
+    async def to(self, inst: Instance, sent: Awaitable[aiohttp.ClientResponse]) -> aiohttp.ClientResponse:
+        """`sent`'s response, or aiohttp's ServerTimeoutError when `inst` stalled first."""
+        inst.first_waits.add(self)
+        try:
+            return await sent
+        except asyncio.CancelledError:
+            # the stall's cancel, and no other (the client's) pending: a failure of the exchange
+            if self.cut and self.task is not None and _only_cancel(self.task):
+                raise aiohttp.ServerTimeoutError(f"{inst.url} stalled before it answered") from None
+            raise
+        finally:
+            inst.first_waits.discard(self)
+
+    def close(self) -> None:
+        """Stop the wait (the instance stalled)."""
+        self.cut = True
+        if self.task is not None:
+            self.task.cancel()
+
+
+def _only_cancel(task: asyncio.Task[object]) -> bool:
+    """Take back one cancel of `task`: whether no other is pending (Python 3.11 on counts them;
+    3.10 does not, and a client that went away at that very moment is found at the next write)."""
+    uncancel = getattr(task, "uncancel", None)
+    return uncancel is None or uncancel() == 0

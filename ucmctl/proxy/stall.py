@@ -51,8 +51,8 @@ def cut_off(inst: Instance, timeout: float) -> int:
     )
     for leg in legs:
         leg.cut("stall")
-    for resp in waiting:  # nothing of these went to a client: tried on another instance
-        resp.close()
+    for wait in waiting:  # nothing of these went to a client: tried on another instance
+        wait.close()
     return len(legs) + len(waiting)
 
 

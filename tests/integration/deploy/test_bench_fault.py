@@ -40,7 +40,8 @@ def pd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dict[st
     topo = topology(tmp, "t-fault", workdir, decode=decode, prefill="servers_per_node: 2")
     proxy = re.search(r"^proxy: \{node: me, port: (\d+)\}$", topo.read_text(), re.MULTILINE)
     assert proxy is not None
-    restart = ", restart: {policy: on-failure, backoff_s: 1}}"  # back within the 6 s window after a kill
+    # back within the 6 s window after a kill; a decode silent 2 s is out of routing (a hang)
+    restart = ", stall_timeout: 2, restart: {policy: on-failure, backoff_s: 1}}"
     topo.write_text(topo.read_text().replace(proxy[0], proxy[0][:-1] + restart))
     sides = yaml.safe_load(topo.read_text())
     ports = {side: sides[side]["port"] for side in ("prefill", "decode", "proxy")}
@@ -139,6 +140,42 @@ def test_a_decode_killed_mid_phase_costs_no_answer_and_comes_back(
     saved = str(tmp_path / "run.json")  # where bench_with_fault saved it
     refused = ucmctl(home, "bench", "compare", saved, saved)
     assert refused.returncode == 2 and "--allow-lost" in refused.stderr, refused.stderr
+
+
+def test_a_decode_hung_mid_phase_costs_no_answer_and_is_let_go(
+    tmp_path: Path, pd: tuple[Path, dict[str, int]]
+) -> None:
+    """`hang:` stops decode-1 (SIGSTOP: alive, its connections open, silent) 6 s in: the proxy
+    finds it by its silence (stall_timeout 2 s), moves its answers to decode-0 and sends the
+    requests waiting there elsewhere, so no request fails; SIGCONT at the phase's end, and it is
+    back in routing once it answers a completion."""
+    home, ports = pd
+    proxy = f"http://127.0.0.1:{ports['proxy']}"
+    decode1 = f"http://127.0.0.1:{ports['decode'] + 1}"
+    stalls = f'ucmctl_proxy_instance_stalls_total{{instance="{decode1}"'
+    before = _sample(proxy, stalls)
+    done, cell, f = bench_with_fault(home, tmp_path, "hang:decode-1@6s")
+    assert done.returncode == 0, done.stderr
+    assert f["injected"] and f["was_running"] and f["released"] is True, f
+    assert f["failed"] == cell["measure"]["failed"] == 0, f
+    assert f["migrated"] == f["cut_mid_stream"] >= 1 and f["not_migrated"] == 0, f
+    assert f["resume_gap_ms"]["answers"] == f["migrated"] and f["resume_gap_ms"]["p50"] >= 2000, f
+    assert _sample(proxy, stalls) == before + 1
+    assert f["after"]["requests"] >= 15 and f["after"]["failed"] == 0, f
+    assert "fault hang:decode-1@6s sent " in done.stdout and "let go at the phase's end" in done.stdout
+    assert max(len(line) for line in done.stdout.splitlines()) <= 80, done.stdout
+    routed = f'ucmctl_proxy_instance_stalled{{instance="{decode1}"'
+    deadline = time.monotonic() + 15
+    while _sample(proxy, routed) != 0 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _sample(proxy, routed) == 0  # it answered a completion: back in routing
+
+
+def _sample(url: str, prefix: str) -> float:
+    """The value of the one sample at `url`/metrics whose line starts with `prefix`."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as r:
+        (line,) = [x for x in r.read().decode().splitlines() if x.startswith(prefix)]
+    return float(line.rsplit(" ", 1)[1])
 
 
 def test_a_rolling_restart_during_a_run_loses_no_request(

@@ -48,6 +48,7 @@ def test_a_hung_instance_costs_no_answer_and_comes_back(launch: Launch, tmp_path
     moved = metric(px.url, "ucmctl_proxy_migrations_total", absent=0, outcome="resumed", cause="stall")
     assert on_victim[0] >= 2 and moved == on_victim[0], (on_victim, moved)
     assert metric(px.url, "ucmctl_proxy_migrations_total", absent=0, outcome="not_continued") == 0
+    assert metric(px.url, "ucmctl_proxy_errors_total", reason="upstream_mid_stream") == moved  # failures
     assert metric(px.url, "ucmctl_proxy_instance_stalls_total", instance=a.url) == 1
     assert metric(px.url, "ucmctl_proxy_instance_stalled", instance=a.url) == 1
     assert metric(px.url, "ucmctl_proxy_instance_stalled", instance=b.url) == 0

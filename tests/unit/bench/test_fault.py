@@ -28,6 +28,7 @@ from ucmctl.core.errors import UcmctlError
         ("kill:decode-0@30s", FaultSpec("kill", "decode-0", 30.0)),
         ("stop:prefill-1@2m", FaultSpec("stop", "prefill-1", 120.0)),
         (" kill:proxy@12.5 ", FaultSpec("kill", "proxy", 12.5)),
+        ("hang:decode-1@6s", FaultSpec("hang", "decode-1", 6.0)),
     ],
 )
 def test_specs_as_users_type_them(text: str, spec: FaultSpec) -> None:
@@ -224,3 +225,27 @@ def test_of_two_proxy_replicas_the_dead_ones_gauges_are_read_and_the_living_ones
                               "failed": 3, "failed_sent_after": 0, "sent_on": 5, **cost, "window_s": 1,
                               "before": _WINDOW, "after": _WINDOW})  # fmt: skip
     assert "  5 sent on to another proxy when theirs refused the connection" in lines
+
+
+def test_a_hung_process_is_let_go_once_when_its_phase_is_reported() -> None:
+    """`hang:` (SIGSTOP): the report lets the process go on (SIGCONT) before it reads anything,
+    once; a fault never fired lets nothing go; its first line says so."""
+    sent: list[str] = []
+    fault = Fault(FaultSpec("hang", "decode-1", 0.05), lambda: sent.append("STOP") or True,
+                  release=lambda: sent.append("CONT") or True)  # fmt: skip
+    assert fault.let_go() is False and sent == []  # not fired: nothing to let go
+
+    async def go() -> dict[str, Any]:
+        import time
+
+        import aiohttp
+
+        async with aiohttp.ClientSession() as http:
+            await fault.during(http, time.perf_counter())
+            return await fault.report(http, [_result(time.perf_counter(), True)], 1.0)
+
+    f = asyncio.run(go())
+    assert sent == ["STOP", "CONT"] and f["released"] is True
+    assert fault.let_go() is False and sent == ["STOP", "CONT"]  # once
+    first = fault_lines("measure 64", f)[0]
+    assert first.endswith("s in; let go at the phase's end") and len(first) <= 80, first

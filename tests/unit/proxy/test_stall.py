@@ -4,8 +4,13 @@ request waiting for its first bytes there sent elsewhere; nothing else is."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from dataclasses import dataclass, field
 
+import aiohttp
+
+from ucmctl.proxy.leg import Sending
 from ucmctl.proxy.pool import Pool
 from ucmctl.proxy.stall import cut_off, stalled
 
@@ -54,3 +59,36 @@ def test_a_stalled_instance_leaves_routing_and_its_answers_and_waiting_requests_
     assert other.cuts == []  # another instance's answers go on where they are
     assert a.stalled and a.stalls_total == 1 and not a.routable and a.healthy
     assert pool.candidates("decode") == [b] and pool.healthy("decode") == 1
+
+
+def test_a_request_waiting_for_its_headers_fails_over_when_its_instance_stalls() -> None:
+    """The stall ends a wait for an answer's headers as a failed exchange (the leg then goes to
+    another instance); the client going away is still a cancel, and the wait leaves no trace."""
+    pool = Pool()
+    inst = pool.add("http://h:1", "decode")
+    assert inst is not None
+
+    async def waits() -> str:
+        never: asyncio.Future[aiohttp.ClientResponse] = asyncio.get_running_loop().create_future()
+        try:
+            await Sending().to(inst, never)
+        except aiohttp.ServerTimeoutError as exc:
+            return str(exc)
+        return "answered"
+
+    async def stall_then_client_gone() -> tuple[str, bool]:
+        task = asyncio.create_task(waits())
+        await asyncio.sleep(0)
+        assert len(inst.first_waits) == 1
+        assert cut_off(inst, 30.0) == 1
+        said = await task
+        assert not inst.first_waits
+        gone = asyncio.create_task(waits())
+        await asyncio.sleep(0)
+        gone.cancel()  # the client went away: not a failure of the instance
+        with contextlib.suppress(asyncio.CancelledError):
+            await gone
+        return said, gone.cancelled() and not inst.first_waits
+
+    said, cancelled = asyncio.run(stall_then_client_gone())
+    assert said == "http://h:1 stalled before it answered" and cancelled

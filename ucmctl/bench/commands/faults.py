@@ -57,7 +57,7 @@ def faulting(record: Any, spec: FaultSpec | None, target: Any) -> Iterator[None]
     from ucmctl.deploy.fault import process_named, signaller
 
     victim = process_named(record, spec.process)
-    with signaller(record, victim, spec.action) as fire:
+    with signaller(record, victim, spec.action) as (fire, release):
         proxies = [url.rstrip("/") for url in record.plan.proxy_urls()]
         victim_url = victim.url.rstrip("/") if victim.is_server and victim.url else None
         victim_proxy = None
@@ -67,13 +67,17 @@ def faulting(record: Any, spec: FaultSpec | None, target: Any) -> Iterator[None]
         target.fault = Fault(
             spec,
             fire,
+            release=release,
             proxy_urls=proxies,
             victim_url=victim_url,
             victim_proxy=victim_proxy,
             watch=target.watch,
             metrics=target.metrics,
         )
-        yield
+        try:
+            yield
+        finally:  # a run that ended before its report: a hung process is let go all the same
+            target.fault.let_go()
 
 
 def fault_not_injected(cells: list[Cell]) -> None:

@@ -114,8 +114,9 @@ FAIL_FAST = typer.Option(
 FAULT = typer.Option(
     None,
     "--fault",
-    help="ACTION:PROCESS@TIME, e.g. kill:decode-0@30s: SIGKILL (kill) or SIGTERM (stop) to a "
-    "process of the deployment that far into the first measure phase, and what it cost",
+    help="ACTION:PROCESS@TIME, e.g. kill:decode-0@30s: SIGKILL (kill), SIGTERM (stop) or SIGSTOP "
+    "(hang, SIGCONT at the phase's end) to a process of the deployment that far into the first "
+    "measure phase, and what it cost",
 )
 CACHE_SALT = typer.Option(None, "--cache-salt", help=SALT_HELP)
 HISTORY_FILE = typer.Option(None, "--history", help=HISTORY_HELP)
