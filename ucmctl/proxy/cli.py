@@ -95,8 +95,8 @@ def proxy(
     stall_timeout: float = typer.Option(
         30.0,
         "--stall-timeout",
-        help="seconds an instance streaming answers may send no token before it is out of routing and "
-        "its answers go on elsewhere (0: off, only --read-timeout)",
+        help="seconds an instance may send nothing while it streams (or, requests waiting on it, and a "
+        "probe unanswered as long) before it is out of routing and they go elsewhere (0: off)",
     ),
     max_connections: int = typer.Option(1024, "--max-connections", help="upstream connection pool size"),
 ) -> None:

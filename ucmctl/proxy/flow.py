@@ -122,7 +122,7 @@ async def _answer(
         leg_started = asyncio.get_running_loop().time()
         prefer = decode if not attempt else None  # the decode instance chosen already, if any
         inst, resp = await _open(state, ask, req, payload, pd and handoff.once, avoid, prefer)
-        inst.first_waits.add(resp)  # a stall of the instance cuts it (proxy/stall)
+        inst.first_waits[resp] = leg_started  # a stall of the instance cuts it (proxy/stall)
         try:
             first = await resp.content.readany()
         except UPSTREAM_ERRORS as exc:
@@ -141,8 +141,9 @@ async def _answer(
             inst.release(req.tokens, answered=False)
             raise
         finally:
-            inst.first_waits.discard(resp)
+            inst.first_waits.pop(resp, None)
         inst.answered(req.tokens)
+        inst.output_at = asyncio.get_running_loop().time()  # a first token, or a whole answer
         if resp.status == 200:
             took = asyncio.get_running_loop().time() - leg_started
             state.took(inst, ask, took, saved=direct or not pd)
@@ -187,7 +188,7 @@ async def _prefill(state: ProxyState, req: Request) -> tuple[dict[str, Any] | No
         ctype = resp.headers.get("Content-Type", "application/json")
         state.metrics.errors["upstream_refused"] += 1
         raise _Answered(web.Response(status=resp.status, body=data, headers={"Content-Type": ctype}))
-    ended = loop.time()
+    ended = inst.output_at = loop.time()  # it answered (proxy/stall)
     state.metrics.prefill.observe(ended - t)
     state.took(inst, ask, ended - t, saved=True)
     assert state.session is not None
@@ -309,7 +310,7 @@ async def _relay(
     if answer is not None:
         leg.hold(answer)
     if counting:
-        leg.watch(loop.time())
+        leg.watch(loop.time(), None if isinstance(out, whole.Body) else request.transport)
     try:
         await out.prepare(request)
         broke = await _pump(out, leg, answer, counting=counting)
@@ -370,15 +371,15 @@ async def _pump(
                 # one SSE event per token: a substring count is cheap, parsing each chunk is not
                 chunks += data.count(b"data:")
             if data:
+                leg.wrote_at = leg.inst.output_at = loop.time()  # it steps (proxy/stall watches this)
+                leg.clean = data.endswith(b"\n\n")
                 await out.write(data)
-                leg.wrote_at, leg.clean = loop.time(), data.endswith(b"\n\n")
             if answer is not None and answer.broke:
                 return _EngineError(answer.broke[6:300].decode(errors="replace"))
             try:
                 chunk = await content.readany()
             except UPSTREAM_ERRORS as exc:
                 return exc
-            leg.inst.output_at = loop.time()  # it steps (proxy/stall watches this)
     finally:
         leg.inst.output_chunks_total += chunks
     if answer is not None:

@@ -27,6 +27,7 @@ class Leg:
     # cut on purpose: "drain" (its instance is drained for a restart), "stall" (it stopped sending)
     moved: str | None = None
     watched: bool = False  # a stream: its instance's silence is watched (proxy/stall)
+    client: asyncio.BaseTransport | None = None  # the connection its client reads it from
 
     def __post_init__(self) -> None:
         self.inst.streaming += 1
@@ -36,10 +37,10 @@ class Leg:
         self.answer = answer
         self.inst.answers.add(self)
 
-    def watch(self, now: float) -> None:
-        """Its upstream streams (its first bytes came at `now`, the event loop's clock): a silence
-        of its instance longer than the stall timeout cuts it (proxy/stall)."""
-        self.watched = True
+    def watch(self, now: float, client: asyncio.BaseTransport | None = None) -> None:
+        """Its upstream streams (its first bytes came at `now`, the event loop's clock) to
+        `client`: a silence of its instance longer than the stall timeout cuts it (proxy/stall)."""
+        self.watched, self.client = True, client or self.client
         self.inst.streams.add(self)
         self.inst.output_at = now
 
@@ -48,6 +49,12 @@ class Leg:
         moved fewer than `limit` times): the relay goes on on another instance."""
         if self.answer is not None and self.answer.migrations < limit and self.answer.resumable():
             self.cut("drain")
+
+    def client_slow(self) -> bool:
+        """Whether its client has not taken all it was sent yet: the relay may be waiting for it
+        to, reading nothing from the instance meanwhile."""
+        client = self.client
+        return isinstance(client, asyncio.WriteTransport) and client.get_write_buffer_size() > 0
 
     def cut(self, why: str) -> None:
         """Cut it here on purpose (`why`: drain, stall): the relay's read fails at once and the
@@ -91,7 +98,7 @@ class Sending:
 
     async def to(self, inst: Instance, sent: Awaitable[aiohttp.ClientResponse]) -> aiohttp.ClientResponse:
         """`sent`'s response, or aiohttp's ServerTimeoutError when `inst` stalled first."""
-        inst.first_waits.add(self)
+        inst.first_waits[self] = asyncio.get_running_loop().time()
         try:
             return await sent
         except asyncio.CancelledError:
@@ -100,7 +107,7 @@ class Sending:
                 raise aiohttp.ServerTimeoutError(f"{inst.url} stalled before it answered") from None
             raise
         finally:
-            inst.first_waits.discard(self)
+            inst.first_waits.pop(self, None)
 
     def close(self) -> None:
         """Stop the wait (the instance stalled)."""

@@ -36,11 +36,13 @@ class Instance:
     epoch: int = 0  # times it came back into routing: what it cached before may be gone
     # the answers streaming from it that can go on elsewhere (flow's legs: `move()` each)
     answers: set[Any] = field(default_factory=set, repr=False)
-    # every answer it streams (flow's legs), and when the last bytes of any came (time.monotonic())
+    # every answer it streams (flow's legs), and when it last sent a token or an answer (the event
+    # loop's clock)
     streams: set[Any] = field(default_factory=set, repr=False)
     output_at: float = 0.0
-    # the upstream responses of requests waiting for its first bytes (a stall cuts them)
-    first_waits: set[Any] = field(default_factory=set, repr=False)
+    # the waits there for an answer's headers or first bytes (each can be `close()`d: a stall
+    # cuts them), and when each began
+    first_waits: dict[Any, float] = field(default_factory=dict, repr=False)
     uid: int = field(default_factory=itertools.count().__next__)  # one per instance added, ever
     _urls: dict[str, URL] = field(default_factory=dict, repr=False)
 

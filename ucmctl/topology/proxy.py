@@ -67,8 +67,10 @@ class Proxy(Strict):
         le=3600,
         description="seconds a server streaming answers may send no token (it hangs on its device, or "
         "its node is cut off without a reset) before it leaves routing and its answers go on on another "
-        "server, as after a failure; it comes back once it answers a one-token completion; 0: off (an "
-        "answer then waits for the read timeout, 600 s)",
+        "server, as after a failure; one with requests waiting and nothing sent is asked for one token "
+        "then, and leaves if that does not come within as long (a prompt that takes twice this to "
+        "prefill alone on a server looks so: raise it); back once it answers a one-token completion; "
+        "0: off (they wait for the read timeout, 600 s)",
     )
     restart: Restart = Field(default_factory=Restart, description="never, or on-failure (see the sides)")
 

@@ -17,7 +17,7 @@ from tests.integration.sim.test_sim_server import shared_store
 from .procs import metric, pd_flags, proxy, sim, wait_for
 from .test_proxy_migration import STEP_MS, Launch, _check_same, _requests, _run, _sixty_tokens_in
 
-STALL_S = 1.0
+STALL_S = 2.0
 
 
 @pytest.mark.slow
@@ -52,7 +52,7 @@ def test_a_hung_instance_costs_no_answer_and_comes_back(launch: Launch, tmp_path
     assert metric(px.url, "ucmctl_proxy_instance_stalls_total", instance=a.url) == 1
     assert metric(px.url, "ucmctl_proxy_instance_stalled", instance=a.url) == 1
     assert metric(px.url, "ucmctl_proxy_instance_stalled", instance=b.url) == 0
-    # 300 tokens of 15 ms, a stall of 1 s, a continuation: far below the 600 s read timeout
+    # 300 tokens of 15 ms, a stall of 2 s, a continuation: far below the 600 s read timeout
     assert took < 30, took
     # each continuation loaded its context from the store: at least 3 full blocks of each
     assert metric(b.url, "vllm:external_prefix_cache_hits_total") >= moved * 3 * 16
@@ -64,3 +64,53 @@ def test_a_hung_instance_costs_no_answer_and_comes_back(launch: Launch, tmp_path
     sent = metric(px.url, "ucmctl_proxy_instance_requests_total", instance=a.url)
     asyncio.run(_run(px.url, _requests(4)))
     assert metric(px.url, "ucmctl_proxy_instance_requests_total", instance=a.url) > sent  # routed to again
+
+
+@pytest.mark.slow
+def test_requests_waiting_on_an_instance_hung_while_idle_go_elsewhere(launch: Launch, tmp_path: Path) -> None:
+    """Two mixed instances; one stopped while it streams nothing, then 6 requests: those the
+    proxy sends it wait for an answer that never comes, until the stall watch (nothing from it
+    for 2 s, then no answer to a one-token probe for 2 s either) sends them to the other. Every
+    request is answered whole, in seconds, not after the read timeout."""
+    a, b = sim(tmp_path, "--decode-step-ms", "5"), sim(tmp_path, "--decode-step-ms", "5")
+    mixed = ["--mode", "mixed", "--instance", a.url, "--instance", b.url, "--routing", "round-robin"]
+    px = proxy(tmp_path, *mixed, "--health-interval", "60", "--stall-timeout", f"{STALL_S:g}")
+    launch(a, b, px)
+    a.send(signal.SIGSTOP)
+    reqs = [(path, {**body, "max_tokens": 20}) for path, body in _requests(6)]
+    started = time.monotonic()
+    got = asyncio.run(_run(px.url, reqs))
+    took = time.monotonic() - started
+    for (status, raw), (_, body) in zip(got, reqs, strict=True):
+        assert status == 200 and (not body["stream"] or raw.endswith(b"data: [DONE]\n\n")), raw[-300:]
+    assert took < 15, took  # 2 s of silence, 2 s of probe, then b: not the 600 s read timeout
+    assert metric(px.url, "ucmctl_proxy_instance_stalls_total", instance=a.url) == 1
+    # every request sent to a went to b once a was found: b answered all six
+    sent_a = metric(px.url, "ucmctl_proxy_instance_requests_total", instance=a.url)
+    assert sent_a >= 1 and metric(px.url, "ucmctl_proxy_retries_total", leg="mixed") == sent_a
+    assert metric(px.url, "ucmctl_proxy_instance_requests_total", instance=b.url) == 6
+    a.send(signal.SIGCONT)
+
+
+@pytest.mark.slow
+def test_a_pause_of_the_proxy_itself_is_no_instances_stall(launch: Launch, tmp_path: Path) -> None:
+    """The proxy stopped for 2.5 s (a paused VM, a starved host) while two instances stream: the
+    silence it did not hear is not theirs; nothing is cut, every answer ends whole."""
+    a, b = sim(tmp_path, "--decode-step-ms", STEP_MS), sim(tmp_path, "--decode-step-ms", STEP_MS)
+    mixed = ["--mode", "mixed", "--instance", a.url, "--instance", b.url]
+    px = proxy(tmp_path, *mixed, "--health-interval", "60", "--stall-timeout", f"{STALL_S:g}")
+    launch(a, b, px)
+    reqs = [(path, body) for path, body in _requests(4) if body["stream"]]
+
+    async def pause_proxy() -> None:
+        await asyncio.sleep(1.0)
+        px.send(signal.SIGSTOP)
+        await asyncio.sleep(2.5)
+        px.send(signal.SIGCONT)
+
+    got = asyncio.run(_run(px.url, reqs, pause_proxy))
+    for status, raw in got:
+        assert status == 200 and raw.endswith(b"data: [DONE]\n\n") and b'"error"' not in raw, raw[-300:]
+    for inst in (a, b):
+        assert metric(px.url, "ucmctl_proxy_instance_stalls_total", instance=inst.url) == 0
+    assert metric(px.url, "ucmctl_proxy_migrations_total", absent=0) == 0

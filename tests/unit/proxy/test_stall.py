@@ -10,14 +10,19 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
+from tests.support.http import serve
 from ucmctl.proxy.leg import Sending
 from ucmctl.proxy.pool import Pool
-from ucmctl.proxy.stall import cut_off, stalled
+from ucmctl.proxy.stall import cut_off, probe, stalled, suspected
 
 
 @dataclass(eq=False)
 class FakeLeg:
     cuts: list[str] = field(default_factory=list)
+    slow: bool = False
+
+    def client_slow(self) -> bool:
+        return self.slow
 
     def cut(self, why: str) -> None:
         self.cuts.append(why)
@@ -42,8 +47,28 @@ def test_only_an_instance_whose_every_stream_is_silent_past_the_timeout_has_stal
     assert stalled(inst, 130.5, 30.0)
     inst.output_at = 129.0  # a byte of any of its streams
     assert not stalled(inst, 130.5, 30.0)
+    slow = FakeLeg(slow=True)  # its relay may wait on a client slow to read: not the instance's silence
+    inst.streams.add(slow)
+    assert not stalled(inst, 160.0, 30.0)
+    slow.slow = False
+    assert stalled(inst, 160.0, 30.0)
     inst.stalled = True
     assert not stalled(inst, 1000.0, 30.0)  # cut off once
+
+
+def test_an_instance_others_wait_on_with_nothing_from_it_past_the_timeout_is_suspected() -> None:
+    """Requests waiting for first bytes, nothing from the instance since the oldest began: a
+    probe is due (a long prefill looks the same); a byte since, or nothing waiting, clears it."""
+    pool = Pool()
+    inst = pool.add("http://h:1", "prefill")
+    assert inst is not None
+    assert not suspected(inst, 1000.0, 30.0)  # nothing waits there
+    inst.first_waits.update({FakeResponse(): 100.0, FakeResponse(): 120.0})
+    assert not suspected(inst, 130.0, 30.0) and suspected(inst, 130.5, 30.0)  # the oldest: 100
+    inst.output_at = 110.0  # an answer since the oldest began
+    assert not suspected(inst, 140.0, 30.0) and suspected(inst, 140.5, 30.0)
+    inst.stalled = True
+    assert not suspected(inst, 1000.0, 30.0)  # cut off already
 
 
 def test_a_stalled_instance_leaves_routing_and_its_answers_and_waiting_requests_are_cut() -> None:
@@ -52,7 +77,7 @@ def test_a_stalled_instance_leaves_routing_and_its_answers_and_waiting_requests_
     assert a is not None and b is not None
     legs, waiting, other = [FakeLeg(), FakeLeg()], [FakeResponse()], FakeLeg()
     a.streams.update(legs)
-    a.first_waits.update(waiting)
+    a.first_waits.update(dict.fromkeys(waiting, 0.0))
     b.streams.add(other)
     assert cut_off(a, 30.0) == 3
     assert [leg.cuts for leg in legs] == [["stall"], ["stall"]] and waiting[0].closed
@@ -92,3 +117,47 @@ def test_a_request_waiting_for_its_headers_fails_over_when_its_instance_stalls()
 
     said, cancelled = asyncio.run(stall_then_client_gone())
     assert said == "http://h:1 stalled before it answered" and cancelled
+
+
+def test_a_stalled_instance_is_probed_with_a_one_token_completion_and_the_proxys_key() -> None:
+    """The probe asks the model the instance serves (its /v1/models) for one token, with the key
+    the proxy sends its instances: an instance that answers it steps; one that refuses it (a
+    wrong key) or answers no choice does not."""
+    from aiohttp import web
+
+    asked: list[dict[str, object]] = []
+
+    async def models(request: web.Request) -> web.Response:
+        if request.headers.get("Authorization") != "Bearer k":
+            return web.json_response({"error": "key"}, status=401)
+        return web.json_response({"data": [{"id": "served-model"}]})
+
+    async def completions(request: web.Request) -> web.Response:
+        if request.headers.get("Authorization") != "Bearer k":
+            return web.json_response({"error": "key"}, status=401)
+        body = await request.json()
+        asked.append(body)
+        return web.json_response({"choices": [{"text": "x"}]} if body["model"] == "served-model" else {})
+
+    async def go() -> list[bool]:
+        app = web.Application()
+        app.router.add_get("/v1/models", models)
+        app.router.add_post("/v1/completions", completions)
+        url, runner = await serve(app)
+        pool = Pool()
+        inst = pool.add(url, "decode")
+        assert inst is not None
+        key = {"Authorization": "Bearer k"}
+        try:
+            async with aiohttp.ClientSession() as s:
+                return [
+                    await probe(s, inst, None, 5.0, key),
+                    await probe(s, inst, "served-model", 5.0, key),
+                    await probe(s, inst, None, 5.0, {}),
+                    await probe(s, inst, "another", 5.0, key),
+                ]
+        finally:
+            await runner.cleanup()
+
+    assert asyncio.run(go()) == [True, True, False, False]
+    assert asked[0] == {"model": "served-model", "prompt": "ping", "max_tokens": 1, "temperature": 0}
