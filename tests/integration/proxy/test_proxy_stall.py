@@ -59,7 +59,13 @@ def test_a_hung_instance_costs_no_answer_and_comes_back(launch: Launch, tmp_path
     wait_for(lambda: metric(px.url, "ucmctl_proxy_instance_requests_in_flight") == 0, 5, "counts settle")
 
     a.send(signal.SIGCONT)
-    back = lambda: metric(px.url, "ucmctl_proxy_instance_stalled", instance=a.url) == 0  # noqa: E731
+
+    def back() -> bool:
+        """In routing again: its probe answered (not stalled), and its health answers again (the
+        health loop took it out too while it was stopped)."""
+        stalled = metric(px.url, "ucmctl_proxy_instance_stalled", instance=a.url)
+        return stalled == 0 and metric(px.url, "ucmctl_proxy_instance_healthy", instance=a.url) == 1
+
     wait_for(back, 15, "a back in routing")
     sent = metric(px.url, "ucmctl_proxy_instance_requests_total", instance=a.url)
     asyncio.run(_run(px.url, _requests(4)))
