@@ -406,9 +406,9 @@ async def _continue(
     cause = leg.moved or "failure"
     if cause == "stall":  # cut here: its instance stopped sending (proxy/stall), a failure too
         broke = Stalled(f"no token for {cfg.stall_timeout:g} s")
+    if cause != "drain":
         metrics.errors["upstream_mid_stream"] += 1
     if not leg.moved:
-        metrics.errors["upstream_mid_stream"] += 1
         record_failure(dead, cfg.unhealthy_after)
         log.warning("%s instance %s failed mid-stream: %s", dead.role, dead.url, why(broke))
     why_not = _why_not(cfg.migrations, answer, refused)

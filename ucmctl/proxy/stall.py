@@ -6,9 +6,10 @@ An instance streaming answers has stalled when none of its streams brought a byt
 timeout: a decode step takes milliseconds and a step that also prefills a chunk seconds at most,
 so a streaming engine silent far longer has stopped stepping. An instance with requests waiting
 for their first bytes and nothing from it for as long is only suspected (one long prompt may
-take that long to prefill): it is asked for a one-token completion, which a working engine
-schedules beside the prompt within a few steps, and has stalled when that does not come within
-the timeout either.
+take that long to prefill): it is asked for a one-token completion, and has stalled when that
+does not come within the timeout either. A working engine may queue that token behind the prompt
+it computes, so a prompt that takes longer than twice the timeout to prefill, alone on its
+instance, looks the same (the topology's `stall_timeout` says to raise it then).
 
 A stalled instance goes out of routing and everything waiting on it is cut: each answer it
 streams goes on on another instance where it can (flow's migration, as after a failure) or ends
@@ -22,13 +23,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 
 import aiohttp
 
+from ucmctl.proxy.health import log
 from ucmctl.proxy.pool import Instance, Pool
-
-log = logging.getLogger("ucmctl.proxy")
 
 TICK_S = 1.0  # the watch looks this often at most (a quarter of the timeout where that is shorter)
 PAUSED_S = 1.0  # a look this much later than due: the proxy itself did not run (paused, starved)
