@@ -44,7 +44,8 @@ class RequestResult:
     token_ids: list[int] | None = None  # the answer's ids, when the phase asked for them
     lag: float | None = None  # seconds the send came after its scheduled time (replays)
     door: int = 0  # of the phase's URLs, the one that answered (or the last one tried)
-    refused: int = 0  # doors that refused its connection before one took it
+    refused: int = 0  # doors that refused its connection (all of them where none took it)
+    sent_on: bool = False  # a door took it after another had refused it
 
 
 @dataclass
@@ -176,6 +177,7 @@ async def send(
         out.door = (first + k) % len(urls)
         try:
             await _stream(session, urls[out.door], body, out, collect_tokens)
+            out.sent_on = k > 0
             return
         except aiohttp.ClientConnectorError as exc:  # nothing was sent: the next door, if any
             out.refused += 1

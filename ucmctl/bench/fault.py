@@ -191,7 +191,7 @@ class Fault:
         # all those sent while the proxy itself is down
         out["failed_sent_after"] = sum(1 for r in results if not r.ok and r.start_time >= fired.sending)
         # sent to a proxy replica that refused the connection (it was down), then to another
-        out["sent_on"] = sum(1 for r in results if r.refused and r.start_time >= fired.sending)
+        out["sent_on"] = sum(1 for r in results if r.sent_on and r.start_time >= fired.sending)
         out.update(self._watched(fired))
         out["store_since_back"] = (
             await self._store_since_back(http) if out["back_after_s"] is not None else None

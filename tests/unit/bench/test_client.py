@@ -112,9 +112,11 @@ def test_a_door_that_refuses_the_connection_sends_the_request_on_to_the_next() -
     assert all(r.ok for r in results), [r.error for r in results]
     assert served == [6, 0] and all(r.door == 0 for r in results)
     assert [r.refused for r in results] == [0, 1, 0, 1, 0, 1]  # those meant for the dead one
+    assert [r.sent_on for r in results] == [False, True] * 3
 
 
 def test_every_door_refusing_is_a_failed_request_that_says_so() -> None:
     results, _ = asyncio.run(_doors(2, {0, 1}))
     assert not any(r.ok for r in results) and all(r.refused == 2 for r in results)
+    assert not any(r.sent_on for r in results)  # no door took them: not sent on, failed
     assert all(r.error.startswith("ClientConnectorError") for r in results), [r.error for r in results]
