@@ -16,6 +16,7 @@ from aiohttp import web
 
 from ucmctl.proxy import resume, rewrite, whole
 from ucmctl.proxy.health import log, record_failure, record_success
+from ucmctl.proxy.jsontext import Texts
 from ucmctl.proxy.kv_index import block_keys, ids_keys
 from ucmctl.proxy.leg import Leg, Sending
 from ucmctl.proxy.pool import Instance
@@ -43,7 +44,7 @@ async def serve_generate(request: web.Request, state: ProxyState, path: str) -> 
     headers = {**state.upstream_headers, "X-Request-Id": rid}
     blocks: Sequence[int] = ()
     if state.policy.needs_blocks or state.index is not None:
-        tokens, blocks = await _blocks(state, body, path, tokens, headers)
+        tokens, blocks = await _blocks(state, body, texts, path, tokens, headers)
     refused = resume.refusal(body, path) if cfg.migrations else "migrations are off"
     answer = None
     if refused is None:  # the legs that generate return token ids: a cut answer can go on
@@ -67,7 +68,7 @@ async def serve_generate(request: web.Request, state: ProxyState, path: str) -> 
 
 
 async def _blocks(
-    state: ProxyState, body: dict[str, Any], path: str, tokens: int, headers: dict[str, str]
+    state: ProxyState, body: dict[str, Any], texts: Texts, path: str, tokens: int, headers: dict[str, str]
 ) -> tuple[int, Sequence[int]]:
     """The prompt's length and its full blocks' keys: of its exact token ids where the prompt is
     text an instance tokenized, else of the prompt as sent (the length as estimated)."""
@@ -77,7 +78,7 @@ async def _blocks(
         ids = await state.tokenizer.ids(state.session, body, path, headers)
         if ids is not None:
             return len(ids), ids_keys(ids, str(body.get("model", "")), block_size)
-    return tokens, block_keys(body, path, block_size)
+    return tokens, block_keys(body, path, block_size, texts)
 
 
 async def _answer(

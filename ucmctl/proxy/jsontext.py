@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import re
 from json.decoder import scanstring  # type: ignore[attr-defined]
-from typing import Any
+from typing import Any, NamedTuple
 
 try:  # a long array of ints (a prompt of token ids) read in C (csrc/kv_index.cpp): ~4x json's scanner
     from ucmctl.proxy._kv import int_list as _int_list
@@ -24,8 +24,18 @@ except ImportError:  # a source tree not built: json's scanner reads it
 
 LONG = 2048  # characters: a value's text kept from this length on (a shorter one is cheap to write)
 
-# a top-level key -> the value parsed and its text as sent
-Texts = dict[str, tuple[Any, str]]
+
+class Long(NamedTuple):
+    """A long top-level value: as parsed, its text as sent, and where it is an array of ints
+    read in C, the same ints as 8-byte words (the prompt's block keys are read off them)."""
+
+    value: Any
+    text: str
+    ids: bytes | None = None
+
+
+# a top-level key -> its long value
+Texts = dict[str, Long]
 
 _DECODER = json.JSONDecoder()
 _SPACE = re.compile(r"[ \t\n\r]*")
@@ -68,10 +78,14 @@ def _walk(text: str) -> tuple[dict[str, Any], Texts]:
             raise ValueError("':' expected")
         start = _skip(text, at + 1)
         ints = _int_list(text, start) if _int_list is not None and text.startswith("[", start) else None
-        value, end = ints if ints is not None else _DECODER.raw_decode(text, start)
+        ids = None
+        if ints is not None:
+            value, end, ids = ints
+        else:
+            value, end = _DECODER.raw_decode(text, start)
         body[key] = value  # a repeated key: its last value, as json.loads
         if end - start >= LONG:
-            texts[key] = (value, text[start:end])
+            texts[key] = Long(value, text[start:end], ids)
         else:
             texts.pop(key, None)
         at = _skip(text, end)
@@ -91,7 +105,7 @@ def _ended(text: str, at: int, body: dict[str, Any], texts: Texts) -> tuple[dict
 def dumps(obj: dict[str, Any], texts: Texts) -> bytes:
     """`obj` as compact JSON (UTF-8), the long values it shares with the parsed body written as
     their text as sent, first."""
-    kept = {key: t for key, (value, t) in texts.items() if key in obj and obj[key] is value}
+    kept = {key: long.text for key, long in texts.items() if key in obj and obj[key] is long.value}
     if not kept:
         return json.dumps(obj, separators=(",", ":")).encode()
     rest = json.dumps({k: v for k, v in obj.items() if k not in kept}, separators=(",", ":"))

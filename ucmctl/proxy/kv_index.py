@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from ucmctl.proxy.jsontext import Texts
 from ucmctl.proxy.pool import Instance
 from ucmctl.proxy.rewrite import CHARS_PER_TOKEN, prompt_of
 
@@ -127,12 +128,16 @@ def seed(model: str) -> int:
     return int.from_bytes(hashlib.blake2b(model.encode(), digest_size=8).digest(), "little")
 
 
-def block_keys(body: dict[str, Any], path: str, block_size: int) -> Sequence[int]:
-    """The keys of the prompt's full blocks, each chained over the ones before and the model."""
+def block_keys(body: dict[str, Any], path: str, block_size: int, texts: Texts | None = None) -> Sequence[int]:
+    """The keys of the prompt's full blocks, each chained over the ones before and the model;
+    read off the ids the parse packed where `texts` (the body's long values) has them."""
     prompt = prompt_of(body, path)
     if isinstance(prompt, str):
         start = seed(str(body.get("model", "")))
         return _text_chain(prompt.encode(), block_size * CHARS_PER_TOKEN, start)
+    long = texts.get("prompt") if texts else None
+    if _native is not None and long is not None and long.ids is not None and long.value is prompt:
+        return _native.packed_keys(long.ids, block_size, seed(str(body.get("model", ""))))  # type: ignore[no-any-return]
     return ids_keys(prompt, str(body.get("model", "")), block_size)
 
 

@@ -92,6 +92,29 @@ def test_the_whole_prompt_at_once_gives_the_chain_block_by_block(keys_in: str) -
     assert list(block_keys(body([1, 2, True, 4]), COMPLETIONS, 2)) == _chained([1, 2, 1, 4], 2, "m")
 
 
+@pytest.mark.skipif(not BUILT, reason="not built")
+def test_keys_read_off_the_ids_the_parse_packed_are_the_chain() -> None:
+    """A long prompt of ids parsed as the proxy parses it: its keys come from the ids packed by
+    the parse (no int object read), equal to the chain's; a prompt that is no longer the one
+    parsed (replaced in the body) gets its own keys, not the parsed one's."""
+    import json
+    import random
+
+    from ucmctl.proxy import rewrite
+
+    rng = random.Random(5)
+    for n in (600, 16 * 70 + 5, 4097):
+        ids = [rng.choice([rng.randrange(150_000), -rng.randrange(1, 9), 10**17 + rng.randrange(9)])
+               for _ in range(n)]  # fmt: skip
+        raw = json.dumps({"model": "m1", "prompt": ids, "max_tokens": 3}).encode()
+        parsed, texts = rewrite.parse_body(raw, COMPLETIONS)
+        assert texts["prompt"].ids is not None and len(texts["prompt"].ids) == 8 * n
+        keys = block_keys(parsed, COMPLETIONS, 16, texts)
+        assert type(keys) is kv_index._native.Keys and list(keys) == _chained(ids, 16, "m1")
+        other = {**parsed, "prompt": [7, *ids[1:]]}
+        assert list(block_keys(other, COMPLETIONS, 16, texts)) == _chained([7, *ids[1:]], 16, "m1")
+
+
 @pytest.mark.parametrize("make", INDEXES)
 def test_leading_counts_and_what_the_store_has(make: Callable[..., KvIndex]) -> None:
     index, a, b = make(), Instance("http://a:1", "mixed"), Instance("http://b:1", "mixed")
