@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import random
 import statistics
@@ -29,6 +30,10 @@ from tests.support.processes import sim_server
 from tests.support.vllm_server import VllmServer
 from ucmctl.sim.calibrate import calibrate, kv_bytes_from_model
 
+SHORT = 64  # tokens: a short prompt's TTFT (a decode leg's first step, a turn's new part)
+BESIDE = 320  # tokens: a prompt computed beside 4 decoding streams (a multi-turn round's new part)
+KEYS = ("ttft_miss_ms", "ttft_hit_ms", "tpot_ms", "ttft_short_ms", "ttft_beside_ms", "stall_beside_ms")
+
 
 async def stream(url: str, prompt: list[int], max_tokens: int) -> list[float]:
     body = {"model": "m", "prompt": prompt, "max_tokens": max_tokens, "stream": True, "ignore_eos": True,
@@ -44,10 +49,30 @@ async def stream(url: str, prompt: list[int], max_tokens: int) -> list[float]:
     return times
 
 
+async def beside(url: str, rng: random.Random, vocab: int, streams: int, prompt: int) -> tuple[float, float]:
+    """`streams` answers decoding, then a fresh prompt of `prompt` tokens sent beside them: (its
+    TTFT, the longest gap between two tokens of a stream, median over the streams). What a
+    decode instance's streams pay for a prompt it computes itself (selective disaggregation)."""
+
+    async def later() -> list[float]:
+        await asyncio.sleep(0.8)  # the streams past their first tokens
+        return await stream(url, [rng.randrange(10, vocab) for _ in range(prompt)], 1)
+
+    runs = await asyncio.gather(
+        *(stream(url, [rng.randrange(10, vocab) for _ in range(32)], 96) for _ in range(streams)), later()
+    )
+    gaps = [max(b - a for a, b in itertools.pairwise(t[4:])) for t in runs[:-1]]
+    return runs[-1][0], statistics.median(gaps)
+
+
 def workload(url: str, length: int, ratio: float, repeats: int, vocab: int, seed: int) -> dict[str, float]:
     rng = random.Random(seed)
-    miss, hit, tpot = [], [], []
+    miss, hit, tpot, short, ttft_beside, stall = [], [], [], [], [], []
     for _ in range(repeats):
+        short.append(asyncio.run(stream(url, [rng.randrange(10, vocab) for _ in range(SHORT)], 1))[0])
+        first, gap = asyncio.run(beside(url, rng, vocab, 4, BESIDE))
+        ttft_beside.append(first)
+        stall.append(gap)
         prompt = [rng.randrange(10, vocab) for _ in range(length)]
         miss.append(asyncio.run(stream(url, prompt, 1))[0])
         prompt = [rng.randrange(10, vocab) for _ in range(length)]
@@ -56,7 +81,9 @@ def workload(url: str, length: int, ratio: float, repeats: int, vocab: int, seed
         t = asyncio.run(stream(url, [rng.randrange(10, vocab) for _ in range(64)], 65))
         tpot.append((t[-1] - t[0]) / (len(t) - 1))
     return {"ttft_miss_ms": 1000 * statistics.median(miss), "ttft_hit_ms": 1000 * statistics.median(hit),
-            "tpot_ms": 1000 * statistics.median(tpot)}  # fmt: skip
+            "tpot_ms": 1000 * statistics.median(tpot), "ttft_short_ms": 1000 * statistics.median(short),
+            "ttft_beside_ms": 1000 * statistics.median(ttft_beside),
+            "stall_beside_ms": 1000 * statistics.median(stall)}  # fmt: skip
 
 
 def main() -> None:
@@ -94,7 +121,7 @@ def main() -> None:
     print(f"workload: {args.length}-token prompts, prefix ratio {args.ratio}, 64-token decode; "
           f"median of {args.repeats}; profile {profile}")  # fmt: skip
     print(f"{'metric':<14}{'real vLLM':>12}{'sim':>12}{'sim/real':>10}")
-    for key in ("ttft_miss_ms", "ttft_hit_ms", "tpot_ms"):
+    for key in KEYS:
         print(f"{key:<14}{real[key]:>12.1f}{simulated[key]:>12.1f}{simulated[key] / real[key]:>10.2f}")
 
 

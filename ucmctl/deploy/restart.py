@@ -139,6 +139,7 @@ def _refuse_an_outage(proxy: Proxies, batches: list[list[Process]], down: set[st
 
 
 ROUTED_WITHIN_S = 15.0  # how long a restart waits for the proxy to route to the server again
+PORTS_SETTLE_S = 5.0  # how long a stopped server's ports may take to be let go (its exit)
 
 
 def restart_one(
@@ -169,7 +170,7 @@ def restart_one(
         launcher.stop(p, grace=grace)
         if new is not None and stage_node(launcher[new.node], [new]):
             raise NodeError(new.node, "it still runs after the stop")
-        if taken := ports_taken(launcher, then):
+        if taken := ports_taken(launcher, then, settle_s=PORTS_SETTLE_S):
             raise NodeError(
                 then.node,
                 f"port {', '.join(map(str, taken))} in use by another process once {p.name} stopped: "

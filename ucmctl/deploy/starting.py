@@ -4,6 +4,7 @@ share."""
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 
@@ -67,11 +68,22 @@ def failed_to_start(launcher: Launcher, process: Process, reason: str, lines: in
     )
 
 
-def ports_taken(launcher: Launcher, process: Process) -> list[int]:
-    """Those of `process`'s ports that something listens on, on its node, now. Before a start
+def ports_taken(launcher: Launcher, process: Process, settle_s: float = 0) -> list[int]:
+    """Those of `process`'s ports that something listens on, on its node, after `settle_s`
+    seconds at most (and up to one more: whole seconds) for them to be let go. Before a start
     that is not `up`'s (its preflight looked): a port taken meanwhile would fail the process's
-    bind while whatever holds it answered its health checks in its place."""
-    listening = {
-        int(p) for p in launcher[process.node].run(LISTENING, timeout=30).stdout.split() if p.isdigit()
-    }
-    return sorted(port for port in process.ports.values() if port in listening)
+    bind while whatever holds it answered its health checks in its place. The settle is for a
+    process just stopped: the kernel closes its sockets only after tearing down its memory, and
+    /proc stops showing it as the group's member (its environment) at the start of that (a CI
+    run saw a simulator's port still listening right after its stop)."""
+    ports = sorted(set(process.ports.values()))
+    wanted = " ".join(str(int(p)) for p in ports)
+    wait_s = math.ceil(settle_s) + 1 if settle_s > 0 else 0
+    script = (
+        f"end=$(($(date +%s) + {wait_s})); while :; do "
+        f"l=$({LISTENING}); t=; for p in {wanted}; do "
+        'printf "%s\\n" "$l" | grep -qx "$p" && t="$t $p"; done; '
+        '[ -z "$t" ] || [ "$(date +%s)" -ge "$end" ] && break; sleep 0.1; done; echo "$t"'
+    )
+    done = launcher[process.node].run(script, timeout=settle_s + 30)
+    return sorted(int(p) for p in done.stdout.split() if p.isdigit())

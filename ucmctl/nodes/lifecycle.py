@@ -36,7 +36,11 @@ group() {
 members() {
   for p in $(group "$1" | awk '{print $1}'); do
     timeout -s KILL 3 grep -qzxF -e "$2" /proc/$p/environ 2>/dev/null
-    case $? in 0|124|137) echo "$p" ;; esac
+    case $? in
+      0|124|137) echo "$p" ;;
+      # an empty environment: a process exiting (its memory going, its sockets not closed yet)
+      1) [ "$(head -c1 /proc/$p/environ 2>/dev/null | wc -c)" -eq 0 ] && echo "$p" ;;
+    esac
   done | wc -l
 }
 # The members of group $1 that outlived SIGKILL, with their state and where in the kernel they wait.

@@ -72,7 +72,12 @@ async def _run(
 ) -> list[tuple[int, bytes]]:
     timeout = aiohttp.ClientTimeout(total=120)
     async with aiohttp.ClientSession(timeout=timeout) as s:
-        tasks = [asyncio.create_task(_stream(s, url, path, body)) for path, body in reqs]
+        tasks = []
+        for path, body in reqs:
+            tasks.append(asyncio.create_task(_stream(s, url, path, body)))
+            if during is not None:  # their legs reach the instances in order, taken in turn: the
+                await asyncio.sleep(0.05)  # whole answers (next to each other) on both (P2P's
+                # prefill legs, sent at once, came back out of order once: neither on the victim)
         if during is not None:
             await during()
         return await asyncio.gather(*tasks)
