@@ -34,6 +34,7 @@ from ucmctl.topology.model import Topology
 STEP_ENVIRONMENT = "PATH,HOME,USER,LOGNAME,LANG,LC_ALL,TZ"
 # Slurm's commands run from a folder every node has: a job inherits the submitter's folder.
 NEUTRAL_DIR = "/tmp"
+PIDFILE_WITHIN_S = 60.0  # a step started: how long its pidfile may take to appear
 _SRUN_ERROR = re.compile(r"^srun: error: (.*)$", re.MULTILINE)
 _NODE_ADDR = re.compile(r"NodeName=(\S+).*?NodeAddr=(\S+)", re.DOTALL)
 _TASK_EXIT = re.compile(r"task \d+: (Exited with exit code|Killed|Terminated)", re.IGNORECASE)
@@ -438,7 +439,7 @@ class SlurmLauncher(Launcher):
                 start_new_session=True,
             )
             self._steps.append(step)
-            deadline = time.monotonic() + 30
+            deadline, last = time.monotonic() + PIDFILE_WITHIN_S, ""
             while time.monotonic() < deadline:
                 if step.poll() is not None:
                     said.seek(0)
@@ -448,11 +449,17 @@ class SlurmLauncher(Launcher):
                         f"could not start {process.name}: its step ended at once"
                         + (f" ({why})" if why else ""),
                     )
-                done = ex.run(f"cat {pidfile} 2>/dev/null", timeout=30)
-                if done.stdout.strip().isdigit():
-                    return lifecycle.Started(int(done.stdout.strip()))
+                try:
+                    done = ex.run(f"cat {pidfile} 2>/dev/null", timeout=30)
+                except NodeError as exc:  # the look is a step of its own, which a loaded
+                    last = f" ({exc.reason})"  # controller may start late (seen in CI: 30 s)
+                else:
+                    if done.stdout.strip().isdigit():
+                        return lifecycle.Started(int(done.stdout.strip()))
                 time.sleep(0.1)
-        raise NodeError(process.node, f"could not start {process.name}: no pidfile after 30 s")
+        raise NodeError(
+            process.node, f"could not start {process.name}: no pidfile after {PIDFILE_WITHIN_S:.0f} s{last}"
+        )
 
     def stop(self, process: Process, *, grace: float) -> lifecycle.Stopped:
         try:
