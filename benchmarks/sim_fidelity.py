@@ -109,13 +109,15 @@ def main() -> None:
             profile = args.profile
             if args.calibrate:
                 kv = kv_bytes_from_model(args.model)
-                calibrate(server.url, args.calibrate, lengths=[512, 1024, 2048, 4096], batches=[1, 4, 8],
-                          vocab=vocab, kv_bytes_per_token=kv, name="medium-cpu")  # fmt: skip
+                calibrate(server.url, args.calibrate, lengths=[64, 256, 512, 1024, 2048, 4096],
+                          batches=[1, 4, 8], vocab=vocab, kv_bytes_per_token=kv,
+                          name="medium-cpu")  # fmt: skip
                 profile = str(args.calibrate)
             real = workload(server.url, args.length, args.ratio, args.repeats, vocab, seed=1)
         finally:
             server.stop()
         with sim_server(Path(tmp), "--profile", profile, "--block-size", "128", "--max-model-len", "8192",
+                        "--served-model-name", "m",
                         model=str(args.model)) as sim:  # fmt: skip
             simulated = workload(sim.url, args.length, args.ratio, args.repeats, vocab, seed=1)
     print(f"workload: {args.length}-token prompts, prefix ratio {args.ratio}, 64-token decode; "

@@ -259,10 +259,11 @@ class Engine:
             n = min(r.prefill_target - r.computed, budget)
             chunks.append((r, n))
             budget -= n
-        compute_ms = self.profile.base_ms if chunks else 0.0  # the fixed cost of a prefill step
-        compute_ms += sum(self.profile.prefill_ms(n, r.computed) for r, n in chunks)
+        compute_ms = sum(self.profile.prefill_ms(n, r.computed) for r, n in chunks)
         context = sum(len(r.prompt) + r.generated for r in decoding)
         compute_ms += self.profile.decode_ms(len(decoding), context)
+        if chunks:  # one fixed cost a step: a step that prefills and decodes pays the larger once
+            compute_ms += max(0.0, self.profile.base_ms - (self.profile.decode_step_ms if decoding else 0.0))
         return chunks, decoding, compute_ms
 
     def _grow_running(self) -> bool:

@@ -106,3 +106,32 @@ def test_exposition() -> None:
         'vllm:time_to_first_token_seconds_count{engine="0",model_name="m"} 1',
         'vllm:time_to_first_token_seconds_sum{engine="0",model_name="m"} 0.3',
     ]
+
+
+def test_a_step_pays_one_fixed_cost_when_it_prefills_beside_streams() -> None:
+    """A step's fixed cost is paid once: a prompt computed beside streams that decode costs the
+    larger of the prefill and decode fixed costs, not both (the real vLLM's streams stalled 62-69
+    ms beside a 320-token prompt; both charged made the simulator's 93 ms)."""
+    import asyncio
+
+    from ucmctl.sim.engine import SimRequest
+
+    p = Profile(base_ms=20, prefill_us_per_token=100, decode_step_ms=15, decode_seq_us=1000)
+    engine = Engine(0, p, block_size=16, max_num_seqs=8, max_num_batched_tokens=4096,
+                    cache=PrefixCache(64), external=None, vocab=100)  # fmt: skip
+
+    def streaming(i: int) -> SimRequest:
+        r = SimRequest(f"s{i}", [5] * 32, 50, [], computed=32, admitted=True, generated=3)
+        r.output = [7, 7, 7]
+        return r
+
+    async def step_ms(streams: int, prompt: int) -> float:
+        engine.running = [streaming(i) for i in range(streams)]
+        engine.waiting.clear()
+        if prompt:
+            engine.waiting.append(SimRequest("p", [9] * prompt, 1, []))
+        return (await engine._schedule())[2]
+
+    assert asyncio.run(step_ms(4, 0)) == pytest.approx(15 + 4)  # decode alone: its fixed cost
+    assert asyncio.run(step_ms(0, 320)) == pytest.approx(20 + 32)  # prefill alone: its own
+    assert asyncio.run(step_ms(4, 320)) == pytest.approx(20 + 32 + 4)  # both: the larger, once
